@@ -1,0 +1,211 @@
+package leaparray
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/atomic"
+)
+
+// WindowWrap is one bucket of a LeapArray: the start of its time span and the
+// value counted in it. The start never changes once the bucket is published.
+type WindowWrap[T any] struct {
+	start int64
+	slot  int64 // index in the ring, so Retired needs no division
+	// Value is the bucket's payload. The array hands out pointers to it; the
+	// value type makes its own fields safe for concurrent use.
+	Value T
+}
+
+// Start returns the first instant (inclusive) of the bucket's span.
+func (w *WindowWrap[T]) Start() int64 { return w.start }
+
+// LeapArray is a ring of n time buckets covering interval, each interval/n
+// long. The zero value is not usable; call New. A LeapArray is safe for
+// simultaneous use by multiple goroutines and must not be copied after first
+// use.
+type LeapArray[T any] struct {
+	bucketLen int64
+	interval  int64
+	n         int64
+	init      func(start int64, v *T)
+	// published runs under mu right after a new bucket is visible
+	// (Occupiable uses it to retire the borrowed counts it folded in).
+	published func()
+	slots     []atomic.Pointer[WindowWrap[T]]
+
+	// latest is the start of the newest bucket ever made. It only rises, is
+	// stored under mu before the new bucket is published, and is the point
+	// every earlier time is clamped to.
+	latest atomic.Int64
+	// mu serialises rotations: at most one fresh bucket is built per slot and
+	// time, and Occupiable folds borrowed counts under it. Never taken by
+	// operations that stay within a bucket.
+	mu sync.Mutex
+}
+
+// New returns a LeapArray of sampleCount buckets covering interval. init, if
+// not nil, prepares each freshly allocated bucket's value before it is
+// published (the zero value is used as is otherwise). It returns an error
+// naming the value when sampleCount or interval is not positive or interval
+// does not split into sampleCount equal whole-nanosecond buckets.
+func New[T any](sampleCount int, interval time.Duration, init func(start int64, v *T)) (*LeapArray[T], error) {
+	if sampleCount <= 0 {
+		return nil, fmt.Errorf("leaparray: sampleCount must be > 0, got %d", sampleCount)
+	}
+	if interval <= 0 {
+		return nil, fmt.Errorf("leaparray: interval must be > 0, got %v", interval)
+	}
+	if int64(interval)%int64(sampleCount) != 0 {
+		return nil, fmt.Errorf("leaparray: interval %v does not divide into %d equal buckets", interval, sampleCount)
+	}
+	return &LeapArray[T]{
+		bucketLen: int64(interval) / int64(sampleCount),
+		interval:  int64(interval),
+		n:         int64(sampleCount),
+		init:      init,
+		slots:     make([]atomic.Pointer[WindowWrap[T]], sampleCount),
+	}, nil
+}
+
+// SampleCount returns the number of buckets in the ring.
+func (a *LeapArray[T]) SampleCount() int { return int(a.n) }
+
+// BucketLen returns the span of one bucket in nanoseconds.
+func (a *LeapArray[T]) BucketLen() int64 { return a.bucketLen }
+
+// Interval returns the span of the whole ring in nanoseconds.
+func (a *LeapArray[T]) Interval() int64 { return a.interval }
+
+// Latest returns the start of the newest bucket the array has made (0 before
+// the first).
+func (a *LeapArray[T]) Latest() int64 { return a.latest.Load() }
+
+// StartOf returns the start of the bucket that holds now: now - now%len.
+func (a *LeapArray[T]) StartOf(now int64) int64 { return now - now%a.bucketLen }
+
+// IndexOf returns the slot that holds now: (now/len) % n.
+func (a *LeapArray[T]) IndexOf(now int64) int { return int((now / a.bucketLen) % a.n) }
+
+// Clamp returns now, or the start of the newest bucket if now is behind it.
+// Negative times clamp to 0.
+func (a *LeapArray[T]) Clamp(now int64) int64 {
+	// latest starts at 0 and only rises, so this also clamps negatives to 0.
+	if l := a.latest.Load(); now < l {
+		return l
+	}
+	return now
+}
+
+// Current returns the bucket that holds now (after Clamp), creating it if its
+// slot is empty or holds an older bucket. Exactly one bucket is ever
+// published for a given slot and start.
+func (a *LeapArray[T]) Current(now int64) *WindowWrap[T] {
+	for {
+		now = a.Clamp(now)
+		q := now / a.bucketLen
+		start := q * a.bucketLen
+		slot := &a.slots[q%a.n]
+		w := slot.Load()
+		if w != nil && w.start == start {
+			return w // the common case: one division, two loads
+		}
+		if w != nil && w.start > start {
+			// A rotation we did not see yet moved latest past now between our
+			// Clamp and this load; clamp again.
+			continue
+		}
+		a.rotate(slot, start)
+	}
+}
+
+// rotate publishes a fresh bucket for start in slot unless another goroutine
+// did first or a newer bucket made start stale.
+func (a *LeapArray[T]) rotate(slot *atomic.Pointer[WindowWrap[T]], start int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	// Re-check under the lock: the slot may have been filled while we waited.
+	if w := slot.Load(); w != nil && w.start >= start {
+		return
+	}
+	if start < a.latest.Load() {
+		return // the caller re-clamps and lands in the newest bucket
+	}
+	w := &WindowWrap[T]{start: start, slot: (start / a.bucketLen) % a.n}
+	if a.init != nil {
+		a.init(start, &w.Value)
+	}
+	// store-release of latest before the slot: anyone who sees the new bucket
+	// also sees latest at or past it, and anyone still clamping to the old
+	// latest finds an older bucket in the slot and waits for this lock.
+	a.latest.Store(start)
+	slot.Store(w)
+	if a.published != nil {
+		a.published()
+	}
+}
+
+// Valid reports whether w is valid at now over the trailing span:
+// start <= now and now-start < span (half-open: a bucket is stale exactly
+// when now-start >= span).
+func Valid[T any](w *WindowWrap[T], now, span int64) bool {
+	return w != nil && w.start <= now && now-w.start < span
+}
+
+// At returns the bucket in slot i if it is valid at now over span, else nil.
+// now should come from Clamp. It never creates a bucket.
+func (a *LeapArray[T]) At(i int, now, span int64) *WindowWrap[T] {
+	w := a.slots[i].Load()
+	if Valid(w, now, span) {
+		return w
+	}
+	return nil
+}
+
+// ForEach calls fn for every bucket valid at now over the whole interval,
+// in slot order, until fn returns false. It never creates a bucket.
+func (a *LeapArray[T]) ForEach(now int64, fn func(w *WindowWrap[T]) bool) {
+	a.ForEachWithin(now, a.interval, fn)
+}
+
+// ForEachWithin is ForEach over the trailing span (at most the interval),
+// used by views with a shorter interval than the array's.
+func (a *LeapArray[T]) ForEachWithin(now, span int64, fn func(w *WindowWrap[T]) bool) {
+	now = a.Clamp(now)
+	for i := range a.slots {
+		if w := a.At(i, now, span); w != nil && !fn(w) {
+			return
+		}
+	}
+}
+
+// Previous returns the bucket just before the one holding now, if it is
+// still valid, else nil. It never creates a bucket.
+func (a *LeapArray[T]) Previous(now int64) *WindowWrap[T] {
+	now = a.Clamp(now)
+	prev := now - a.bucketLen
+	if prev < 0 {
+		return nil
+	}
+	w := a.slots[a.IndexOf(prev)].Load()
+	if w == nil || w.start != a.StartOf(prev) {
+		return nil
+	}
+	return w
+}
+
+// Retired reports whether w has been replaced in its slot by a newer bucket.
+// A writer that raced a rotation checks it after writing and redoes the write
+// on Current if it is true.
+func (a *LeapArray[T]) Retired(w *WindowWrap[T]) bool {
+	return a.slots[w.slot].Load() != w
+}
+
+// Newest reports whether w is still the newest bucket of the array. An
+// admission that must be seen by every later window (flow's Reserve) checks
+// it after its write: once a newer bucket exists, a rotation may already have
+// summed w without the write.
+func (a *LeapArray[T]) Newest(w *WindowWrap[T]) bool {
+	return a.latest.Load() == w.start
+}

@@ -1,0 +1,297 @@
+package leaparray
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/atomic"
+)
+
+type counter struct{ n atomic.Int64 }
+
+func newArray(t testing.TB, n int, interval time.Duration) *LeapArray[counter] {
+	t.Helper()
+	a, err := New[counter](n, interval, nil)
+	require.NoError(t, err)
+	return a
+}
+
+func TestNewRejectsBadShapes(t *testing.T) {
+	for _, tc := range []struct {
+		n        int
+		interval time.Duration
+		want     string
+	}{
+		{0, time.Second, "sampleCount must be > 0, got 0"},
+		{-2, time.Second, "sampleCount must be > 0, got -2"},
+		{2, 0, "interval must be > 0, got 0s"},
+		{2, -time.Second, "interval must be > 0, got -1s"},
+		{3, 1000, "interval 1µs does not divide into 3 equal buckets"},
+	} {
+		_, err := New[counter](tc.n, tc.interval, nil)
+		require.Error(t, err, "n=%d interval=%v", tc.n, tc.interval)
+		assert.Contains(t, err.Error(), tc.want)
+	}
+	a, err := New[counter](3, 3*time.Second, nil)
+	require.NoError(t, err)
+	assert.Equal(t, int64(time.Second), a.BucketLen())
+}
+
+func TestIndexAndStartMapping(t *testing.T) {
+	a := newArray(t, 4, 2*time.Second) // 500ms buckets
+	ms := int64(time.Millisecond)
+	for i, st := range []struct {
+		now       int64
+		wantIdx   int
+		wantStart int64
+	}{
+		{0, 0, 0},
+		{499 * ms, 0, 0},
+		{500 * ms, 1, 500 * ms},
+		{1999 * ms, 3, 1500 * ms},
+		{2000 * ms, 0, 2000 * ms},
+		{2750 * ms, 1, 2500 * ms},
+		{10_001 * ms, 0, 10_000 * ms},
+	} {
+		assert.Equal(t, st.wantIdx, a.IndexOf(st.now), "step %d: IndexOf(%d)", i, st.now)
+		assert.Equal(t, st.wantStart, a.StartOf(st.now), "step %d: StartOf(%d)", i, st.now)
+		w := a.Current(st.now)
+		assert.Equal(t, st.wantStart, w.Start(), "step %d: Current(%d).Start()", i, st.now)
+		assert.Same(t, w, a.slots[st.wantIdx].Load(), "step %d: bucket not in slot %d", i, st.wantIdx)
+	}
+}
+
+// validCount returns how many buckets ForEach visits at now and their starts.
+func visit(a *LeapArray[counter], now int64) []int64 {
+	var starts []int64
+	a.ForEach(now, func(w *WindowWrap[counter]) bool {
+		starts = append(starts, w.Start())
+		return true
+	})
+	return starts
+}
+
+func TestDeprecationIsHalfOpen(t *testing.T) {
+	const interval = int64(time.Second)
+	for i, st := range []struct {
+		now   int64
+		valid bool
+	}{
+		{interval - 1, true},
+		{interval, false},
+		{interval + 1, false},
+	} {
+		a := newArray(t, 2, time.Second)
+		w := a.Current(0)
+		assert.Equal(t, st.valid, Valid(w, st.now, interval), "step %d: Valid at %d", i, st.now)
+		// A pure read at now must agree and must not create anything.
+		got := visit(a, st.now)
+		if st.valid {
+			assert.Equal(t, []int64{0}, got, "step %d", i)
+		} else {
+			assert.Empty(t, got, "step %d", i)
+		}
+		assert.Nil(t, a.slots[1].Load(), "step %d: a read created a bucket", i)
+	}
+}
+
+func TestJumpsForward(t *testing.T) {
+	const interval = int64(time.Second)
+	for _, jump := range []float64{0.5, 1, 1.5, 10} {
+		a := newArray(t, 4, time.Second)
+		for now := int64(0); now < interval; now += interval / 4 {
+			a.Current(now).Value.n.Add(1)
+		}
+		before := visit(a, interval-1)
+		require.Len(t, before, 4)
+		next := interval - 1 + int64(jump*float64(interval))
+		w := a.Current(next)
+		assert.Equal(t, next-next%(interval/4), w.Start(), "jump %v", jump)
+		assert.Zero(t, w.Value.n.Load(), "jump %v: the new bucket starts empty", jump)
+		var total int64
+		a.ForEach(next, func(w *WindowWrap[counter]) bool { total += w.Value.n.Load(); return true })
+		// Buckets older than one interval are gone; the rest survive.
+		want := int64(0)
+		for s := int64(0); s < interval; s += interval / 4 {
+			if next-s < interval {
+				want++
+			}
+		}
+		assert.Equal(t, want, total, "jump %v: sum after jump", jump)
+	}
+}
+
+func TestRacingFirstTouchCreatesOneBucket(t *testing.T) {
+	for round := 0; round < 50; round++ {
+		var made atomic.Int64
+		a, err := New(2, time.Second, func(int64, *counter) { made.Inc() })
+		require.NoError(t, err)
+		const g = 32
+		got := make([]*WindowWrap[counter], g)
+		var start, done sync.WaitGroup
+		start.Add(1)
+		for i := range g {
+			done.Add(1)
+			go func() {
+				defer done.Done()
+				start.Wait()
+				got[i] = a.Current(int64(time.Millisecond))
+			}()
+		}
+		start.Done()
+		done.Wait()
+		require.Equal(t, int64(1), made.Load(), "round %d: buckets made", round)
+		for i := range got {
+			require.Same(t, got[0], got[i])
+		}
+	}
+}
+
+func TestRollbackClampsToNewestBucket(t *testing.T) {
+	const interval = int64(time.Second)
+	bl := interval / 4
+	for _, tc := range []struct {
+		name string
+		back int64
+	}{
+		{"within a bucket", bl / 2},
+		{"under one interval", interval / 2},
+		{"over one interval", 3 * interval},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := newArray(t, 4, time.Second)
+			top := 10*interval + bl + bl/2 + 1 // inside bucket 10.25s
+			newest := a.Current(top)
+			newest.Value.n.Add(5)
+			past := top - tc.back
+			w := a.Current(past)
+			assert.Same(t, newest, w, "a write behind the newest bucket lands in it")
+			w.Value.n.Add(1)
+			// Reads at the past time see the window that ends at the newest
+			// bucket: nothing dropped, nothing reopened.
+			var total int64
+			a.ForEach(past, func(w *WindowWrap[counter]) bool { total += w.Value.n.Load(); return true })
+			assert.Equal(t, int64(6), total)
+			assert.Equal(t, max(past, newest.Start()), a.Clamp(past))
+			// Time moving on from the newest bucket works as usual.
+			assert.Equal(t, newest.Start()+bl, a.Current(newest.Start()+bl).Start())
+		})
+	}
+}
+
+func TestReadsNeverResurrect(t *testing.T) {
+	a := newArray(t, 2, time.Second)
+	a.Current(0).Value.n.Add(7)
+	const later = int64(5 * time.Second)
+	assert.Empty(t, visit(a, later))
+	assert.Nil(t, a.Previous(later))
+	// The stale bucket is still in its slot: reads left it alone, and the
+	// first write replaces it with an empty one.
+	assert.Equal(t, int64(7), a.slots[0].Load().Value.n.Load())
+	w := a.Current(later)
+	assert.Zero(t, w.Value.n.Load())
+	assert.True(t, a.Retired(a.slots[0].Load()) == false)
+}
+
+func TestPrevious(t *testing.T) {
+	a := newArray(t, 4, time.Second)
+	bl := a.BucketLen()
+	assert.Nil(t, a.Previous(0), "nothing before the origin")
+	p := a.Current(bl)
+	p.Value.n.Add(3)
+	assert.Same(t, p, a.Previous(2*bl+1))
+	assert.Nil(t, a.Previous(3*bl), "a gap of one bucket: previous is empty")
+}
+
+func TestRetiredAndNewest(t *testing.T) {
+	a := newArray(t, 2, time.Second)
+	bl := a.BucketLen()
+	w0 := a.Current(0)
+	assert.False(t, a.Retired(w0))
+	assert.True(t, a.Newest(w0))
+	w1 := a.Current(bl)
+	assert.False(t, a.Retired(w0), "w0 is older but still in its slot")
+	assert.False(t, a.Newest(w0))
+	assert.True(t, a.Newest(w1))
+	a.Current(2 * bl)
+	assert.True(t, a.Retired(w0))
+}
+
+// TestRotationRaceNeitherLeaksNorErases flips time across bucket boundaries
+// while writers run. A writer counts its add as landed only if the bucket was
+// not retired after it (and redoes it otherwise). Every bucket still in the
+// ring at the end must hold exactly the adds that landed in it: more would be
+// a leak from an older window, fewer an erasure by a rotation.
+func TestRotationRaceNeitherLeaksNorErases(t *testing.T) {
+	a := newArray(t, 2, 2*time.Millisecond)
+	var clock atomic.Int64
+	const writers, adds = 8, 20000
+	landed := make([]map[int64]int64, writers)
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				clock.Add(a.BucketLen() / 3)
+			}
+		}
+	}()
+	for g := range writers {
+		wg.Add(1)
+		landed[g] = map[int64]int64{}
+		go func() {
+			defer wg.Done()
+			for range adds {
+				for {
+					w := a.Current(clock.Load())
+					w.Value.n.Add(1)
+					if !a.Retired(w) {
+						landed[g][w.Start()]++
+						break
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	var total int64
+	for _, m := range landed {
+		for _, n := range m {
+			total += n
+		}
+	}
+	require.Equal(t, int64(writers*adds), total)
+	for i := range a.slots {
+		w := a.slots[i].Load()
+		if w == nil {
+			continue
+		}
+		var want int64
+		for _, m := range landed {
+			want += m[w.Start()]
+		}
+		assert.Equal(t, want, w.Value.n.Load(), "bucket %d", w.Start())
+	}
+}
+
+func TestReadsAllocateNothing(t *testing.T) {
+	a := newArray(t, 10, time.Second)
+	for now := int64(0); now < int64(time.Second); now += a.BucketLen() {
+		a.Current(now).Value.n.Inc()
+	}
+	now := int64(time.Second) - 1
+	var sum int64
+	allocs := testing.AllocsPerRun(100, func() {
+		a.ForEach(now, func(w *WindowWrap[counter]) bool { sum += w.Value.n.Load(); return true })
+		a.Current(now).Value.n.Inc()
+		_ = a.Previous(now)
+	})
+	assert.Zero(t, allocs)
+}

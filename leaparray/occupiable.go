@@ -1,0 +1,166 @@
+package leaparray
+
+import (
+	"time"
+
+	"go.uber.org/atomic"
+)
+
+// Occupiable is a LeapArray whose future buckets can be borrowed from: a
+// request blocked in the current window may be admitted now against a
+// bucket that has not started, if every window containing that bucket stays
+// within the threshold. When the main array creates a bucket, every borrowed
+// count due by its start is folded into it (see the fold function given to
+// NewOccupiable); a borrow whose own bucket never got created (no traffic at
+// that time) folds into the next bucket made, late but never lost.
+//
+// Borrowing is the slow path (the caller is about to wait), so it runs under
+// the array's rotation lock; folding runs under the same lock, which makes the
+// hand-over exact. Pending is lock-free, for admission checks on the hot path.
+type Occupiable[T any] struct {
+	*LeapArray[T]
+	userInit func(start int64, v *T)
+	count    func(v *T) int64
+	fold     func(v *T, n int64)
+	future   []borrowed // ring keyed by start, guarded by mu
+
+	// pending is the total borrowed and not yet folded. It is raised before a
+	// borrow reads any count and lowered only after the bucket holding the
+	// folded count is published, so a reader that sums the main array and
+	// adds pending may count a borrow twice, never zero times.
+	pending atomic.Int64
+	// epoch counts borrow attempts. It rises before a borrow reads any count,
+	// so a lock-free admission that sees it unchanged across its write knows
+	// no borrow missed that write.
+	epoch  atomic.Int64
+	folded int64 // folded by the rotation in progress; guarded by mu
+}
+
+type borrowed struct {
+	start int64
+	n     int64
+}
+
+// NewOccupiable returns an Occupiable array. count reads the admitted count
+// of a bucket (what a threshold limits); fold adds n borrowed admissions to a
+// freshly made bucket before it is published. init is as for New.
+func NewOccupiable[T any](sampleCount int, interval time.Duration, init func(start int64, v *T),
+	count func(v *T) int64, fold func(v *T, n int64)) (*Occupiable[T], error) {
+	a, err := New(sampleCount, interval, init)
+	if err != nil {
+		return nil, err
+	}
+	o := &Occupiable[T]{LeapArray: a, count: count, fold: fold, future: make([]borrowed, sampleCount)}
+	a.init = o.initBucket
+	a.published = o.retireFolded
+	o.userInit = init
+	return o, nil
+}
+
+// initBucket runs under mu for every new bucket: the user's init, then the
+// fold of every borrow due by start.
+func (o *Occupiable[T]) initBucket(start int64, v *T) {
+	if o.userInit != nil {
+		o.userInit(start, v)
+	}
+	for i := range o.future {
+		f := &o.future[i]
+		if f.n > 0 && f.start <= start {
+			o.fold(v, f.n)
+			o.folded += f.n
+			f.n = 0
+		}
+	}
+}
+
+func (o *Occupiable[T]) retireFolded() {
+	if o.folded != 0 {
+		o.pending.Sub(o.folded)
+		o.folded = 0
+	}
+}
+
+// Pending returns the total borrowed from buckets that have not been made
+// current yet.
+func (o *Occupiable[T]) Pending() int64 { return o.pending.Load() }
+
+// Epoch returns the number of Borrow calls that have started. An admission
+// that writes a count without the lock loads it before and after the write;
+// if it changed, a borrow may have read the counts without that write.
+func (o *Occupiable[T]) Epoch() int64 { return o.epoch.Load() }
+
+// PendingAt returns how much is borrowed from the future bucket that starts
+// at start (0 once it has been folded).
+func (o *Occupiable[T]) PendingAt(start int64) int64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	f := o.future[o.IndexOf(start)]
+	if f.start != start {
+		return 0
+	}
+	return f.n
+}
+
+// Borrow tries to admit n against the earliest future bucket that starts no
+// later than now+maxWait and keeps every window containing it at or below
+// threshold, counting what the main array holds and everything borrowed
+// already. On success it records the borrow and returns how long the caller
+// must wait for that bucket to start.
+func (o *Occupiable[T]) Borrow(now, n, threshold, maxWait int64) (wait int64, ok bool) {
+	if n <= 0 || n > threshold {
+		return 0, false
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	now = o.Clamp(now)
+	// Raise pending before reading any count: a concurrent lock-free admission
+	// (which reads pending after its own write) then sees this borrow, or this
+	// borrow sees its write.
+	o.pending.Add(n)
+	o.epoch.Inc()
+	cur := o.StartOf(now)
+	for k := int64(1); k <= o.n; k++ {
+		s := cur + k*o.bucketLen
+		if s-now > maxWait {
+			break
+		}
+		f := &o.future[o.IndexOf(s)]
+		if f.n > 0 && f.start != s {
+			continue // the slot still holds an older, unfolded borrow
+		}
+		if o.fits(s, n, threshold) {
+			f.start = s
+			f.n += n
+			return s - now, true
+		}
+	}
+	o.pending.Sub(n)
+	return 0, false
+}
+
+// fits reports whether adding n at future bucket s keeps every window that
+// contains s within threshold. Windows are checked at each bucket start from
+// s on; within a bucket the set of buckets in the window does not change.
+// Called with mu held.
+func (o *Occupiable[T]) fits(s, n, threshold int64) bool {
+	for j := int64(0); j < o.n; j++ {
+		t := s + j*o.bucketLen
+		total := n
+		for i := range o.slots {
+			if w := o.At(i, t, o.interval); w != nil {
+				total += o.count(&w.Value)
+			}
+		}
+		// Every unfolded borrow due by t counts: it lands in a bucket at or
+		// before t (late ones fold into the next bucket made).
+		for _, f := range o.future {
+			if f.n > 0 && f.start <= t {
+				total += f.n
+			}
+		}
+		if total > threshold {
+			return false
+		}
+	}
+	return true
+}
