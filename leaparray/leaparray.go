@@ -2,6 +2,8 @@ package leaparray
 
 import (
 	"fmt"
+	"iter"
+	"math"
 	"sync"
 	"time"
 
@@ -35,10 +37,11 @@ type LeapArray[T any] struct {
 	published func()
 	slots     []atomic.Pointer[WindowWrap[T]]
 
-	// latest is the start of the newest bucket ever made. It only rises, is
-	// stored under mu before the new bucket is published, and is the point
-	// every earlier time is clamped to.
-	latest atomic.Int64
+	// newest is the newest bucket ever made. It only moves forward, is
+	// stored under mu before the bucket goes into its slot, and is both the
+	// fast path of Current (no division while time stays in it) and the
+	// point every earlier time is clamped to.
+	newest atomic.Pointer[WindowWrap[T]]
 	// mu serialises rotations: at most one fresh bucket is built per slot and
 	// time, and Occupiable folds borrowed counts under it. Never taken by
 	// operations that stay within a bucket.
@@ -60,14 +63,26 @@ func New[T any](sampleCount int, interval time.Duration, init func(start int64, 
 	if int64(interval)%int64(sampleCount) != 0 {
 		return nil, fmt.Errorf("leaparray: interval %v does not divide into %d equal buckets", interval, sampleCount)
 	}
-	return &LeapArray[T]{
+	a := &LeapArray[T]{
 		bucketLen: int64(interval) / int64(sampleCount),
 		interval:  int64(interval),
 		n:         int64(sampleCount),
 		init:      init,
 		slots:     make([]atomic.Pointer[WindowWrap[T]], sampleCount),
-	}, nil
+	}
+	// Every slot starts with a placeholder that is never valid and is older
+	// than any real bucket, so no path needs a nil check.
+	empty := &WindowWrap[T]{start: emptyStart}
+	for i := range a.slots {
+		a.slots[i].Store(empty)
+	}
+	a.newest.Store(empty)
+	return a, nil
 }
+
+// emptyStart is the start of the placeholder bucket: far enough below any
+// real time that now-start never fits in an interval, without overflowing.
+const emptyStart = math.MinInt64 / 2
 
 // SampleCount returns the number of buckets in the ring.
 func (a *LeapArray[T]) SampleCount() int { return int(a.n) }
@@ -80,7 +95,7 @@ func (a *LeapArray[T]) Interval() int64 { return a.interval }
 
 // Latest returns the start of the newest bucket the array has made (0 before
 // the first).
-func (a *LeapArray[T]) Latest() int64 { return a.latest.Load() }
+func (a *LeapArray[T]) Latest() int64 { return max(0, a.newest.Load().start) }
 
 // StartOf returns the start of the bucket that holds now: now - now%len.
 func (a *LeapArray[T]) StartOf(now int64) int64 { return now - now%a.bucketLen }
@@ -91,28 +106,31 @@ func (a *LeapArray[T]) IndexOf(now int64) int { return int((now / a.bucketLen) %
 // Clamp returns now, or the start of the newest bucket if now is behind it.
 // Negative times clamp to 0.
 func (a *LeapArray[T]) Clamp(now int64) int64 {
-	// latest starts at 0 and only rises, so this also clamps negatives to 0.
-	if l := a.latest.Load(); now < l {
+	if l := a.newest.Load().start; now < l {
 		return l
 	}
-	return now
+	return max(now, 0)
 }
 
 // Current returns the bucket that holds now (after Clamp), creating it if its
 // slot is empty or holds an older bucket. Exactly one bucket is ever
 // published for a given slot and start.
 func (a *LeapArray[T]) Current(now int64) *WindowWrap[T] {
+	// Fast path: now is in the newest bucket, or behind it (clamped to it).
+	if w := a.newest.Load(); now < w.start+a.bucketLen {
+		return w
+	}
 	for {
 		now = a.Clamp(now)
 		q := now / a.bucketLen
 		start := q * a.bucketLen
 		slot := &a.slots[q%a.n]
 		w := slot.Load()
-		if w != nil && w.start == start {
-			return w // the common case: one division, two loads
+		if w.start == start {
+			return w
 		}
-		if w != nil && w.start > start {
-			// A rotation we did not see yet moved latest past now between our
+		if w.start > start {
+			// A rotation we did not see yet moved newest past now between our
 			// Clamp and this load; clamp again.
 			continue
 		}
@@ -126,20 +144,20 @@ func (a *LeapArray[T]) rotate(slot *atomic.Pointer[WindowWrap[T]], start int64) 
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	// Re-check under the lock: the slot may have been filled while we waited.
-	if w := slot.Load(); w != nil && w.start >= start {
+	if slot.Load().start >= start {
 		return
 	}
-	if start < a.latest.Load() {
+	if start < a.newest.Load().start {
 		return // the caller re-clamps and lands in the newest bucket
 	}
 	w := &WindowWrap[T]{start: start, slot: (start / a.bucketLen) % a.n}
 	if a.init != nil {
 		a.init(start, &w.Value)
 	}
-	// store-release of latest before the slot: anyone who sees the new bucket
-	// also sees latest at or past it, and anyone still clamping to the old
-	// latest finds an older bucket in the slot and waits for this lock.
-	a.latest.Store(start)
+	// store-release of newest before the slot: anyone who finds the bucket in
+	// its slot also finds it (or a newer one) as newest, which is what
+	// admissions check after writing (see Newest).
+	a.newest.Store(w)
 	slot.Store(w)
 	if a.published != nil {
 		a.published()
@@ -150,17 +168,31 @@ func (a *LeapArray[T]) rotate(slot *atomic.Pointer[WindowWrap[T]], start int64) 
 // start <= now and now-start < span (half-open: a bucket is stale exactly
 // when now-start >= span).
 func Valid[T any](w *WindowWrap[T], now, span int64) bool {
-	return w != nil && w.start <= now && now-w.start < span
+	// One unsigned compare covers both bounds: a start after now wraps to a
+	// huge difference.
+	return uint64(now-w.start) < uint64(span)
 }
 
 // At returns the bucket in slot i if it is valid at now over span, else nil.
 // now should come from Clamp. It never creates a bucket.
 func (a *LeapArray[T]) At(i int, now, span int64) *WindowWrap[T] {
-	w := a.slots[i].Load()
-	if Valid(w, now, span) {
+	if w := a.slots[i].Load(); Valid(w, now, span) {
 		return w
 	}
 	return nil
+}
+
+// Within yields the buckets valid at now over the trailing span, in slot
+// order. now should come from Clamp. It never creates a bucket and, used in
+// a range loop, compiles to a plain loop without allocation.
+func (a *LeapArray[T]) Within(now, span int64) iter.Seq[*WindowWrap[T]] {
+	return func(yield func(*WindowWrap[T]) bool) {
+		for i := range a.slots {
+			if w := a.slots[i].Load(); Valid(w, now, span) && !yield(w) {
+				return
+			}
+		}
+	}
 }
 
 // ForEach calls fn for every bucket valid at now over the whole interval,
@@ -172,9 +204,8 @@ func (a *LeapArray[T]) ForEach(now int64, fn func(w *WindowWrap[T]) bool) {
 // ForEachWithin is ForEach over the trailing span (at most the interval),
 // used by views with a shorter interval than the array's.
 func (a *LeapArray[T]) ForEachWithin(now, span int64, fn func(w *WindowWrap[T]) bool) {
-	now = a.Clamp(now)
-	for i := range a.slots {
-		if w := a.At(i, now, span); w != nil && !fn(w) {
+	for w := range a.Within(a.Clamp(now), span) {
+		if !fn(w) {
 			return
 		}
 	}
@@ -189,7 +220,7 @@ func (a *LeapArray[T]) Previous(now int64) *WindowWrap[T] {
 		return nil
 	}
 	w := a.slots[a.IndexOf(prev)].Load()
-	if w == nil || w.start != a.StartOf(prev) {
+	if w.start != a.StartOf(prev) {
 		return nil
 	}
 	return w
@@ -207,5 +238,5 @@ func (a *LeapArray[T]) Retired(w *WindowWrap[T]) bool {
 // it after its write: once a newer bucket exists, a rotation may already have
 // summed w without the write.
 func (a *LeapArray[T]) Newest(w *WindowWrap[T]) bool {
-	return a.latest.Load() == w.start
+	return a.newest.Load() == w
 }

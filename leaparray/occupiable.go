@@ -146,10 +146,8 @@ func (o *Occupiable[T]) fits(s, n, threshold int64) bool {
 	for j := int64(0); j < o.n; j++ {
 		t := s + j*o.bucketLen
 		total := n
-		for i := range o.slots {
-			if w := o.At(i, t, o.interval); w != nil {
-				total += o.count(&w.Value)
-			}
+		for w := range o.Within(t, o.interval) {
+			total += o.count(&w.Value)
 		}
 		// Every unfolded borrow due by t counts: it lands in a bucket at or
 		// before t (late ones fold into the next bucket made).

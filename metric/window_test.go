@@ -1,0 +1,365 @@
+package metric
+
+import (
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/atomic"
+)
+
+const ms = int64(time.Millisecond)
+
+func newWindow(t testing.TB, n int, interval time.Duration, opts ...Option) *Window {
+	t.Helper()
+	w, err := NewWindow(n, interval, opts...)
+	require.NoError(t, err)
+	return w
+}
+
+func TestPadding(t *testing.T) {
+	assert.Equal(t, uintptr(CacheLine), unsafe.Sizeof(stripe{}))
+	var b Bucket
+	readMostlyEnd := unsafe.Offsetof(b.mask) + unsafe.Sizeof(b.mask)
+	assert.GreaterOrEqual(t, unsafe.Offsetof(b.pass)-readMostlyEnd, uintptr(CacheLine),
+		"pass must not share a line with the read-mostly header")
+	assert.GreaterOrEqual(t, unsafe.Offsetof(b.minRT)-unsafe.Offsetof(b.pass), uintptr(CacheLine),
+		"minRT must not share a line with pass")
+	assert.GreaterOrEqual(t, unsafe.Sizeof(b)-unsafe.Offsetof(b.maxConc), uintptr(CacheLine-8))
+}
+
+func TestRoundStripes(t *testing.T) {
+	for in, want := range map[int]int{-1: 1, 0: 1, 1: 1, 2: 2, 3: 4, 16: 16, 17: 32, 1000: MaxStripes} {
+		assert.Equal(t, want, roundStripes(in), "roundStripes(%d)", in)
+	}
+}
+
+func TestNewWindowErrors(t *testing.T) {
+	_, err := NewWindow(3, time.Microsecond)
+	assert.ErrorContains(t, err, "metric: leaparray: interval 1µs does not divide into 3 equal buckets")
+	_, err = NewWindow(2, time.Second, WithStripes(0))
+	assert.ErrorContains(t, err, "stripes must be >= 1, got 0")
+}
+
+func TestEventsAndReads(t *testing.T) {
+	w := newWindow(t, 4, time.Second) // 250ms buckets
+	r, ok := w.MinRT(0)
+	assert.False(t, ok, "empty window has no min RT")
+	assert.Zero(t, r)
+	assert.Zero(t, w.AvgRT(0), "empty window: average RT is 0, not NaN")
+	assert.Zero(t, w.Rate(0, Pass))
+
+	w.Add(10*ms, Pass, 3)
+	w.Add(260*ms, Pass, 2)
+	w.Add(260*ms, Block, 4)
+	w.Complete(270*ms, 2, 30*ms, false)
+	w.Complete(600*ms, 1, 5*ms, true)
+	w.UpdateConcurrency(600*ms, 7)
+	w.UpdateConcurrency(610*ms, 3)
+	w.Add(610*ms, OccupiedPass, 1)
+
+	now := 700 * ms
+	assert.Equal(t, int64(5), w.Sum(now, Pass))
+	assert.Equal(t, int64(4), w.Sum(now, Block))
+	assert.Equal(t, int64(3), w.Sum(now, Success))
+	assert.Equal(t, int64(1), w.Sum(now, Exception))
+	assert.Equal(t, 35*ms, w.Sum(now, RT))
+	assert.Equal(t, int64(1), w.Sum(now, OccupiedPass))
+	assert.InDelta(t, 5.0, w.Rate(now, Pass), 1e-9)
+	assert.InDelta(t, float64(35*ms)/3, w.AvgRT(now), 1e-6)
+	r, ok = w.MinRT(now)
+	assert.True(t, ok)
+	assert.Equal(t, 5*ms, r)
+	assert.Equal(t, int64(7), w.MaxConcurrency(now))
+	assert.InDelta(t, 8.0, w.MaxRate(now, Success), 1e-9, "2 successes in one 250ms bucket")
+	assert.Equal(t, int64(2), w.Previous(now, Success), "the 250ms bucket")
+	assert.Equal(t, int64(0), w.Previous(1100*ms, Success), "the 750ms bucket is empty")
+
+	// 1s later the first bucket is stale (half-open), the rest remain.
+	assert.Equal(t, int64(2), w.Sum(1000*ms, Pass))
+	assert.Equal(t, int64(5), w.Sum(999*ms, Pass))
+	assert.Equal(t, "exception", Exception.String())
+	assert.Equal(t, "Event(9)", Event(9).String())
+	assert.Len(t, Events(), int(numEvents))
+}
+
+func TestView(t *testing.T) {
+	w := newWindow(t, 10, 10*time.Second) // 1s buckets
+	for _, bad := range []time.Duration{0, -time.Second, 1500 * time.Millisecond, 3 * time.Second, 20 * time.Second} {
+		_, err := w.View(bad)
+		assert.ErrorContains(t, err, "view interval "+bad.String(), "View(%v)", bad)
+	}
+	v, err := w.View(2 * time.Second)
+	require.NoError(t, err)
+	sec := int64(time.Second)
+	for s := int64(0); s < 10; s++ {
+		w.Add(s*sec, Pass, s+1)
+	}
+	now := 9*sec + 1
+	assert.Equal(t, int64(55), w.Sum(now, Pass))
+	assert.Equal(t, int64(19), v.Sum(now, Pass), "last two 1s buckets")
+	assert.InDelta(t, 9.5, v.Rate(now, Pass), 1e-9)
+	assert.Equal(t, 2*time.Second, v.Interval())
+}
+
+func TestAddHammerSumsExactly(t *testing.T) {
+	for _, stripes := range []int{1, 4, 16} {
+		w := newWindow(t, 2, time.Second, WithStripes(stripes))
+		const g, m = 16, 5000
+		var wg sync.WaitGroup
+		for range g {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range m {
+					w.Add(0, Success, 1)
+					w.Add(0, Pass, 1)
+				}
+			}()
+		}
+		wg.Wait()
+		assert.Equal(t, int64(g*m), w.Sum(0, Success), "stripes=%d", stripes)
+		assert.Equal(t, int64(g*m), w.Sum(0, Pass), "stripes=%d", stripes)
+	}
+}
+
+func TestMinRTAndMaxConcurrencyExactUnderContention(t *testing.T) {
+	w := newWindow(t, 2, time.Second)
+	const g, m = 16, 2000
+	lows := make([]int64, g)
+	highs := make([]int64, g)
+	var wg sync.WaitGroup
+	for i := range g {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(i), 7))
+			lows[i], highs[i] = 1<<62, 0
+			for range m {
+				rt := 1 + rng.Int64N(1_000_000)
+				c := rng.Int64N(1_000_000)
+				lows[i] = min(lows[i], rt)
+				highs[i] = max(highs[i], c)
+				w.AddRT(0, rt)
+				w.UpdateConcurrency(0, c)
+			}
+		}()
+	}
+	wg.Wait()
+	got, ok := w.MinRT(0)
+	require.True(t, ok)
+	assert.Equal(t, slices.Min(lows), got)
+	assert.Equal(t, slices.Max(highs), w.MaxConcurrency(0))
+}
+
+func TestZeroRTIsRecorded(t *testing.T) {
+	w := newWindow(t, 1, time.Second)
+	w.AddRT(0, 0)
+	got, ok := w.MinRT(0)
+	assert.True(t, ok)
+	assert.Zero(t, got)
+}
+
+func TestReserveBatches(t *testing.T) {
+	w := newWindow(t, 2, time.Second)
+	assert.False(t, w.Reserve(0, 11, 10), "a batch above the threshold is always blocked")
+	assert.False(t, w.Reserve(0, 0, 10))
+	assert.False(t, w.Reserve(0, 1, 0), "threshold 0 blocks everything")
+	assert.True(t, w.Reserve(0, 7, 10))
+	assert.Equal(t, int64(7), w.Sum(0, Pass), "pass moves by the batch size")
+	assert.False(t, w.Reserve(0, 4, 10))
+	assert.True(t, w.Reserve(0, 3, 10))
+	assert.False(t, w.Reserve(0, 1, 10))
+	assert.Equal(t, int64(10), w.Sum(0, Pass), "refusals write nothing")
+	// The first bucket leaves the window at 1s.
+	assert.True(t, w.Reserve(int64(time.Second), 10, 10))
+}
+
+func TestReserveAfterRollbackKeepsLimiting(t *testing.T) {
+	w := newWindow(t, 4, time.Second)
+	top := 20 * int64(time.Second)
+	require.True(t, w.Reserve(top, 10, 10))
+	for _, back := range []int64{1, 200 * ms, 900 * ms, 5 * int64(time.Second)} {
+		assert.False(t, w.Reserve(top-back, 1, 10), "rollback by %v reopened the gate", time.Duration(back))
+	}
+	assert.True(t, w.Reserve(top+int64(time.Second), 1, 10), "limiting resumes when time moves on")
+}
+
+func TestReserveAndBorrowInteract(t *testing.T) {
+	w := newWindow(t, 2, time.Second)
+	bl := 500 * ms
+	require.True(t, w.Reserve(bl, 8, 10))
+	wait, ok := w.Borrow(bl+100*ms, 2, 10, time.Second)
+	require.True(t, ok)
+	assert.Equal(t, 400*time.Millisecond, wait)
+	assert.Equal(t, int64(2), w.Borrowed())
+	assert.False(t, w.Reserve(bl+200*ms, 1, 10), "borrowed admissions count against the current window")
+	assert.Equal(t, int64(8), w.Sum(bl+200*ms, Pass))
+	assert.True(t, w.Reserve(2*bl, 1, 11), "11: the folded 2 plus the 8 leave one")
+	assert.Equal(t, int64(2), w.Sum(2*bl, OccupiedPass))
+	assert.Equal(t, int64(11), w.Sum(2*bl, Pass))
+	assert.Zero(t, w.Borrowed())
+}
+
+// bucketLog records every bucket a window makes, for checking every window
+// after a hammer.
+type bucketLog struct {
+	mu      sync.Mutex
+	buckets map[int64]*Bucket
+}
+
+func (l *bucketLog) hook(start int64, b *Bucket) {
+	l.mu.Lock()
+	l.buckets[start] = b
+	l.mu.Unlock()
+}
+
+// maxWindow returns the largest Pass total over every window of n buckets.
+func (l *bucketLog) maxWindow(interval, bucketLen int64) (worst int64, at int64) {
+	starts := make([]int64, 0, len(l.buckets))
+	for s := range l.buckets {
+		starts = append(starts, s)
+	}
+	sort.Slice(starts, func(i, j int) bool { return starts[i] < starts[j] })
+	for _, end := range starts {
+		var sum int64
+		for _, s := range starts {
+			if s <= end && end-s < interval {
+				sum += l.buckets[s].pass.Load()
+			}
+		}
+		if sum > worst {
+			worst, at = sum, end
+		}
+	}
+	return worst, at
+}
+
+func TestReserveNeverExceedsThreshold(t *testing.T) {
+	gs := []int{1, 2, 8, 64, 1000}
+	if testing.Short() {
+		gs = []int{1, 8, 100}
+	}
+	for _, g := range gs {
+		for _, borrow := range []bool{false, true} {
+			log := &bucketLog{buckets: map[int64]*Bucket{}}
+			w, err := NewWindow(4, 40*time.Millisecond, func(c *config) { c.onNew = log.hook })
+			require.NoError(t, err)
+			const threshold = 50
+			bl := w.arr.BucketLen()
+			var clock atomic.Int64
+			var admitted atomic.Int64
+			// Time is driven by the requests themselves, so the run is
+			// bounded whatever the scheduler does: ~300 ticks of bl/7.
+			ops := 2100 / g * 7
+			if ops < 20 {
+				ops = 20
+			}
+			tick := bl / 7 * 300 / int64(g*ops)
+			var wg sync.WaitGroup
+			for i := range g {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					rng := rand.New(rand.NewPCG(uint64(i), 1))
+					for k := range ops {
+						n := 1 + rng.Int64N(3)
+						now := clock.Add(tick)
+						if borrow && k%5 == 0 {
+							if _, ok := w.Borrow(now, n, threshold, time.Duration(2*bl)); ok {
+								admitted.Add(n)
+							}
+							continue
+						}
+						if w.Reserve(now, n, threshold) {
+							admitted.Add(n)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			// Make the buckets borrowed from current, one at a time, so
+			// every borrow folds at its own start.
+			end := clock.Load()
+			for k := int64(1); k <= 4; k++ {
+				w.Add(end+k*bl, Pass, 0)
+			}
+			require.Zero(t, w.Borrowed())
+			worst, at := log.maxWindow(w.arr.Interval(), bl)
+			assert.LessOrEqual(t, worst, int64(threshold), "goroutines=%d borrow=%v: window ending at bucket %d", g, borrow, at)
+			var total int64
+			for _, b := range log.buckets {
+				total += b.pass.Load()
+			}
+			assert.Equal(t, admitted.Load(), total, "goroutines=%d borrow=%v: every admission counted once", g, borrow)
+		}
+	}
+}
+
+// TestPrecisionBound drives a greedy client that asks at every millisecond
+// and checks the documented bound on the admissions: any span shorter than
+// W - W/n holds at most the threshold, and a span of W can hold up to 2x
+// (exactly 2x for the fixed window, n = 1).
+func TestPrecisionBound(t *testing.T) {
+	const threshold = 100
+	const W = 1000 // ms
+	for _, n := range []int{1, 2, 4, 10} {
+		w := newWindow(t, n, time.Second)
+		var admits []int64 // admission count per ms
+		// Quiet for most of the first window, then a burst at 0.9 W, as in
+		// the fixed-window example; then greedy traffic at every ms.
+		for tms := int64(0); tms < 5*W; tms++ {
+			var a int64
+			if tms >= 900 {
+				for w.Reserve(tms*ms, 1, threshold) {
+					a++
+				}
+			}
+			admits = append(admits, a)
+		}
+		spanMax := func(L int) int64 {
+			var best, run int64
+			for i := range admits {
+				run += admits[i]
+				if i >= L {
+					run -= admits[i-L]
+				}
+				best = max(best, run)
+			}
+			return best
+		}
+		short := W - W/n - 1
+		if short > 0 {
+			assert.LessOrEqual(t, spanMax(short), int64(threshold), "n=%d: span %dms", n, short)
+		}
+		full := spanMax(W)
+		assert.LessOrEqual(t, full, int64(2*threshold), "n=%d: span W", n)
+		if n == 1 {
+			assert.Equal(t, int64(2*threshold), full, "the fixed window shows the full double burst")
+		}
+		t.Logf("n=%d: max in %dms = %d, max in %dms = %d", n, short, spanMax(max(short, 1)), W, full)
+	}
+}
+
+func TestHotPathsAllocateNothing(t *testing.T) {
+	w := newWindow(t, 10, time.Second)
+	now := int64(123) * ms
+	w.Add(now, Pass, 1) // make the bucket
+	for name, fn := range map[string]func(){
+		"Add":        func() { w.Add(now, Success, 1) },
+		"Complete":   func() { w.Complete(now, 1, 5, false) },
+		"Sum":        func() { _ = w.Sum(now, Pass) },
+		"SumStriped": func() { _ = w.Sum(now, Success) },
+		"Reserve":    func() { _ = w.Reserve(now, 1, 1<<40) },
+		"Blocked":    func() { _ = w.Reserve(now, 2, 1) },
+		"Rate":       func() { _ = w.Rate(now, Success) },
+	} {
+		assert.Zero(t, testing.AllocsPerRun(1000, fn), name)
+	}
+}
