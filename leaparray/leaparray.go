@@ -35,6 +35,9 @@ type LeapArray[T any] struct {
 	// published runs under mu right after a new bucket is visible
 	// (Occupiable uses it to retire the borrowed counts it folded in).
 	published func()
+	// retired, if set, runs under mu with each real bucket a rotation
+	// replaced, after the replacement is visible.
+	retired func(old *WindowWrap[T])
 	slots     []atomic.Pointer[WindowWrap[T]]
 
 	// newest is the newest bucket ever made. It only moves forward, is
@@ -144,7 +147,8 @@ func (a *LeapArray[T]) rotate(slot *atomic.Pointer[WindowWrap[T]], start int64) 
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	// Re-check under the lock: the slot may have been filled while we waited.
-	if slot.Load().start >= start {
+	old := slot.Load()
+	if old.start >= start {
 		return
 	}
 	if start < a.newest.Load().start {
@@ -161,6 +165,29 @@ func (a *LeapArray[T]) rotate(slot *atomic.Pointer[WindowWrap[T]], start int64) 
 	slot.Store(w)
 	if a.published != nil {
 		a.published()
+	}
+	if a.retired != nil && old.start != emptyStart {
+		a.retired(old)
+	}
+}
+
+// OnRetire sets fn to run with every bucket a rotation replaces, under the
+// rotation lock and after the replacement is visible: the last chance to
+// read a bucket's final counts (stat folds them into longer windows). A
+// writer that raced the rotation redoes its write on the new bucket, so fn
+// may see a count that is also counted again there; it never misses one that
+// the writer did not redo. Set it before the array is shared.
+func (a *LeapArray[T]) OnRetire(fn func(old *WindowWrap[T])) { a.retired = fn }
+
+// Buckets yields every real bucket in the ring whose start is in [lo, hi),
+// valid or not, in slot order. It never creates a bucket.
+func (a *LeapArray[T]) Buckets(lo, hi int64) iter.Seq[*WindowWrap[T]] {
+	return func(yield func(*WindowWrap[T]) bool) {
+		for i := range a.slots {
+			if w := a.slots[i].Load(); w.start >= lo && w.start < hi && !yield(w) {
+				return
+			}
+		}
 	}
 }
 

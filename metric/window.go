@@ -133,8 +133,30 @@ func (w *Window) UpdateConcurrency(now, c int64) {
 // window exceed threshold, at any concurrency; under a race it can only err
 // towards refusing. The refused path writes nothing.
 func (w *Window) Reserve(now, n, threshold int64) bool {
+	_, ok := w.Admit(now, n, threshold)
+	return ok
+}
+
+// Reservation is an admission made by Admit, which can be cancelled.
+type Reservation struct {
+	b *Bucket
+	n int64
+}
+
+// Cancel gives the admission back to the bucket it was counted in (a later
+// check refused the request). Cancelling the zero Reservation does nothing.
+func (r Reservation) Cancel() {
+	if r.b != nil {
+		r.b.pass.Sub(r.n)
+	}
+}
+
+// Admit is Reserve returning the admission, so it can be cancelled exactly:
+// the count is taken back from the bucket it went into, even after a
+// rotation.
+func (w *Window) Admit(now, n, threshold int64) (Reservation, bool) {
 	if n <= 0 || n > threshold {
-		return false
+		return Reservation{}, false
 	}
 	a := w.arr
 	for {
@@ -154,7 +176,7 @@ func (w *Window) Reserve(now, n, threshold int64) bool {
 		for {
 			cur = b.Value.pass.Load()
 			if others+cur+a.Pending()+n > threshold {
-				return false
+				return Reservation{}, false
 			}
 			if b.Value.pass.CompareAndSwap(cur, cur+n) {
 				break
@@ -166,10 +188,53 @@ func (w *Window) Reserve(now, n, threshold int64) bool {
 		// this bucket without it. Either way undo (a transient surplus that
 		// can only cause a refusal) and decide again.
 		if a.Epoch() == epoch && a.Newest(b) {
-			return true
+			return Reservation{b: &b.Value, n: n}, true
 		}
 		b.Value.pass.Sub(n)
 	}
+}
+
+// OnRetire sets fn to run with the start and final counts of every bucket
+// that leaves the ring (see leaparray.LeapArray.OnRetire). Set it before the
+// window is shared.
+func (w *Window) OnRetire(fn func(start int64, b *Bucket)) {
+	w.arr.OnRetire(func(old *leaparray.WindowWrap[Bucket]) { fn(old.Start(), &old.Value) })
+}
+
+// Absorb adds every count of b into the bucket holding start: how a longer
+// window takes in the buckets a shorter one retires.
+func (w *Window) Absorb(start int64, b *Bucket) {
+	for {
+		dst := w.arr.Current(start)
+		d := &dst.Value
+		d.pass.Add(b.pass.Load())
+		d.occupied.Add(b.occupied.Load())
+		s := d.stripe()
+		for i := range stripedEvents {
+			var sum int64
+			for j := range b.stripes {
+				sum += b.stripes[j].c[i].Load()
+			}
+			s.c[i].Add(sum)
+		}
+		if v, ok := b.MinRT(); ok {
+			d.UpdateMinRT(v)
+		}
+		d.UpdateConcurrency(b.MaxConcurrency())
+		if !w.arr.Retired(dst) {
+			return
+		}
+	}
+}
+
+// SumRange returns event e summed over the buckets still in the ring whose
+// start is in [lo, hi), valid at any time or not.
+func (w *Window) SumRange(lo, hi int64, e Event) int64 {
+	var sum int64
+	for b := range w.arr.Buckets(lo, hi) {
+		sum += b.Value.Get(e)
+	}
+	return sum
 }
 
 // passExcept sums Pass over the buckets valid at now, skipping b.

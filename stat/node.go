@@ -1,0 +1,208 @@
+package stat
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/atomic"
+
+	"github.com/leapflow/leapflow/metric"
+)
+
+// NodeConfig shapes the windows of every Node of a Registry.
+type NodeConfig struct {
+	// SampleCount is the number of buckets of the 1 s window (default 4).
+	// It must divide one second into whole nanoseconds.
+	SampleCount int
+}
+
+// DefaultSampleCount is the bucket count of a Node's second window when
+// NodeConfig leaves it zero (see the package doc for the trade-off).
+const DefaultSampleCount = 4
+
+func (c NodeConfig) withDefaults() NodeConfig {
+	if c.SampleCount == 0 {
+		c.SampleCount = DefaultSampleCount
+	}
+	return c
+}
+
+func (c NodeConfig) validate() error {
+	if c.SampleCount < 1 || int64(time.Second)%int64(c.SampleCount) != 0 {
+		return fmt.Errorf("stat: SampleCount must divide 1s into whole nanoseconds, got %d", c.SampleCount)
+	}
+	return nil
+}
+
+const (
+	second = int64(time.Second)
+	minute = 60 * second
+)
+
+// Node holds the statistics of one resource. It is safe for simultaneous use
+// and must not be copied.
+type Node struct {
+	resource string
+	second   *metric.Window
+	minute   *metric.Window
+	inflight *metric.Counter
+
+	// concurrency is the exact in-flight count of requests admitted by
+	// concurrency rules; unlike inflight it is one shared word, because
+	// admission against it must be a single atomic step.
+	_           [metric.CacheLine]byte
+	concurrency atomic.Int64
+	_           [metric.CacheLine - 8]byte
+
+	mu      sync.Mutex // guards adding to windows; reads go through the pointer
+	windows atomic.Pointer[map[time.Duration]*metric.Window]
+}
+
+func newNode(resource string, cfg NodeConfig) (*Node, error) {
+	sec, err := metric.NewWindow(cfg.SampleCount, time.Second)
+	if err != nil {
+		return nil, err
+	}
+	// Written only by the second window's retirements: no striping needed.
+	mins, err := metric.NewWindow(60, time.Minute, metric.WithStripes(1))
+	if err != nil {
+		return nil, err
+	}
+	sec.OnRetire(mins.Absorb)
+	n := &Node{resource: resource, second: sec, minute: mins, inflight: metric.NewCounter()}
+	n.windows.Store(&map[time.Duration]*metric.Window{})
+	return n, nil
+}
+
+// NewNode returns a standalone Node (engines make theirs through a
+// Registry).
+func NewNode(resource string, cfg NodeConfig) (*Node, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return newNode(resource, cfg)
+}
+
+// Resource returns the resource name.
+func (n *Node) Resource() string { return n.resource }
+
+// Second returns the 1 s window: rules on the default interval admit
+// against it, and every request of the resource is counted in it.
+func (n *Node) Second() *metric.Window { return n.second }
+
+// Inflight returns the striped in-flight gauge.
+func (n *Node) Inflight() *metric.Counter { return n.inflight }
+
+// Concurrency returns the exact in-flight count used by concurrency rules.
+func (n *Node) Concurrency() *atomic.Int64 { return &n.concurrency }
+
+// Window returns the window of the given interval used by rules with a stat
+// interval other than 1 s, creating it (sampleCount buckets) the first time.
+// Windows live as long as the node, so rule reloads keep their counts.
+func (n *Node) Window(interval time.Duration, sampleCount int) (*metric.Window, error) {
+	if w, ok := (*n.windows.Load())[interval]; ok {
+		return w, nil
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	old := *n.windows.Load()
+	if w, ok := old[interval]; ok {
+		return w, nil
+	}
+	w, err := metric.NewWindow(sampleCount, interval)
+	if err != nil {
+		return nil, err
+	}
+	// Copy on write: the map is read without the lock on every Entry.
+	next := make(map[time.Duration]*metric.Window, len(old)+1)
+	for k, v := range old {
+		next[k] = v
+	}
+	next[interval] = w
+	n.windows.Store(&next)
+	return w, nil
+}
+
+// Rate returns event e per second over the last second.
+func (n *Node) Rate(now int64, e metric.Event) float64 { return n.second.Rate(now, e) }
+
+// AvgRT returns the mean response time over the last second (0 if none).
+func (n *Node) AvgRT(now int64) time.Duration { return time.Duration(n.second.AvgRT(now)) }
+
+// MinRT returns the smallest response time over the last second (0 if none).
+func (n *Node) MinRT(now int64) time.Duration {
+	v, _ := n.second.MinRT(now)
+	return time.Duration(v)
+}
+
+// MaxSuccessRate returns the highest success rate per second reached by one
+// bucket of the last second.
+func (n *Node) MaxSuccessRate(now int64) float64 { return n.second.MaxRate(now, metric.Success) }
+
+// PreviousSecond returns event e's count in the whole second before the one
+// holding now.
+func (n *Node) PreviousSecond(now int64, e metric.Event) int64 {
+	now = n.second.Array().Clamp(now)
+	hi := now - now%second
+	return n.span(hi-second, hi, e)
+}
+
+// Minute returns event e's count over the last 60 whole seconds, including
+// the current one.
+func (n *Node) Minute(now int64, e metric.Event) int64 {
+	now = n.second.Array().Clamp(now)
+	hi := now - now%second + second
+	return n.span(hi-minute, hi, e)
+}
+
+// span sums [lo, hi) (second-aligned) from the minute window plus the
+// buckets the second window has not handed over yet.
+func (n *Node) span(lo, hi int64, e metric.Event) int64 {
+	return n.minute.SumRange(lo, hi, e) + n.second.SumRange(lo, hi, e)
+}
+
+// Snapshot is every statistic of a node at one instant.
+type Snapshot struct {
+	Resource       string
+	PassQPS        float64
+	BlockQPS       float64
+	SuccessQPS     float64
+	ExceptionQPS   float64
+	OccupiedQPS    float64
+	AvgRT          time.Duration
+	MinRT          time.Duration
+	Inflight       int64
+	MaxSuccessQPS  float64
+	PrevPass       int64 // the previous whole second
+	PrevBlock      int64
+	MinutePass     int64 // the last 60 seconds
+	MinuteBlock    int64
+	MinuteSuccess  int64
+	MinuteErrors   int64
+	BorrowedFuture int64 // admitted against future buckets, not yet current
+}
+
+// Snapshot reads every statistic at now.
+func (n *Node) Snapshot(now int64) Snapshot {
+	return Snapshot{
+		Resource:       n.resource,
+		PassQPS:        n.Rate(now, metric.Pass),
+		BlockQPS:       n.Rate(now, metric.Block),
+		SuccessQPS:     n.Rate(now, metric.Success),
+		ExceptionQPS:   n.Rate(now, metric.Exception),
+		OccupiedQPS:    n.Rate(now, metric.OccupiedPass),
+		AvgRT:          n.AvgRT(now),
+		MinRT:          n.MinRT(now),
+		Inflight:       n.inflight.Sum(),
+		MaxSuccessQPS:  n.MaxSuccessRate(now),
+		PrevPass:       n.PreviousSecond(now, metric.Pass),
+		PrevBlock:      n.PreviousSecond(now, metric.Block),
+		MinutePass:     n.Minute(now, metric.Pass),
+		MinuteBlock:    n.Minute(now, metric.Block),
+		MinuteSuccess:  n.Minute(now, metric.Success),
+		MinuteErrors:   n.Minute(now, metric.Exception),
+		BorrowedFuture: n.second.Borrowed(),
+	}
+}

@@ -1,0 +1,179 @@
+package stat
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/leapflow/leapflow/metric"
+	"github.com/leapflow/leapflow/stat/stattest"
+)
+
+func TestMonotonicNeverGoesBack(t *testing.T) {
+	c := NewMonotonic()
+	prev := c.Now()
+	for range 10000 {
+		now := c.Now()
+		require.GreaterOrEqual(t, now, prev)
+		prev = now
+	}
+}
+
+func TestCoarseAdvancesAndStops(t *testing.T) {
+	c := NewCoarse(time.Millisecond)
+	defer c.Stop()
+	first := c.Now()
+	require.Eventually(t, func() bool { return c.Now() > first }, 2*time.Second, time.Millisecond)
+	c.Stop()
+	c.Stop() // idempotent
+	time.Sleep(5 * time.Millisecond)
+	stopped := c.Now()
+	time.Sleep(10 * time.Millisecond)
+	assert.Equal(t, stopped, c.Now())
+}
+
+func TestManualClock(t *testing.T) {
+	c := stattest.NewClock(time.Second)
+	assert.Equal(t, int64(time.Second), c.Now())
+	assert.Equal(t, 1500*time.Millisecond, c.Advance(500*time.Millisecond))
+	c.Set(0)
+	assert.Zero(t, c.Now())
+}
+
+func TestNodeConfigErrors(t *testing.T) {
+	_, err := NewNode("x", NodeConfig{SampleCount: 7})
+	assert.ErrorContains(t, err, "SampleCount must divide 1s into whole nanoseconds, got 7")
+	_, err = NewRegistry(-1, NodeConfig{})
+	assert.ErrorContains(t, err, "max resources must be >= 0, got -1")
+}
+
+// TestNodeStepByStep drives a node second by second with synthetic time and
+// checks each read against counts kept by the test.
+func TestNodeStepByStep(t *testing.T) {
+	n, err := NewNode("api", NodeConfig{})
+	require.NoError(t, err)
+	sec := int64(time.Second)
+	ms := int64(time.Millisecond)
+	w := n.Second()
+	// Second k gets k+1 passes spread over its buckets, one block, and one
+	// success of RT (k+1) ms.
+	for k := range int64(70) {
+		for i := range k + 1 {
+			w.Add(k*sec+i*sec/(k+1), metric.Pass, 1)
+		}
+		w.Add(k*sec+900*ms, metric.Block, 1)
+		w.Complete(k*sec+950*ms, 1, (k+1)*ms, k%10 == 0)
+		now := k*sec + 999*ms
+		assert.InDelta(t, float64(k+1), n.Rate(now, metric.Pass), 1e-9, "second %d", k)
+		assert.Equal(t, time.Duration(k+1)*time.Millisecond, n.AvgRT(now), "second %d", k)
+		assert.Equal(t, time.Duration(k+1)*time.Millisecond, n.MinRT(now), "second %d", k)
+		if k > 0 {
+			assert.Equal(t, k, n.PreviousSecond(now, metric.Pass), "second %d", k)
+			assert.Equal(t, int64(1), n.PreviousSecond(now, metric.Block), "second %d", k)
+		}
+		var wantMinute int64
+		for j := max(0, k-59); j <= k; j++ {
+			wantMinute += j + 1
+		}
+		assert.Equal(t, wantMinute, n.Minute(now, metric.Pass), "second %d: minute pass", k)
+		assert.Equal(t, min(k+1, 60), n.Minute(now, metric.Success), "second %d: minute success", k)
+	}
+	s := n.Snapshot(69*sec + 999*ms)
+	assert.Equal(t, "api", s.Resource)
+	assert.InDelta(t, 70.0, s.PassQPS, 1e-9)
+	assert.InDelta(t, 1.0, s.BlockQPS, 1e-9)
+	assert.InDelta(t, 1.0, s.SuccessQPS, 1e-9)
+	assert.Equal(t, int64(69), s.PrevPass)
+	assert.Equal(t, int64(6), s.MinuteErrors, "seconds 10, 20, ..., 60")
+	// After a quiet minute everything reads zero, and nothing is revived.
+	late := 200 * sec
+	assert.Zero(t, n.Minute(late, metric.Pass))
+	assert.Zero(t, n.Rate(late, metric.Pass))
+	assert.Zero(t, n.AvgRT(late))
+}
+
+// TestMinuteIsExactUnderConcurrency hammers a node while time moves and
+// compares the minute total with the number of adds.
+func TestMinuteIsExactUnderConcurrency(t *testing.T) {
+	n, err := NewNode("hot", NodeConfig{SampleCount: 2})
+	require.NoError(t, err)
+	clock := stattest.NewClock(0)
+	const g, m = 8, 3000
+	var wg sync.WaitGroup
+	for range g {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range m {
+				n.Second().Add(int64(clock.Advance(time.Millisecond)), metric.Success, 1)
+			}
+		}()
+	}
+	wg.Wait()
+	// 24 s of time passed: all of it is inside the minute.
+	got := n.Minute(clock.Now(), metric.Success)
+	// A write that raced a rotation is counted again in the new bucket and
+	// may also have been handed over: the total may exceed, never trail.
+	assert.GreaterOrEqual(t, got, int64(g*m))
+	assert.LessOrEqual(t, got, int64(g*m)+int64(g))
+}
+
+func TestRegistryCapAndSharing(t *testing.T) {
+	r, err := NewRegistry(50, NodeConfig{})
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	got := map[string]*Node{}
+	refused := 0
+	for g := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(g), 3))
+			for range 200 {
+				name := fmt.Sprintf("r%d", rng.IntN(100))
+				n, err := r.Node(name)
+				mu.Lock()
+				if err != nil {
+					require.True(t, errors.Is(err, ErrTooManyResources))
+					refused++
+				} else {
+					if prev, ok := got[name]; ok {
+						require.Same(t, prev, n, "one node per resource")
+					}
+					got[name] = n
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	assert.Equal(t, 50, r.Len())
+	assert.Len(t, got, 50)
+	assert.Positive(t, refused)
+	_, err = r.Node("one-more")
+	assert.EqualError(t, err, "stat: too many resources (cap 50)")
+	assert.Nil(t, r.Lookup("one-more"))
+	count := 0
+	r.Range(func(*Node) bool { count++; return true })
+	assert.Equal(t, 50, count)
+	assert.Zero(t, testing.AllocsPerRun(100, func() { _, _ = r.Node("one-more") }), "refusals allocate nothing")
+}
+
+func TestNodeWindowsPersist(t *testing.T) {
+	n, err := NewNode("x", NodeConfig{})
+	require.NoError(t, err)
+	w1, err := n.Window(2*time.Second, 4)
+	require.NoError(t, err)
+	w2, err := n.Window(2*time.Second, 4)
+	require.NoError(t, err)
+	assert.Same(t, w1, w2)
+	_, err = n.Window(time.Microsecond, 3)
+	assert.Error(t, err)
+}
