@@ -38,7 +38,7 @@ type LeapArray[T any] struct {
 	// retired, if set, runs under mu with each real bucket a rotation
 	// replaced, after the replacement is visible.
 	retired func(old *WindowWrap[T])
-	slots     []atomic.Pointer[WindowWrap[T]]
+	slots   []atomic.Pointer[WindowWrap[T]]
 
 	// newest is the newest bucket ever made. It only moves forward, is
 	// stored under mu before the bucket goes into its slot, and is both the
