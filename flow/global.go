@@ -1,0 +1,26 @@
+package flow
+
+import (
+	"context"
+	"time"
+)
+
+// TokenSource decides global rules across instances (the Redis layer
+// implements it). Acquire asks for n admissions of the rule's threshold in
+// its interval; it returns false when the global limit is reached and an
+// error when it cannot decide (the rule's Fallback then applies). It must be
+// safe for simultaneous use and should return within a short timeout of its
+// own.
+type TokenSource interface {
+	Acquire(ctx context.Context, req GlobalRequest) (bool, error)
+}
+
+// GlobalRequest is one question to a TokenSource.
+type GlobalRequest struct {
+	// Key identifies the limit: the rule's ID, or its resource.
+	Key       string
+	Resource  string
+	Threshold float64
+	Interval  time.Duration
+	Count     int64
+}

@@ -1,0 +1,220 @@
+package flow
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+)
+
+// Metric is what a rule limits.
+type Metric uint8
+
+const (
+	// QPS limits admissions per second, counted in a sliding window.
+	QPS Metric = iota
+	// Concurrency limits requests in flight (entered, not yet exited).
+	Concurrency
+)
+
+func (m Metric) String() string {
+	switch m {
+	case QPS:
+		return "QPS"
+	case Concurrency:
+		return "Concurrency"
+	}
+	return fmt.Sprintf("Metric(%d)", uint8(m))
+}
+
+// Behavior is what a QPS rule does with traffic over its threshold.
+type Behavior uint8
+
+const (
+	// Reject fails fast: a request that would take the window over the
+	// threshold is blocked at once.
+	Reject Behavior = iota
+	// WarmUp starts a cold resource at Threshold/ColdFactor and raises the
+	// limit to Threshold over WarmUpPeriod of sustained load.
+	WarmUp
+	// Throttle spaces requests evenly at 1/Threshold, queueing each for at
+	// most MaxQueueing.
+	Throttle
+	// WarmUpThrottle spaces requests evenly at the warming-up rate.
+	WarmUpThrottle
+)
+
+func (b Behavior) String() string {
+	switch b {
+	case Reject:
+		return "Reject"
+	case WarmUp:
+		return "WarmUp"
+	case Throttle:
+		return "Throttle"
+	case WarmUpThrottle:
+		return "WarmUpThrottle"
+	}
+	return fmt.Sprintf("Behavior(%d)", uint8(b))
+}
+
+// Fallback is what a global rule does when its TokenSource fails.
+type Fallback uint8
+
+const (
+	// FallbackLocal checks the rule locally against LocalShare of its
+	// threshold.
+	FallbackLocal Fallback = iota
+	// FallbackOpen admits.
+	FallbackOpen
+	// FallbackClosed blocks.
+	FallbackClosed
+)
+
+func (f Fallback) String() string {
+	switch f {
+	case FallbackLocal:
+		return "Local"
+	case FallbackOpen:
+		return "Open"
+	case FallbackClosed:
+		return "Closed"
+	}
+	return fmt.Sprintf("Fallback(%d)", uint8(f))
+}
+
+// Rule limits one resource. The zero values of the optional fields pick the
+// defaults documented on each.
+type Rule struct {
+	// ID names the rule in errors; the resource name is used when empty.
+	ID string
+	// Resource is the protected resource's name (required).
+	Resource string
+	// Metric is QPS (default) or Concurrency.
+	Metric Metric
+	// Threshold is the limit: admissions per second for QPS, requests in
+	// flight for Concurrency. 0 blocks everything. Per window, a QPS rule
+	// admits floor(Threshold * StatInterval / 1s).
+	Threshold float64
+	// StatInterval is the window a QPS rule counts in (default 1 s; a
+	// positive whole number of milliseconds). Rules on 1 s share the
+	// resource's second window.
+	StatInterval time.Duration
+	// Behavior is what happens over the threshold (default Reject). Only
+	// Reject is valid for Concurrency.
+	Behavior Behavior
+	// WarmUpPeriod is how long a cold resource takes to reach Threshold
+	// (WarmUp and WarmUpThrottle; required there).
+	WarmUpPeriod time.Duration
+	// ColdFactor is Threshold over the cold rate (WarmUp behaviours; default
+	// 3, must be > 1).
+	ColdFactor float64
+	// MaxQueueing is the longest a Throttle request may wait (default 0:
+	// admit only requests that need not wait).
+	MaxQueueing time.Duration
+	// RelatedResource, if set, makes the rule read that resource's pass
+	// rate instead of this one's (Sentinel's associated strategy): this
+	// resource is blocked while the related one is over the threshold.
+	RelatedResource string
+	// Global enforces Threshold across instances through the engine's
+	// TokenSource; see Fallback and LocalShare for when it fails.
+	Global bool
+	// Fallback is what a Global rule does when the TokenSource fails.
+	Fallback Fallback
+	// LocalShare is the part of Threshold a Global rule enforces locally
+	// under FallbackLocal (default 1, in (0, 1]).
+	LocalShare float64
+}
+
+// DefaultStatInterval is the window of a QPS rule with no StatInterval.
+const DefaultStatInterval = time.Second
+
+// DefaultColdFactor is the cold factor of a warm-up rule with none.
+const DefaultColdFactor = 3.0
+
+// name is how errors refer to the rule.
+func (r *Rule) name() string {
+	if r.ID != "" {
+		return r.ID
+	}
+	return r.Resource
+}
+
+// withDefaults returns r with its zero-valued optional fields filled in.
+func (r Rule) withDefaults() Rule {
+	if r.Metric == QPS && r.StatInterval == 0 {
+		r.StatInterval = DefaultStatInterval
+	}
+	if (r.Behavior == WarmUp || r.Behavior == WarmUpThrottle) && r.ColdFactor == 0 {
+		r.ColdFactor = DefaultColdFactor
+	}
+	if r.Global && r.LocalShare == 0 {
+		r.LocalShare = 1
+	}
+	return r
+}
+
+// RuleError reports an invalid rule: which rule, which field, what value.
+type RuleError struct {
+	Rule   string // the rule's ID, or its resource
+	Index  int    // its position in the loaded slice
+	Field  string
+	Value  any
+	Reason string
+}
+
+func (e *RuleError) Error() string {
+	return fmt.Sprintf("flow: rule %q (#%d): %s %s, got %v", e.Rule, e.Index, e.Field, e.Reason, e.Value)
+}
+
+// ErrInvalidRule matches every RuleError with errors.Is.
+var ErrInvalidRule = errors.New("flow: invalid rule")
+
+// Is makes errors.Is(err, ErrInvalidRule) true.
+func (e *RuleError) Is(target error) bool { return target == ErrInvalidRule }
+
+// validate checks a rule with defaults applied.
+func (r *Rule) validate(i int) error {
+	bad := func(field string, value any, reason string) error {
+		return &RuleError{Rule: r.name(), Index: i, Field: field, Value: value, Reason: reason}
+	}
+	switch {
+	case r.Resource == "":
+		return bad("Resource", `""`, "must not be empty")
+	case math.IsNaN(r.Threshold) || math.IsInf(r.Threshold, 0) || r.Threshold < 0:
+		return bad("Threshold", r.Threshold, "must be a finite number >= 0")
+	case r.Metric > Concurrency:
+		return bad("Metric", r.Metric, "must be QPS or Concurrency")
+	case r.Behavior > WarmUpThrottle:
+		return bad("Behavior", r.Behavior, "must be Reject, WarmUp, Throttle or WarmUpThrottle")
+	case r.Metric == Concurrency && r.Behavior != Reject:
+		return bad("Behavior", r.Behavior, "must be Reject for a Concurrency rule")
+	case r.Metric == Concurrency && r.StatInterval != 0:
+		return bad("StatInterval", r.StatInterval, "must be 0 for a Concurrency rule")
+	case r.Metric == QPS && (r.StatInterval < time.Millisecond || r.StatInterval%time.Millisecond != 0):
+		return bad("StatInterval", r.StatInterval, "must be a positive whole number of milliseconds")
+	case r.StatInterval > time.Hour:
+		return bad("StatInterval", r.StatInterval, "must be at most 1h")
+	case r.MaxQueueing < 0:
+		return bad("MaxQueueing", r.MaxQueueing, "must be >= 0")
+	case r.RelatedResource == r.Resource:
+		return bad("RelatedResource", r.RelatedResource, "must differ from Resource")
+	case r.Metric == Concurrency && r.Global:
+		return bad("Global", r.Global, "is not supported for Concurrency rules")
+	case r.Fallback > FallbackClosed:
+		return bad("Fallback", r.Fallback, "must be Local, Open or Closed")
+	case r.Global && (math.IsNaN(r.LocalShare) || r.LocalShare <= 0 || r.LocalShare > 1):
+		return bad("LocalShare", r.LocalShare, "must be in (0, 1]")
+	case r.Global && r.RelatedResource != "":
+		return bad("RelatedResource", r.RelatedResource, "cannot be combined with Global")
+	}
+	if r.Behavior == WarmUp || r.Behavior == WarmUpThrottle {
+		switch {
+		case r.WarmUpPeriod <= 0:
+			return bad("WarmUpPeriod", r.WarmUpPeriod, "must be > 0 for "+r.Behavior.String())
+		case math.IsNaN(r.ColdFactor) || r.ColdFactor <= 1:
+			return bad("ColdFactor", r.ColdFactor, "must be > 1")
+		}
+	}
+	return nil
+}
