@@ -41,6 +41,10 @@ type Entry struct {
 	seen  float64
 }
 
+// Start returns the engine clock's reading when the request was admitted
+// (after any wait): the instant its pass is counted at and its RT runs from.
+func (en *Entry) Start() int64 { return en.start }
+
 // Seen returns what the rule that decided saw: for a blocked request the
 // window's pass count plus borrowed (QPS rules), the related resource's pass
 // rate (related rules), the in-flight count (Concurrency), or the rate in

@@ -1,0 +1,127 @@
+package main
+
+import (
+	"bytes"
+	"encoding/xml"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/leapflow/leapflow/internal/hammer"
+)
+
+// TestQuickRun runs the main job end to end with -quick and checks the
+// report's structure, not its speeds.
+func TestQuickRun(t *testing.T) {
+	out := t.TempDir()
+	cfg, err := parseFlags([]string{"-quick", "-progress=false", "-out", out, "-threshold", "200"}, io.Discard)
+	require.NoError(t, err)
+	var stdout bytes.Buffer
+	require.NoError(t, run(cfg, &stdout, io.Discard))
+
+	text := stdout.String()
+	for _, want := range []string{"Throughput, one hot resource", "Throughput, 1000 resources", "Accuracy: threshold 200", "Memory: bytes per limiter"} {
+		assert.Contains(t, text, want)
+	}
+	md, err := os.ReadFile(filepath.Join(out, "report.md"))
+	require.NoError(t, err)
+	for _, want := range []string{"# leapflow bench report", "## Throughput", "### one hot resource", "### 1000 resources", "## Accuracy", "## Memory", "![accuracy](accuracy.svg)"} {
+		assert.Contains(t, string(md), want)
+	}
+	for _, im := range impls {
+		assert.Contains(t, string(md), "| "+im.name+" |", "throughput row")
+	}
+	for _, l := range accLimiters {
+		for _, sc := range []string{"boundary", "greedy", "hammer"} {
+			assert.Contains(t, string(md), fmt.Sprintf("| %s | %s |", l.name, sc))
+		}
+	}
+	for _, name := range []string{"throughput-1.svg", "throughput-1000.svg", "accuracy.svg"} {
+		data, err := os.ReadFile(filepath.Join(out, name))
+		require.NoError(t, err)
+		assertWellFormedSVG(t, name, data)
+	}
+}
+
+// TestLeapflowNeverOverAdmits: in every accuracy scenario, leapflow's own
+// windows hold at most the threshold, and its spans keep the documented
+// bound (W - W/n: the threshold; W: twice it).
+func TestLeapflowNeverOverAdmits(t *testing.T) {
+	const threshold = 100
+	l := accLimiters[0]
+	require.Equal(t, "leapflow", l.name)
+	for _, a := range []accuracy{boundary(l, threshold, 1e9), greedy(l, threshold, 1e9), hammerAccuracy(l, threshold, 1e8, 16, 3e8)} {
+		assert.LessOrEqual(t, a.maxOwn, int64(threshold), a.scenario)
+		assert.LessOrEqual(t, a.maxShort, int64(threshold), a.scenario)
+		assert.LessOrEqual(t, a.maxFull, int64(2*threshold), a.scenario)
+		assert.Positive(t, a.total, a.scenario)
+	}
+	// The fixed window's double burst is visible where leapflow has none.
+	f := boundary(accLimiters[1], threshold, 1e9)
+	assert.Equal(t, int64(2*threshold), f.maxFull)
+}
+
+func assertWellFormedSVG(t *testing.T, name string, data []byte) {
+	t.Helper()
+	d := xml.NewDecoder(bytes.NewReader(data))
+	root := ""
+	for {
+		tok, err := d.Token()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		require.NoError(t, err, name)
+		if se, ok := tok.(xml.StartElement); ok && root == "" {
+			root = se.Name.Local
+			assert.Equal(t, "http://www.w3.org/2000/svg", se.Name.Space, name)
+		}
+	}
+	assert.Equal(t, "svg", root, name)
+	assert.True(t, strings.Contains(string(data), "<polyline") || strings.Contains(string(data), "<rect"), name)
+}
+
+func TestMaxSpanAndOwn(t *testing.T) {
+	ts := []int64{0, 10, 20, 95, 100, 105}
+	assert.Equal(t, int64(3), maxSpan(ts, 20))  // 95, 100, 105
+	assert.Equal(t, int64(6), maxSpan(ts, 106)) // all
+	assert.Equal(t, int64(4), maxOwn(ts, 100, 1)) // [0, 100)
+	assert.Equal(t, int64(6), maxOwn(ts, 200, 2)) // buckets [0, 100) and [100, 200)
+}
+
+func TestFlagErrors(t *testing.T) {
+	_, err := parseFlags([]string{"-threshold", "0"}, io.Discard)
+	assert.ErrorContains(t, err, "-threshold must be >= 1, got 0")
+	_, err = parseFlags([]string{"-goroutines", "1,x"}, io.Discard)
+	assert.ErrorContains(t, err, `-goroutines wants positive integers, got "x"`)
+	c, err := parseFlags(nil, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, 256, c.goroutines[len(c.goroutines)-1])
+}
+
+// BenchmarkThroughput is the throughput table as go test benchmarks, for
+// benchstat: scenario=hot|many, impl=..., goroutines=G.
+func BenchmarkThroughput(b *testing.B) {
+	for _, sc := range []struct {
+		name string
+		n    int
+	}{{"hot", 1}, {"many", 1000}} {
+		for _, im := range impls {
+			o, cleanup := im.setup(sc.n)
+			b.Run(fmt.Sprintf("scenario=%s/impl=%s", sc.name, strings.ReplaceAll(im.name, "/", "-")), func(b *testing.B) {
+				hammer.Sweep(b, hammer.Goroutines, func(id, n int) {
+					for i := range n {
+						o(id, i)
+					}
+				})
+			})
+			cleanup()
+		}
+	}
+}

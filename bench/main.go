@@ -1,0 +1,183 @@
+// Command bench is leapflow's main job: on whatever machine it runs, a
+// head-to-head throughput table against what a user would pick instead, an
+// accuracy report for every algorithm, and a memory table. It prints
+// aligned tables and writes a Markdown report and SVG charts to -out.
+//
+//	go run ./bench            # about two minutes on a 2-core machine
+//	go run ./bench -quick     # under 20 seconds
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+)
+
+type config struct {
+	quick       bool
+	duration    time.Duration // per throughput cell
+	accDuration time.Duration // per accuracy hammer
+	goroutines  []int
+	resources   []int
+	threshold   int64
+	window      time.Duration
+	accG        int
+	memN        int
+	out         string
+	progress    bool
+}
+
+func defaultGoroutines() []int {
+	var gs []int
+	for g := 1; g <= 4*runtime.GOMAXPROCS(0); g *= 2 {
+		gs = append(gs, g)
+	}
+	if gs[len(gs)-1] < 256 {
+		gs = append(gs, 256)
+	}
+	return gs
+}
+
+func parseInts(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("bench: -goroutines wants positive integers, got %q", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func parseFlags(args []string, stderr io.Writer) (config, error) {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	c := config{resources: []int{1, 1000}, window: time.Second}
+	var gs string
+	fs.BoolVar(&c.quick, "quick", false, "short run (under 20 s): fewer goroutine counts, shorter cells")
+	fs.DurationVar(&c.duration, "duration", 0, "time per throughput cell (default 150ms, 25ms with -quick)")
+	fs.DurationVar(&c.accDuration, "accuracy-duration", 0, "time per accuracy hammer (default 3s, 500ms with -quick)")
+	fs.StringVar(&gs, "goroutines", "", "comma-separated goroutine counts (default 1, 2, 4, ... 4 x GOMAXPROCS, 256)")
+	fs.Int64Var(&c.threshold, "threshold", 1000, "admissions per window in the accuracy runs")
+	fs.IntVar(&c.accG, "accuracy-goroutines", 64, "goroutines of the accuracy hammer")
+	fs.StringVar(&c.out, "out", "bench-out", "folder for the report and charts")
+	fs.BoolVar(&c.progress, "progress", true, "show a progress bar on stderr")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if c.threshold < 1 {
+		return c, fmt.Errorf("bench: -threshold must be >= 1, got %d", c.threshold)
+	}
+	c.memN = 100_000
+	switch {
+	case gs != "":
+		g, err := parseInts(gs)
+		if err != nil {
+			return c, err
+		}
+		c.goroutines = g
+	case c.quick:
+		c.goroutines = []int{1, runtime.GOMAXPROCS(0), 256}
+		if runtime.GOMAXPROCS(0) == 1 {
+			c.goroutines = []int{1, 256}
+		}
+	default:
+		c.goroutines = defaultGoroutines()
+	}
+	if c.duration == 0 {
+		c.duration = 150 * time.Millisecond
+		if c.quick {
+			c.duration = 25 * time.Millisecond
+		}
+	}
+	if c.accDuration == 0 {
+		c.accDuration = 3 * time.Second
+		if c.quick {
+			c.accDuration = 500 * time.Millisecond
+		}
+	}
+	if c.quick {
+		c.memN = 10_000
+	}
+	return c, nil
+}
+
+func main() {
+	cfg, err := parseFlags(os.Args[1:], os.Stderr)
+	if err == flag.ErrHelp {
+		return
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	if err := run(cfg, os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
+
+// report is everything one run measured.
+type report struct {
+	cfg        config
+	started    time.Time
+	throughput []result
+	accuracy   []accuracy
+	memory     []memResult
+}
+
+func run(cfg config, stdout, stderr io.Writer) error {
+	rep := &report{cfg: cfg, started: time.Now()}
+	steps := len(impls)*len(cfg.goroutines)*len(cfg.resources) + 3*len(accLimiters) + len(memCases)
+	var bar *progressbar.ProgressBar
+	tick := func(desc string) {}
+	if cfg.progress {
+		bar = progressbar.NewOptions(steps, progressbar.OptionSetWriter(stderr),
+			progressbar.OptionSetDescription("leapflow bench"), progressbar.OptionShowCount(),
+			progressbar.OptionSetWidth(30), progressbar.OptionClearOnFinish())
+		tick = func(desc string) {
+			bar.Describe(desc)
+			_ = bar.Add(1)
+		}
+	}
+	for _, n := range cfg.resources {
+		for _, im := range impls {
+			o, cleanup := im.setup(n)
+			for _, g := range cfg.goroutines {
+				tick(fmt.Sprintf("%s x%d g=%d", im.name, n, g))
+				ns, allocs, ops := measure(o, g, cfg.duration)
+				rep.throughput = append(rep.throughput, result{impl: im.name, resources: n, goroutines: g, nsPerOp: ns, allocs: allocs, ops: ops})
+			}
+			cleanup()
+		}
+	}
+	for _, l := range accLimiters {
+		tick("accuracy " + l.name)
+		rep.accuracy = append(rep.accuracy, boundary(l, cfg.threshold, cfg.window))
+		tick("accuracy " + l.name)
+		rep.accuracy = append(rep.accuracy, greedy(l, cfg.threshold, cfg.window))
+		tick("accuracy " + l.name)
+		rep.accuracy = append(rep.accuracy, hammerAccuracy(l, cfg.threshold, cfg.window, cfg.accG, cfg.accDuration))
+	}
+	for _, c := range memCases {
+		tick("memory " + c.name)
+		rep.memory = append(rep.memory, measureMemory(c, cfg.memN))
+	}
+	if bar != nil {
+		_ = bar.Finish()
+	}
+	rep.printTables(stdout)
+	if err := rep.write(cfg.out); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "\nReport and charts in %s/ (report.md, throughput-*.svg, accuracy.svg)\n", cfg.out)
+	return nil
+}

@@ -1,0 +1,215 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+func scenarioName(n int) string {
+	if n == 1 {
+		return "one hot resource"
+	}
+	return fmt.Sprintf("%d resources", n)
+}
+
+// cell returns the result of impl at (resources, goroutines).
+func (r *report) cell(impl string, n, g int) (result, bool) {
+	for _, x := range r.throughput {
+		if x.impl == impl && x.resources == n && x.goroutines == g {
+			return x, true
+		}
+	}
+	return result{}, false
+}
+
+// ratio is how many times slower than leapflow's pass path impl is.
+func (r *report) ratio(x result) float64 {
+	base, ok := r.cell("leapflow", x.resources, x.goroutines)
+	if !ok || base.nsPerOp == 0 {
+		return 0
+	}
+	return x.nsPerOp / base.nsPerOp
+}
+
+func cpuModel() string {
+	f, err := os.Open("/proc/cpuinfo")
+	if err != nil {
+		return runtime.GOARCH
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		if k, v, ok := strings.Cut(s.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return runtime.GOARCH
+}
+
+func (r *report) machine() string {
+	return fmt.Sprintf("%s, %d CPUs, GOMAXPROCS %d, %s %s/%s", cpuModel(), runtime.NumCPU(), runtime.GOMAXPROCS(0),
+		runtime.Version(), runtime.GOOS, runtime.GOARCH)
+}
+
+func (r *report) printTables(w io.Writer) {
+	fmt.Fprintf(w, "leapflow bench — %s\n", r.machine())
+	for _, n := range r.cfg.resources {
+		fmt.Fprintf(w, "\nThroughput, %s: ns/op for the whole machine (x = times slower than leapflow)\n", scenarioName(n))
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprint(tw, "impl\t")
+		for _, g := range r.cfg.goroutines {
+			fmt.Fprintf(tw, "g=%d\t", g)
+		}
+		fmt.Fprint(tw, "allocs/op\t\n")
+		for _, im := range impls {
+			fmt.Fprintf(tw, "%s\t", im.name)
+			var allocs float64
+			for _, g := range r.cfg.goroutines {
+				x, _ := r.cell(im.name, n, g)
+				fmt.Fprintf(tw, "%.1f (x%.1f)\t", x.nsPerOp, r.ratio(x))
+				allocs = max(allocs, x.allocs)
+			}
+			fmt.Fprintf(tw, "%.2f\t\n", allocs)
+		}
+		tw.Flush()
+	}
+	fmt.Fprintf(w, "\nAccuracy: threshold %d per %v; spans are continuous, 'own' is the limiter's own windows\n", r.cfg.threshold, r.cfg.window)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprint(tw, "limiter\tscenario\tadmitted\tmax own\tmax W/2\tmax W-W/n\tmax W\tover T\t\n")
+	for _, a := range r.accuracy {
+		own := "-"
+		if a.maxOwn >= 0 {
+			own = fmt.Sprint(a.maxOwn)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%d\t%d\t%d\t\n", a.limiter, a.scenario, a.total, own, a.maxHalf, a.maxShort, a.maxFull, a.over())
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "\nMemory: bytes per limiter, over %d of them\n", r.cfg.memN)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	for _, m := range r.memory {
+		fmt.Fprintf(tw, "%s\t%.0f\t%s\n", m.name, m.bytes, m.note)
+	}
+	tw.Flush()
+}
+
+func (r *report) write(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	var md strings.Builder
+	r.markdown(&md)
+	if err := os.WriteFile(filepath.Join(dir, "report.md"), []byte(md.String()), 0o644); err != nil {
+		return err
+	}
+	for _, n := range r.cfg.resources {
+		if err := r.writeSVG(filepath.Join(dir, fmt.Sprintf("throughput-%d.svg", n)), func(w io.Writer) error {
+			xs := make([]string, len(r.cfg.goroutines))
+			for i, g := range r.cfg.goroutines {
+				xs[i] = fmt.Sprint(g)
+			}
+			var ss []series
+			for _, im := range impls {
+				s := series{name: im.name}
+				for _, g := range r.cfg.goroutines {
+					x, _ := r.cell(im.name, n, g)
+					s.points = append(s.points, x.mops())
+				}
+				ss = append(ss, s)
+			}
+			return lineChart(w, "Throughput, "+scenarioName(n)+" (higher is better)", "Mops/s, whole machine (log)", xs, ss)
+		}); err != nil {
+			return err
+		}
+	}
+	return r.writeSVG(filepath.Join(dir, "accuracy.svg"), func(w io.Writer) error {
+		var cats []string
+		for _, l := range accLimiters {
+			cats = append(cats, l.name)
+		}
+		var ss []series
+		for _, sc := range []string{"boundary", "greedy", "hammer"} {
+			s := series{name: "max in W, " + sc}
+			for _, l := range accLimiters {
+				for _, a := range r.accuracy {
+					if a.limiter == l.name && a.scenario == sc {
+						s.points = append(s.points, float64(a.maxFull))
+					}
+				}
+			}
+			ss = append(ss, s)
+		}
+		return barChart(w, "Most admitted in any continuous window W (lower is stricter)", "admissions", cats, ss,
+			float64(r.cfg.threshold), fmt.Sprintf("threshold %d", r.cfg.threshold))
+	})
+}
+
+func (r *report) writeSVG(path string, draw func(io.Writer) error) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := draw(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func (r *report) markdown(w io.Writer) {
+	c := r.cfg
+	fmt.Fprintf(w, "# leapflow bench report\n\n")
+	fmt.Fprintf(w, "- Machine: %s\n- Run: %s, %v per throughput cell, accuracy hammer %v with %d goroutines\n- Command: `go run ./bench%s`\n\n",
+		r.machine(), r.started.UTC().Format(time.RFC3339), c.duration, c.accDuration, c.accG, map[bool]string{true: " -quick"}[c.quick])
+	fmt.Fprintf(w, "## Throughput\n\n")
+	fmt.Fprintf(w, "ns/op is wall time over operations for the whole machine (lower is better); "+
+		"the factor is how many times slower than leapflow's pass path (Entry+Exit) at the same goroutine count.\n\n")
+	for _, im := range impls {
+		fmt.Fprintf(w, "- **%s**: %s\n", im.name, im.note)
+	}
+	for _, n := range c.resources {
+		fmt.Fprintf(w, "\n### %s\n\n![throughput](throughput-%d.svg)\n\n| impl |", scenarioName(n), n)
+		for _, g := range c.goroutines {
+			fmt.Fprintf(w, " g=%d |", g)
+		}
+		fmt.Fprint(w, " allocs/op |\n|---|")
+		for range c.goroutines {
+			fmt.Fprint(w, "---:|")
+		}
+		fmt.Fprint(w, "---:|\n")
+		for _, im := range impls {
+			fmt.Fprintf(w, "| %s |", im.name)
+			var allocs float64
+			for _, g := range c.goroutines {
+				x, _ := r.cell(im.name, n, g)
+				fmt.Fprintf(w, " %.1f ns (x%.1f, %.1f Mops/s) |", x.nsPerOp, r.ratio(x), x.mops())
+				allocs = max(allocs, x.allocs)
+			}
+			fmt.Fprintf(w, " %.2f |\n", allocs)
+		}
+	}
+	fmt.Fprintf(w, "\n## Accuracy\n\nThreshold %d per window W = %v. Scenarios: **boundary** — the seeds' example on a fake clock, "+
+		"%d requests at 1.9 W then %d at 2.0 W; **greedy** — a fake clock ticking every millisecond for 3 W, asking until refused; "+
+		"**hammer** — %d goroutines on the real clock for %v. Columns: admissions in total, the most in any of the limiter's own windows "+
+		"(`-` for limiters without windows), the most in any continuous span of W/2, W - W/n (n = %d, leapflow's buckets) and W, "+
+		"and over-admission against the threshold (the larger of own-window and span-W excess).\n\n",
+		c.threshold, c.window, c.threshold, c.threshold, c.accG, c.accDuration, leapflowBuckets)
+	fmt.Fprintf(w, "![accuracy](accuracy.svg)\n\n| limiter | scenario | admitted | max own window | max W/2 | max W-W/n | max W | over T |\n|---|---|---:|---:|---:|---:|---:|---:|\n")
+	for _, a := range r.accuracy {
+		own := "-"
+		if a.maxOwn >= 0 {
+			own = fmt.Sprint(a.maxOwn)
+		}
+		fmt.Fprintf(w, "| %s | %s | %d | %s | %d | %d | %d | %d |\n", a.limiter, a.scenario, a.total, own, a.maxHalf, a.maxShort, a.maxFull, a.over())
+	}
+	fmt.Fprintf(w, "\n## Memory\n\nHeap bytes per limiter, measured with runtime.MemStats over %d of them.\n\n| limiter | bytes | what |\n|---|---:|---|\n", c.memN)
+	for _, m := range r.memory {
+		fmt.Fprintf(w, "| %s | %.0f | %s |\n", m.name, m.bytes, m.note)
+	}
+}
