@@ -89,8 +89,8 @@ func assertWellFormedSVG(t *testing.T, name string, data []byte) {
 
 func TestMaxSpanAndOwn(t *testing.T) {
 	ts := []int64{0, 10, 20, 95, 100, 105}
-	assert.Equal(t, int64(3), maxSpan(ts, 20))  // 95, 100, 105
-	assert.Equal(t, int64(6), maxSpan(ts, 106)) // all
+	assert.Equal(t, int64(3), maxSpan(ts, 20))    // 95, 100, 105
+	assert.Equal(t, int64(6), maxSpan(ts, 106))   // all
 	assert.Equal(t, int64(4), maxOwn(ts, 100, 1)) // [0, 100)
 	assert.Equal(t, int64(6), maxOwn(ts, 200, 2)) // buckets [0, 100) and [100, 200)
 }
