@@ -79,3 +79,25 @@ func BenchmarkClock(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkResourceEntryExit is the pass path through a Resource handle.
+func BenchmarkResourceEntryExit(b *testing.B) {
+	for name, clock := range clocks(b) {
+		e := benchEngine(b, clock)
+		r, err := e.Resource("pass")
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run("clock="+name, func(b *testing.B) {
+			hammer.Sweep(b, hammer.Goroutines, func(_, n int) {
+				for range n {
+					en, err := r.Entry()
+					if err != nil {
+						panic(err)
+					}
+					en.Exit(nil)
+				}
+			})
+		})
+	}
+}

@@ -26,7 +26,9 @@ type config struct {
 	sleep         func(ctx context.Context, d time.Duration) error
 }
 
-// WithClock sets the engine's clock (default stat.NewMonotonic()).
+// WithClock sets the engine's clock (default stat.DefaultClock(): a shared
+// 1 ms coarse clock; stat.NewMonotonic() gives nanosecond RTs at the price
+// of a clock read per Entry and per Exit).
 func WithClock(c stat.Clock) Option { return func(cfg *config) { cfg.clock = c } }
 
 // WithMaxResources caps the resources the engine keeps statistics for
@@ -78,7 +80,7 @@ func New(opts ...Option) (*Engine, error) {
 		o(&cfg)
 	}
 	if cfg.clock == nil {
-		cfg.clock = stat.NewMonotonic()
+		cfg.clock = stat.DefaultClock()
 	}
 	if cfg.occupyTimeout < 0 {
 		return nil, fmt.Errorf("flow: occupy timeout must be >= 0, got %v", cfg.occupyTimeout)
@@ -163,6 +165,9 @@ type resourceRules struct {
 	concBE     *BlockError
 	groups     []windowGroup
 	countsNode bool // a group admits on the node's second window
+	// single is set when the resource's only rules are Reject QPS rules on
+	// its second window: Entry then takes a short path.
+	single *windowGroup
 	paced      []pacedRule
 	related    []relatedRule
 	globals    []globalRule
@@ -237,6 +242,12 @@ func (e *Engine) LoadRules(rules []Rule) error {
 	for i := range norm {
 		if err := e.compile(next, old, &norm[i], i); err != nil {
 			return err
+		}
+	}
+	for _, rr := range next.byResource {
+		if len(rr.groups) == 1 && rr.countsNode && len(rr.groups[0].warm) == 0 && rr.concLimit < 0 &&
+			len(rr.globals) == 0 && len(rr.related) == 0 && len(rr.paced) == 0 {
+			rr.single = &rr.groups[0]
 		}
 	}
 	e.rules.Store(next)

@@ -2,7 +2,10 @@ package flow
 
 import (
 	"context"
+	"math"
 	"time"
+
+	"go.uber.org/atomic"
 
 	"github.com/leapflow/leapflow/metric"
 	"github.com/leapflow/leapflow/stat"
@@ -32,24 +35,43 @@ func WithContext(ctx context.Context) EntryOption { return EntryOption{ctx: ctx}
 // (more calls do nothing). It is returned by value so that entering
 // allocates nothing; do not copy it after Exit may have been called on it.
 type Entry struct {
-	eng   *Engine
-	node  *stat.Node
+	eng  *Engine
+	node *stat.Node // nil: blocked, or nothing held
+	// start is the admission time; for a blocked request it holds the bits
+	// of the value the rule saw (Entry stays five words: it is copied on
+	// every return).
 	start int64
 	n     int64
-	conc  bool
-	done  bool
-	seen  float64
+	// p is the stripe hint taken at Entry and reused by Exit: if the
+	// goroutine moved since, only locality suffers.
+	p    int32
+	conc bool
+	done bool
 }
+
+func blocked(seen float64) Entry { return Entry{start: int64(math.Float64bits(seen))} }
 
 // Start returns the engine clock's reading when the request was admitted
 // (after any wait): the instant its pass is counted at and its RT runs from.
-func (en *Entry) Start() int64 { return en.start }
+// It is 0 for a blocked request.
+func (en *Entry) Start() int64 {
+	if en.node == nil {
+		return 0
+	}
+	return en.start
+}
 
 // Seen returns what the rule that decided saw: for a blocked request the
-// window's pass count plus borrowed (QPS rules), the related resource's pass
-// rate (related rules), the in-flight count (Concurrency), or the rate in
-// force (Throttle); 0 for an admitted one or a global refusal.
-func (en *Entry) Seen() float64 { return en.seen }
+// window's committed count (passes, unused leases and borrowed; QPS rules),
+// the related resource's pass rate (related rules), the in-flight count
+// (Concurrency), or the rate in force (Throttle); 0 for an admitted one or
+// a global refusal.
+func (en *Entry) Seen() float64 {
+	if en.node != nil {
+		return 0
+	}
+	return math.Float64frombits(uint64(en.start))
+}
 
 // Exit records the request's completion: Success and its RT, an Exception
 // too if err is not nil, and the end of its in-flight time. It is
@@ -60,8 +82,7 @@ func (en *Entry) Exit(err error) {
 	}
 	en.done = true
 	now := en.eng.clock.Now()
-	en.node.Second().Complete(now, en.n, max(now-en.start, 0), err != nil)
-	en.node.Inflight().Add(-en.n)
+	en.node.Second().CompleteOn(int(en.p), now, en.n, max(now-en.start, 0), err != nil)
 	if en.conc {
 		en.node.Concurrency().Sub(en.n)
 	}
@@ -74,6 +95,63 @@ func (en *Entry) Exit(err error) {
 // registry cap gets an error matching stat.ErrTooManyResources; in every
 // error case nothing is held and Exit on the Entry does nothing.
 func (e *Engine) Entry(resource string, opts ...EntryOption) (Entry, error) {
+	rr := e.rules.Load().byResource[resource]
+	if rr != nil {
+		return e.enter(rr, rr.node, opts)
+	}
+	node, err := e.registry.Node(resource)
+	if err != nil {
+		return Entry{}, err
+	}
+	return e.enter(nil, node, opts)
+}
+
+// Resource is a handle on one resource of an engine. Entry through it skips
+// the lookup of the name (a hash of the string per call), so hot paths that
+// know their resource up front should keep one. It follows rule reloads and
+// is safe for simultaneous use.
+type Resource struct {
+	eng   *Engine
+	name  string
+	node  *stat.Node
+	rules atomic.Pointer[resourceCache]
+}
+
+// resourceCache is the resource's rules under one rule set; it is replaced
+// when the rule set changes.
+type resourceCache struct {
+	set *ruleSet
+	rr  *resourceRules
+}
+
+// Resource returns a handle on resource, creating its statistics if needed
+// (an error matching stat.ErrTooManyResources past the registry cap).
+func (e *Engine) Resource(name string) (*Resource, error) {
+	node, err := e.registry.Node(name)
+	if err != nil {
+		return nil, err
+	}
+	return &Resource{eng: e, name: name, node: node}, nil
+}
+
+// Name returns the resource's name.
+func (r *Resource) Name() string { return r.name }
+
+// Entry is Engine.Entry for this resource.
+func (r *Resource) Entry(opts ...EntryOption) (Entry, error) {
+	set := r.eng.rules.Load()
+	c := r.rules.Load()
+	if c == nil || c.set != set {
+		// The rules changed since the last call: one small allocation per
+		// reload, not per request.
+		c = &resourceCache{set: set, rr: set.byResource[r.name]}
+		r.rules.Store(c)
+	}
+	return r.eng.enter(c.rr, r.node, opts)
+}
+
+// enter checks a request against rr (nil: no rules) and counts it on node.
+func (e *Engine) enter(rr *resourceRules, node *stat.Node, opts []EntryOption) (Entry, error) {
 	n := int64(1)
 	var priority bool
 	var ctx context.Context
@@ -90,17 +168,21 @@ func (e *Engine) Entry(resource string, opts ...EntryOption) (Entry, error) {
 		return Entry{}, errBadCount
 	}
 	now := e.clock.Now()
-	rr := e.rules.Load().byResource[resource]
+	p := metric.Pin()
 	if rr == nil {
-		node, err := e.registry.Node(resource)
-		if err != nil {
-			return Entry{}, err
-		}
-		node.Second().Add(now, metric.Pass, n)
-		node.Inflight().Add(n)
-		return Entry{eng: e, node: node, start: now, n: n}, nil
+		node.Second().AddOn(p, now, metric.Pass, n)
+		return Entry{eng: e, node: node, start: now, n: n, p: int32(p)}, nil
 	}
-	return e.check(rr, now, n, priority, ctx)
+	if g := rr.single; g != nil && !priority {
+		// The common shape, one Reject limit on the node's window: one
+		// admission, nothing to give back.
+		if r, ok := g.w.AdmitOn(p, now, n, g.static); !ok {
+			node.Second().AddOn(p, now, metric.Block, n)
+			return blocked(float64(r.Seen())), g.staticBE
+		}
+		return Entry{eng: e, node: node, start: now, n: n, p: int32(p)}, nil
+	}
+	return e.check(rr, p, now, n, priority, ctx)
 }
 
 // held is what a request has taken so far, to give back if a later check
@@ -144,16 +226,16 @@ func (e *Engine) release(rr *resourceRules, h *held, n int64) {
 	}
 }
 
-func (e *Engine) block(rr *resourceRules, h *held, now, n int64, be *BlockError, seen float64) (Entry, error) {
+func (e *Engine) block(rr *resourceRules, h *held, p int, now, n int64, be *BlockError, seen float64) (Entry, error) {
 	e.release(rr, h, n)
-	rr.node.Second().Add(now, metric.Block, n)
-	return Entry{seen: seen}, be
+	rr.node.Second().AddOn(p, now, metric.Block, n)
+	return blocked(seen), be
 }
 
 // check runs every rule of a resource: concurrency, global, windows,
 // related resources, then pacing, and waits last if any of them queued the
 // request.
-func (e *Engine) check(rr *resourceRules, now, n int64, priority bool, ctx context.Context) (Entry, error) {
+func (e *Engine) check(rr *resourceRules, p int, now, n int64, priority bool, ctx context.Context) (Entry, error) {
 	var h held
 	node := rr.node
 	if rr.concLimit >= 0 {
@@ -161,7 +243,7 @@ func (e *Engine) check(rr *resourceRules, now, n int64, priority bool, ctx conte
 		for {
 			cur := c.Load()
 			if cur+n > rr.concLimit {
-				return e.block(rr, &h, now, n, rr.concBE, float64(cur))
+				return e.block(rr, &h, p, now, n, rr.concBE, float64(cur))
 			}
 			if c.CompareAndSwap(cur, cur+n) {
 				break
@@ -171,8 +253,8 @@ func (e *Engine) check(rr *resourceRules, now, n int64, priority bool, ctx conte
 	}
 	for i := range rr.globals {
 		g := &rr.globals[i]
-		if be := e.global(g, &h, i, now, n, ctx); be != nil {
-			return e.block(rr, &h, now, n, be, 0)
+		if be := e.global(g, &h, i, p, now, n, ctx); be != nil {
+			return e.block(rr, &h, p, now, n, be, 0)
 		}
 	}
 	var wait int64
@@ -184,7 +266,7 @@ func (e *Engine) check(rr *resourceRules, now, n int64, priority bool, ctx conte
 				limit, be = l, wr.be
 			}
 		}
-		r, ok := g.w.Admit(now, n, limit)
+		r, ok := g.w.AdmitOn(p, now, n, limit)
 		if ok {
 			h.addRes(r)
 			continue
@@ -196,22 +278,22 @@ func (e *Engine) check(rr *resourceRules, now, n int64, priority bool, ctx conte
 				continue
 			}
 		}
-		return e.block(rr, &h, now, n, be, float64(g.w.Sum(now, metric.Pass)+g.w.Borrowed()))
+		return e.block(rr, &h, p, now, n, be, float64(r.Seen()))
 	}
 	for _, rel := range rr.related {
 		if seen := rel.node.Rate(now, metric.Pass); seen+float64(n) > rel.threshold {
-			return e.block(rr, &h, now, n, rel.be, seen)
+			return e.block(rr, &h, p, now, n, rel.be, seen)
 		}
 	}
 	for i := range rr.paced {
-		p := &rr.paced[i]
-		rate := p.rate
-		if p.warm != nil {
-			rate = p.warm.rate(now, node)
+		pr := &rr.paced[i]
+		rate := pr.rate
+		if pr.warm != nil {
+			rate = pr.warm.rate(now, node)
 		}
-		d, cost, ok := p.p.reserve(now, n, rate)
+		d, cost, ok := pr.p.reserve(now, n, rate)
 		if !ok {
-			return e.block(rr, &h, now, n, p.be, rate)
+			return e.block(rr, &h, p, now, n, pr.be, rate)
 		}
 		h.paced[i] = cost
 		wait = max(wait, d)
@@ -227,15 +309,14 @@ func (e *Engine) check(rr *resourceRules, now, n int64, priority bool, ctx conte
 		now += wait
 	}
 	if !rr.countsNode {
-		node.Second().Add(now, metric.Pass, n)
+		node.Second().AddOn(p, now, metric.Pass, n)
 	}
-	node.Inflight().Add(n)
-	return Entry{eng: e, node: node, start: now, n: n, conc: h.conc}, nil
+	return Entry{eng: e, node: node, start: now, n: n, p: int32(p), conc: h.conc}, nil
 }
 
 // global asks the token source for rule g and applies its fallback when the
 // source fails. It returns the error to block with, or nil.
-func (e *Engine) global(g *globalRule, h *held, i int, now, n int64, ctx context.Context) *BlockError {
+func (e *Engine) global(g *globalRule, h *held, i, p int, now, n int64, ctx context.Context) *BlockError {
 	if ctx == nil {
 		ctx = context.Background()
 	}
@@ -254,7 +335,7 @@ func (e *Engine) global(g *globalRule, h *held, i int, now, n int64, ctx context
 	case FallbackClosed:
 		return g.be
 	}
-	r, ok := g.local.Admit(now, n, g.localLimit)
+	r, ok := g.local.AdmitOn(p, now, n, g.localLimit)
 	if !ok {
 		return g.beLocal
 	}

@@ -485,3 +485,30 @@ func TestPrecisionBoundThroughEntry(t *testing.T) {
 		assert.LessOrEqual(t, spanMax(1000), 2*threshold, "n=%d", n)
 	}
 }
+
+func TestResourceHandleFollowsReloads(t *testing.T) {
+	clock := stattest.NewClock(0)
+	e, _ := newEngine(t, clock, WithMaxResources(1))
+	r, err := e.Resource("api")
+	require.NoError(t, err)
+	assert.Equal(t, "api", r.Name())
+	for range 5 {
+		en, err := r.Entry()
+		require.NoError(t, err, "no rules yet")
+		en.Exit(nil)
+	}
+	load(t, e, Rule{Resource: "api", Threshold: 6})
+	_, err = r.Entry()
+	require.NoError(t, err, "5 counted before the rule, 1 more fits")
+	_, err = r.Entry()
+	assert.ErrorIs(t, err, ErrBlocked, "the handle sees the new rule")
+	load(t, e)
+	_, err = r.Entry()
+	assert.NoError(t, err, "and its removal")
+	_, err = e.Resource("other")
+	assert.ErrorIs(t, err, stat.ErrTooManyResources)
+	assert.Zero(t, testing.AllocsPerRun(100, func() {
+		en, _ := r.Entry()
+		en.Exit(nil)
+	}))
+}

@@ -184,7 +184,8 @@ func (a *LeapArray[T]) OnRetire(fn func(old *WindowWrap[T])) { a.retired = fn }
 func (a *LeapArray[T]) Buckets(lo, hi int64) iter.Seq[*WindowWrap[T]] {
 	return func(yield func(*WindowWrap[T]) bool) {
 		for i := range a.slots {
-			if w := a.slots[i].Load(); w.start >= lo && w.start < hi && !yield(w) {
+			w := a.slots[i].Load()
+			if w.start != emptyStart && w.start >= lo && w.start < hi && !yield(w) {
 				return
 			}
 		}

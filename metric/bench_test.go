@@ -40,7 +40,7 @@ func BenchmarkAdd(b *testing.B) {
 	b.Run("impl=floor-striped-atomic", func(b *testing.B) {
 		hammer.Sweep(b, hammer.Goroutines, func(_, n int) {
 			for range n {
-				stripes[pid()&(MaxStripes-1)].c[0].Inc()
+				stripes[Pin()&(MaxStripes-1)].c[0].Inc()
 			}
 		})
 	})

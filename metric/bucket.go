@@ -12,21 +12,29 @@ import (
 // padded counters apart; only a pair of adjacent stripes may then share one.
 const CacheLine = 64
 
-// Striped events live in stripes; Pass and OccupiedPass do not.
+// The words of a stripe.
 const (
 	stripeBlock = iota
 	stripeSuccess
 	stripeException
 	stripeRT
-	stripedEvents
+	// stripeUsed counts passes admitted from this stripe's lease.
+	stripeUsed
+	// stripeTaken counts the tokens leased to this stripe; stripeUsed may
+	// only pass it transiently, while an admission backs out.
+	stripeTaken
+	// stripeDirect counts passes added without admission (Add of Pass).
+	stripeDirect
+	stripeWords
 )
 
 var stripeOf = [numEvents]int{Block: stripeBlock, Success: stripeSuccess, Exception: stripeException, RT: stripeRT}
 
-// stripe holds one share of the summed counters, alone on its cache line.
+// stripe holds one P's share of a bucket's counters, alone on its cache
+// line: everything a request writes on its way in and out.
 type stripe struct {
-	c [stripedEvents]atomic.Int64
-	_ [CacheLine - stripedEvents*8]byte
+	c [stripeWords]atomic.Int64
+	_ [CacheLine - stripeWords*8]byte
 }
 
 // MaxStripes caps the stripes per bucket: beyond it, memory grows faster
@@ -50,21 +58,37 @@ func roundStripes(n int) int {
 // Bucket holds the counts of one time bucket. Its zero value is not usable:
 // buckets are made by a Window. A Bucket is safe for simultaneous use by
 // multiple goroutines and must not be copied after first use.
+//
+// # Admission by leases
+//
+// Passes are counted per stripe, so admitting a request touches only the
+// caller's cache line. The window's budget is handed to stripes in leases:
+// granted is the one shared word, the total leased out of the bucket, and
+// Admit moves tokens from it to a stripe's taken count by compare-and-swap,
+// checking that the window stays within the threshold. A stripe then admits
+// locally while used <= taken. Leases shrink with the room left (down to the
+// request itself near the threshold) and die with their bucket, so the
+// threshold holds in every window; tokens leased and never used only make
+// the rest of that bucket stricter.
 type Bucket struct {
 	// Read-mostly: set before the bucket is published, except base, which
-	// the first Reserve sets once.
+	// the first lease sets once.
 	stripes []stripe
 	mask    int
 	// base caches the Pass of the other buckets in this bucket's window
 	// (-1 until known). While this bucket is current that set of buckets is
 	// fixed, and none of them can gain a pass once this bucket is published
-	// (see Window.Reserve), so Reserve needs no walk over the ring.
+	// (see Window.Admit), so admission needs no walk over the ring.
 	base atomic.Int64
-	_    [CacheLine]byte
+	// direct is set once the bucket counts a pass without admission, so
+	// that leasing (which must count those) only then reads every stripe:
+	// a read of other Ps' lines on every refusal would bounce them.
+	direct atomic.Bool
+	_      [CacheLine]byte
 
-	// pass is the word Reserve compares-and-swaps; it gets a line of its own
-	// so admissions do not evict the read-mostly fields above.
-	pass     atomic.Int64
+	// granted is the total leased to stripes (and folded in from borrows);
+	// occupied counts borrowed admissions folded in.
+	granted  atomic.Int64
 	occupied atomic.Int64
 	_        [CacheLine - 16]byte
 
@@ -82,34 +106,61 @@ func (b *Bucket) init(stripes int) {
 	b.base.Store(-1)
 }
 
-func (b *Bucket) stripe() *stripe { return &b.stripes[pid()&b.mask] }
+// stripeOn returns the stripe for hint p (a P index from Pin; any value is
+// correct, the caller's P is fastest).
+func (b *Bucket) stripeOn(p int) *stripe { return &b.stripes[p&b.mask] }
 
-// Add adds n to event e.
-func (b *Bucket) Add(e Event, n int64) {
+// Add adds n to event e (Pass counts as a pass made without admission).
+func (b *Bucket) Add(e Event, n int64) { b.addOn(Pin(), e, n) }
+
+func (b *Bucket) addOn(p int, e Event, n int64) {
 	switch e {
 	case Pass:
-		b.pass.Add(n)
+		if !b.direct.Load() {
+			b.direct.Store(true)
+		}
+		b.stripeOn(p).c[stripeDirect].Add(n)
 	case OccupiedPass:
 		b.occupied.Add(n)
 	default:
-		b.stripe().c[stripeOf[e]].Add(n)
+		b.stripeOn(p).c[stripeOf[e]].Add(n)
 	}
+}
+
+// sum adds word i over the stripes.
+func (b *Bucket) sum(i int) int64 {
+	var s int64
+	for j := range b.stripes {
+		s += b.stripes[j].c[i].Load()
+	}
+	return s
 }
 
 // Get returns the count of event e.
 func (b *Bucket) Get(e Event) int64 {
 	switch e {
 	case Pass:
-		return b.pass.Load()
+		var s int64
+		for j := range b.stripes {
+			s += b.stripes[j].c[stripeUsed].Load() + b.stripes[j].c[stripeDirect].Load()
+		}
+		return s
 	case OccupiedPass:
 		return b.occupied.Load()
 	}
-	i := stripeOf[e]
-	var sum int64
-	for s := range b.stripes {
-		sum += b.stripes[s].c[i].Load()
+	return b.sum(stripeOf[e])
+}
+
+// committed is what the bucket holds against a threshold: everything leased
+// out plus passes added directly. It is at least Get(Pass).
+func (b *Bucket) committed() int64 { return b.granted.Load() + b.directSum() }
+
+// directSum is the passes added without admission.
+func (b *Bucket) directSum() int64 {
+	if !b.direct.Load() {
+		return 0
 	}
-	return sum
+	return b.sum(stripeDirect)
 }
 
 // UpdateMinRT lowers the bucket's minimum RT to rt if rt is smaller.

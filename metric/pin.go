@@ -12,10 +12,12 @@ func procPin() int
 //go:linkname procUnpin runtime.procUnpin
 func procUnpin()
 
-// pid returns the index of the P running the caller. The goroutine may move
-// right after; that only costs locality, never correctness, since every stripe
-// is updated atomically.
-func pid() int {
+// Pin returns the index of the P running the caller, the stripe hint that
+// the ...On methods take. The goroutine may move right after; that only
+// costs locality, never correctness, since every stripe is updated
+// atomically. Callers that touch several striped objects in one operation
+// pin once and pass the hint to each.
+func Pin() int {
 	p := procPin()
 	procUnpin()
 	return p

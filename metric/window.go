@@ -51,9 +51,12 @@ func NewWindow(sampleCount int, interval time.Duration, opts ...Option) (*Window
 				c.onNew(start, b)
 			}
 		},
-		func(b *Bucket) int64 { return b.pass.Load() },
+		func(b *Bucket) int64 { return b.committed() },
 		func(b *Bucket, n int64) {
-			b.pass.Add(n)
+			// A borrowed admission: leased to stripe 0 and used there.
+			b.granted.Add(n)
+			b.stripes[0].c[stripeTaken].Add(n)
+			b.stripes[0].c[stripeUsed].Add(n)
 			b.occupied.Add(n)
 		})
 	if err != nil {
@@ -70,17 +73,21 @@ func (w *Window) Array() *leaparray.Occupiable[Bucket] { return w.arr }
 
 // Add adds n to event e in the bucket holding now. A write that raced a
 // rotation of its bucket is redone on the current one, so no count is lost.
-// Pass is held to the stricter rule of Reserve: it must land in the newest
-// bucket, or be moved there.
-func (w *Window) Add(now int64, e Event, n int64) {
+// A Pass added here is counted without admission; it is held to Admit's
+// rule (it must land in the newest bucket, or be moved there) so that
+// admissions on the same window see it.
+func (w *Window) Add(now int64, e Event, n int64) { w.AddOn(Pin(), now, e, n) }
+
+// AddOn is Add with a stripe hint from Pin.
+func (w *Window) AddOn(p int, now int64, e Event, n int64) {
 	for {
 		b := w.arr.Current(now)
-		b.Value.Add(e, n)
+		b.Value.addOn(p, e, n)
 		if e == Pass {
 			if w.arr.Newest(b) {
 				return
 			}
-			b.Value.Add(e, -n)
+			b.Value.addOn(p, e, -n)
 			continue
 		}
 		if !w.arr.Retired(b) {
@@ -92,10 +99,13 @@ func (w *Window) Add(now int64, e Event, n int64) {
 // Complete records n completed requests with a total response time rt (and n
 // exceptions if failed) in one bucket visit: Success, RT, Exception and the
 // minimum RT share the caller's stripe.
-func (w *Window) Complete(now, n, rt int64, failed bool) {
+func (w *Window) Complete(now, n, rt int64, failed bool) { w.CompleteOn(Pin(), now, n, rt, failed) }
+
+// CompleteOn is Complete with a stripe hint from Pin.
+func (w *Window) CompleteOn(p int, now, n, rt int64, failed bool) {
 	for {
 		b := w.arr.Current(now)
-		s := b.Value.stripe()
+		s := b.Value.stripeOn(p)
 		s.c[stripeSuccess].Add(n)
 		s.c[stripeRT].Add(rt)
 		if failed {
@@ -127,70 +137,119 @@ func (w *Window) UpdateConcurrency(now, c int64) {
 	w.arr.Current(now).Value.UpdateConcurrency(c)
 }
 
-// Reserve atomically admits n against threshold: it adds n to Pass in the
-// current bucket if and only if the window's Pass plus everything borrowed
-// and not yet folded plus n stays at or below threshold. It never lets any
-// window exceed threshold, at any concurrency; under a race it can only err
-// towards refusing. The refused path writes nothing.
+// Reserve atomically admits n against threshold: it counts n as Pass in the
+// current bucket if and only if the window's passes, plus everything
+// borrowed and not yet folded, plus n stay at or below threshold. It never
+// lets any window exceed threshold, at any concurrency; under a race it can
+// only err towards refusing. The refused path writes nothing shared.
 func (w *Window) Reserve(now, n, threshold int64) bool {
-	_, ok := w.Admit(now, n, threshold)
+	_, ok := w.AdmitOn(Pin(), now, n, threshold)
 	return ok
 }
 
-// Reservation is an admission made by Admit, which can be cancelled.
+// Reservation is an admission made by Admit, which can be cancelled, or,
+// when refused, what the window held.
 type Reservation struct {
-	b *Bucket
-	n int64
+	s    *stripe
+	n    int64
+	seen int64
 }
 
-// Cancel gives the admission back to the bucket it was counted in (a later
-// check refused the request). Cancelling the zero Reservation does nothing.
+// Seen returns, for a refused admission, the window's committed count that
+// refused it: passes, leases not yet used, and borrowed admissions. It costs
+// the refusal nothing more.
+func (r Reservation) Seen() int64 { return r.seen }
+
+// Cancel gives the admission back to the lease it came from (a later check
+// refused the request). Cancelling the zero Reservation does nothing.
 func (r Reservation) Cancel() {
-	if r.b != nil {
-		r.b.pass.Sub(r.n)
+	if r.s != nil {
+		r.s.c[stripeUsed].Sub(r.n)
 	}
 }
 
-// Admit is Reserve returning the admission, so it can be cancelled exactly:
-// the count is taken back from the bucket it went into, even after a
-// rotation.
+// Admit is Reserve returning the admission, so it can be cancelled exactly.
 func (w *Window) Admit(now, n, threshold int64) (Reservation, bool) {
+	return w.AdmitOn(Pin(), now, n, threshold)
+}
+
+// maxLease caps one lease; leases are also at most 1/(leaseShare x stripes)
+// of the room left, which bounds what idle stripes can strand in a bucket
+// to 1/leaseShare of the threshold.
+const (
+	maxLease   = 1 << 16
+	leaseShare = 16
+)
+
+// AdmitOn is Admit with a stripe hint from Pin.
+func (w *Window) AdmitOn(p int, now, n, threshold int64) (Reservation, bool) {
 	if n <= 0 || n > threshold {
 		return Reservation{}, false
 	}
 	a := w.arr
 	for {
 		b := a.Current(now)
-		others := b.Value.base.Load()
-		if others < 0 {
-			// First admission in this bucket: sum the rest of its window
-			// once. Current may have clamped now forward to a bucket made
-			// meanwhile; judge the window that ends at the bucket we write to.
-			others = w.passExcept(max(now, b.Start()), b)
-			if !b.Value.base.CompareAndSwap(-1, others) {
-				others = b.Value.base.Load()
+		s := b.Value.stripeOn(p)
+		used, taken := &s.c[stripeUsed], &s.c[stripeTaken]
+		// Fast path: the stripe's lease covers n. Admitted iff used stays
+		// within taken after our add and the bucket is still the newest (a
+		// rotation sums this bucket's passes after publishing the next).
+		if used.Load()+n <= taken.Load() {
+			if used.Add(n) <= taken.Load() && a.Newest(b) {
+				return Reservation{s: s, n: n}, true
+			}
+			used.Sub(n)
+			if !a.Newest(b) {
+				continue
+			}
+		}
+		if seen, ok := w.lease(b, s, max(now, b.Start()), n, threshold); !ok {
+			return Reservation{seen: seen}, false
+		}
+		// The stripe holds a fresh lease; take n from it.
+	}
+}
+
+// lease moves at least n tokens from bucket b's budget to stripe s, if the
+// window has room. When it has none it reports false and what it held.
+func (w *Window) lease(b *leaparray.WindowWrap[Bucket], s *stripe, now, n, threshold int64) (int64, bool) {
+	a := w.arr
+	for {
+		base := b.Value.base.Load()
+		if base < 0 {
+			// First lease in this bucket: sum the rest of its window once.
+			base = w.passExcept(now, b)
+			if !b.Value.base.CompareAndSwap(-1, base) {
+				base = b.Value.base.Load()
 			}
 		}
 		epoch := a.Epoch()
-		var cur int64
+		var l int64
 		for {
-			cur = b.Value.pass.Load()
-			if others+cur+a.Pending()+n > threshold {
-				return Reservation{}, false
+			g := b.Value.granted.Load()
+			room := threshold - base - g - b.Value.directSum() - a.Pending()
+			if room < n {
+				// No room; unless a rotation made b old, when the caller
+				// retries on the newest bucket.
+				return threshold - room, !a.Newest(b)
 			}
-			if b.Value.pass.CompareAndSwap(cur, cur+n) {
+			l = min(max(n, room/(leaseShare*int64(len(b.Value.stripes)))), max(n, maxLease))
+			if b.Value.granted.CompareAndSwap(g, g+l) {
 				break
 			}
-			// Lost to another admission on this bucket; re-read and re-check.
+			// Lost to another lease on this bucket; re-read and re-check.
 		}
 		// A borrow that started after our epoch load may have summed the
-		// counts without our add; a rotation after Current may have summed
-		// this bucket without it. Either way undo (a transient surplus that
-		// can only cause a refusal) and decide again.
+		// counts without our lease; a rotation may have summed this bucket
+		// without it. Either way give it back and decide again.
 		if a.Epoch() == epoch && a.Newest(b) {
-			return Reservation{b: &b.Value, n: n}, true
+			s.c[stripeTaken].Add(l)
+			return 0, true
 		}
-		b.Value.pass.Sub(n)
+		b.Value.granted.Sub(l)
+		if !a.Newest(b) {
+			return 0, true // the caller moves to the newest bucket
+		}
 	}
 }
 
@@ -207,16 +266,12 @@ func (w *Window) Absorb(start int64, b *Bucket) {
 	for {
 		dst := w.arr.Current(start)
 		d := &dst.Value
-		d.pass.Add(b.pass.Load())
 		d.occupied.Add(b.occupied.Load())
-		s := d.stripe()
-		for i := range stripedEvents {
-			var sum int64
-			for j := range b.stripes {
-				sum += b.stripes[j].c[i].Load()
-			}
-			s.c[i].Add(sum)
+		s := d.stripeOn(Pin())
+		for i := range stripeRT + 1 {
+			s.c[i].Add(b.sum(i))
 		}
+		s.c[stripeDirect].Add(b.Get(Pass))
 		if v, ok := b.MinRT(); ok {
 			d.UpdateMinRT(v)
 		}
@@ -242,7 +297,7 @@ func (w *Window) passExcept(now int64, b *leaparray.WindowWrap[Bucket]) int64 {
 	var sum int64
 	for x := range w.arr.Within(now, w.arr.Interval()) {
 		if x != b {
-			sum += x.Value.pass.Load()
+			sum += x.Value.Get(Pass)
 		}
 	}
 	return sum
@@ -300,15 +355,8 @@ func (r *Reader) Sum(now int64, e Event) int64 {
 	a := r.w.arr
 	now = a.Clamp(now)
 	var sum int64
-	switch e {
-	case Pass: // the admission count: no stripes to walk
-		for b := range a.Within(now, r.span) {
-			sum += b.Value.pass.Load()
-		}
-	default:
-		for b := range a.Within(now, r.span) {
-			sum += b.Value.Get(e)
-		}
+	for b := range a.Within(now, r.span) {
+		sum += b.Value.Get(e)
 	}
 	return sum
 }

@@ -5,14 +5,14 @@
 //
 // # Clocks
 //
-// Clock.Now returns nanoseconds from an origin of the clock's choosing. The
-// default, NewMonotonic, reads Go's monotonic clock (time.Since): it never
-// goes back when the wall clock is stepped. Measured on the 2-core dev
-// machine it costs about 25-45 ns a call, which is most of what an
-// Entry+Exit costs; NewCoarse serves a value refreshed by a background
-// goroutine at a fixed resolution for the price of an atomic load (about
-// 1 ns), at the cost of that resolution in RTs and bucket edges. The
-// stattest package has a manual clock for tests.
+// Clock.Now returns nanoseconds from an origin of the clock's choosing.
+// NewMonotonic reads Go's monotonic clock (time.Since), immune to wall-clock
+// steps; measured on the 2-core dev machine it costs 30-40 ns a call, more
+// than the rest of an Entry. NewCoarse serves a value that a background
+// goroutine refreshes every tick, for the price of an atomic load (about
+// 1 ns), at the cost of that resolution in RTs and bucket edges. Engines
+// default to DefaultClock, one 1 ms Coarse clock per process, as Sentinel
+// does. The stattest package has a manual clock for tests.
 //
 // # Windows and precision
 //

@@ -2,6 +2,7 @@ package stat
 
 import (
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -44,12 +45,16 @@ const (
 // and must not be copied.
 type Node struct {
 	resource string
-	second   *metric.Window
-	minute   *metric.Window
-	inflight *metric.Counter
+	second *metric.Window
+	minute *metric.Window
+
+	// Totals of every bucket the second window has retired, for the
+	// in-flight figure; written under its rotation lock.
+	retiredPass    atomic.Int64
+	retiredSuccess atomic.Int64
 
 	// concurrency is the exact in-flight count of requests admitted by
-	// concurrency rules; unlike inflight it is one shared word, because
+	// concurrency rules; unlike Inflight it is one shared word, because
 	// admission against it must be a single atomic step.
 	_           [metric.CacheLine]byte
 	concurrency atomic.Int64
@@ -69,8 +74,12 @@ func newNode(resource string, cfg NodeConfig) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	sec.OnRetire(mins.Absorb)
-	n := &Node{resource: resource, second: sec, minute: mins, inflight: metric.NewCounter()}
+	n := &Node{resource: resource, second: sec, minute: mins}
+	sec.OnRetire(func(start int64, b *metric.Bucket) {
+		mins.Absorb(start, b)
+		n.retiredPass.Add(b.Get(metric.Pass))
+		n.retiredSuccess.Add(b.Get(metric.Success))
+	})
 	n.windows.Store(&map[time.Duration]*metric.Window{})
 	return n, nil
 }
@@ -92,8 +101,16 @@ func (n *Node) Resource() string { return n.resource }
 // against it, and every request of the resource is counted in it.
 func (n *Node) Second() *metric.Window { return n.second }
 
-// Inflight returns the striped in-flight gauge.
-func (n *Node) Inflight() *metric.Counter { return n.inflight }
+// Inflight returns how many requests are in flight: every pass ever counted
+// minus every completion. It costs requests nothing (both totals are kept
+// anyway) and a walk over the second window to read. A read racing a
+// rotation may be off for that instant; a request whose Exit stalls for
+// longer than the window, mid-write, can leave it off by its count.
+func (n *Node) Inflight() int64 {
+	pass := n.second.SumRange(math.MinInt64, math.MaxInt64, metric.Pass) + n.retiredPass.Load()
+	done := n.second.SumRange(math.MinInt64, math.MaxInt64, metric.Success) + n.retiredSuccess.Load()
+	return max(0, pass-done)
+}
 
 // Concurrency returns the exact in-flight count used by concurrency rules.
 func (n *Node) Concurrency() *atomic.Int64 { return &n.concurrency }
@@ -195,7 +212,7 @@ func (n *Node) Snapshot(now int64) Snapshot {
 		OccupiedQPS:    n.Rate(now, metric.OccupiedPass),
 		AvgRT:          n.AvgRT(now),
 		MinRT:          n.MinRT(now),
-		Inflight:       n.inflight.Sum(),
+		Inflight:       n.Inflight(),
 		MaxSuccessQPS:  n.MaxSuccessRate(now),
 		PrevPass:       n.PreviousSecond(now, metric.Pass),
 		PrevBlock:      n.PreviousSecond(now, metric.Block),

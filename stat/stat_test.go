@@ -177,3 +177,18 @@ func TestNodeWindowsPersist(t *testing.T) {
 	_, err = n.Window(time.Microsecond, 3)
 	assert.Error(t, err)
 }
+
+func TestInflightSpansRotations(t *testing.T) {
+	n, err := NewNode("x", NodeConfig{})
+	require.NoError(t, err)
+	sec := int64(time.Second)
+	w := n.Second()
+	w.Add(0, metric.Pass, 5)
+	assert.Equal(t, int64(5), n.Inflight())
+	w.Complete(3*sec, 2, 10, false)
+	assert.Equal(t, int64(3), n.Inflight(), "the passes' bucket was retired and handed over")
+	w.Add(3*sec, metric.Pass, 1)
+	w.Complete(10*sec, 4, 10, true)
+	assert.Zero(t, n.Inflight())
+	assert.Zero(t, n.Snapshot(10*sec).Inflight)
+}
