@@ -167,10 +167,10 @@ type resourceRules struct {
 	countsNode bool // a group admits on the node's second window
 	// single is set when the resource's only rules are Reject QPS rules on
 	// its second window: Entry then takes a short path.
-	single *windowGroup
-	paced      []pacedRule
-	related    []relatedRule
-	globals    []globalRule
+	single  *windowGroup
+	paced   []pacedRule
+	related []relatedRule
+	globals []globalRule
 }
 
 // windowGroup is every Reject and WarmUp rule that counts in one window:

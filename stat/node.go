@@ -45,8 +45,8 @@ const (
 // and must not be copied.
 type Node struct {
 	resource string
-	second *metric.Window
-	minute *metric.Window
+	second   *metric.Window
+	minute   *metric.Window
 
 	// Totals of every bucket the second window has retired, for the
 	// in-flight figure; written under its rotation lock.
