@@ -176,11 +176,13 @@ func (e *Engine) enter(rr *resourceRules, node *stat.Node, opts []EntryOption) (
 	if g := rr.single; g != nil && !priority {
 		// The common shape, one Reject limit on the node's window: one
 		// admission, nothing to give back.
-		if r, ok := g.w.AdmitOn(p, now, n, g.static); !ok {
+		r, ok := g.w.AdmitOn(p, now, n, g.static)
+		if !ok {
 			node.Second().AddOn(p, now, metric.Block, n)
 			return blocked(float64(r.Seen())), g.staticBE
 		}
-		return Entry{eng: e, node: node, start: now, n: n, p: int32(p)}, nil
+		// A now behind the newest bucket was counted in it: start there.
+		return Entry{eng: e, node: node, start: max(now, r.Start()), n: n, p: int32(p)}, nil
 	}
 	return e.check(rr, p, now, n, priority, ctx)
 }
@@ -269,6 +271,7 @@ func (e *Engine) check(rr *resourceRules, p int, now, n int64, priority bool, ct
 		r, ok := g.w.AdmitOn(p, now, n, limit)
 		if ok {
 			h.addRes(r)
+			now = max(now, r.Start())
 			continue
 		}
 		if priority && g.borrowable && e.occupyTimeout > 0 {

@@ -150,10 +150,16 @@ func (w *Window) Reserve(now, n, threshold int64) bool {
 // Reservation is an admission made by Admit, which can be cancelled, or,
 // when refused, what the window held.
 type Reservation struct {
-	s    *stripe
-	n    int64
-	seen int64
+	s     *stripe
+	n     int64
+	seen  int64
+	start int64
 }
+
+// Start returns the start of the bucket the admission was counted in. A
+// caller whose now was behind the newest bucket was counted there (see
+// leaparray on clamping); max(now, Start()) is when its pass happened.
+func (r Reservation) Start() int64 { return r.start }
 
 // Seen returns, for a refused admission, the window's committed count that
 // refused it: passes, leases not yet used, and borrowed admissions. It costs
@@ -196,7 +202,7 @@ func (w *Window) AdmitOn(p int, now, n, threshold int64) (Reservation, bool) {
 		// rotation sums this bucket's passes after publishing the next).
 		if used.Load()+n <= taken.Load() {
 			if used.Add(n) <= taken.Load() && a.Newest(b) {
-				return Reservation{s: s, n: n}, true
+				return Reservation{s: s, n: n, start: b.Start()}, true
 			}
 			used.Sub(n)
 			if !a.Newest(b) {
