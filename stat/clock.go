@@ -34,13 +34,14 @@ type Coarse struct {
 	now    atomic.Int64
 	origin time.Time
 	stop   chan struct{}
+	done   chan struct{}
 	once   sync.Once
 }
 
 // NewCoarse starts a Coarse clock with the given resolution (at least 100µs).
 func NewCoarse(resolution time.Duration) *Coarse {
 	resolution = max(resolution, 100*time.Microsecond)
-	c := &Coarse{origin: time.Now(), stop: make(chan struct{})}
+	c := &Coarse{origin: time.Now(), stop: make(chan struct{}), done: make(chan struct{})}
 	go c.run(resolution)
 	return c
 }
@@ -65,6 +66,7 @@ func DefaultClock() Clock {
 }
 
 func (c *Coarse) run(resolution time.Duration) {
+	defer close(c.done)
 	t := time.NewTicker(resolution)
 	defer t.Stop()
 	for {
@@ -80,5 +82,9 @@ func (c *Coarse) run(resolution time.Duration) {
 // Now returns the time of the latest tick.
 func (c *Coarse) Now() int64 { return c.now.Load() }
 
-// Stop ends the background goroutine; Now then stays where it was.
-func (c *Coarse) Stop() { c.once.Do(func() { close(c.stop) }) }
+// Stop ends the background goroutine and waits for it; Now then stays where
+// it was.
+func (c *Coarse) Stop() {
+	c.once.Do(func() { close(c.stop) })
+	<-c.done
+}
