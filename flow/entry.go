@@ -255,7 +255,7 @@ func (e *Engine) check(rr *resourceRules, p int, now, n int64, priority bool, ct
 	}
 	for i := range rr.globals {
 		g := &rr.globals[i]
-		if be := e.global(g, &h, i, p, now, n, ctx); be != nil {
+		if be := e.global(rr.node, g, &h, i, p, now, n, ctx); be != nil {
 			return e.block(rr, &h, p, now, n, be, 0)
 		}
 	}
@@ -319,7 +319,7 @@ func (e *Engine) check(rr *resourceRules, p int, now, n int64, priority bool, ct
 
 // global asks the token source for rule g and applies its fallback when the
 // source fails. It returns the error to block with, or nil.
-func (e *Engine) global(g *globalRule, h *held, i, p int, now, n int64, ctx context.Context) *BlockError {
+func (e *Engine) global(node *stat.Node, g *globalRule, h *held, i, p int, now, n int64, ctx context.Context) *BlockError {
 	if ctx == nil {
 		ctx = context.Background()
 	}
@@ -332,6 +332,7 @@ func (e *Engine) global(g *globalRule, h *held, i, p int, now, n int64, ctx cont
 		}
 		return g.be
 	}
+	node.AddFallback()
 	switch g.fallback {
 	case FallbackOpen:
 		return nil

@@ -448,6 +448,8 @@ func TestGlobalRulesAndFallbacks(t *testing.T) {
 	assert.NoError(t, err, "fail open")
 	_, err = e.Entry("c")
 	assert.ErrorIs(t, err, ErrBlocked, "fail closed")
+	snap, _ := e.Snapshot("a")
+	assert.Equal(t, int64(10), snap.Fallbacks, "fallbacks are counted")
 }
 
 func TestPrecisionBoundThroughEntry(t *testing.T) {

@@ -60,6 +60,10 @@ type Node struct {
 	concurrency atomic.Int64
 	_           [metric.CacheLine - 8]byte
 
+	// fallbacks counts requests a global rule decided locally because its
+	// token source failed.
+	fallbacks atomic.Int64
+
 	mu      sync.Mutex // guards adding to windows; reads go through the pointer
 	windows atomic.Pointer[map[time.Duration]*metric.Window]
 }
@@ -142,6 +146,13 @@ func (n *Node) Window(interval time.Duration, sampleCount int) (*metric.Window, 
 	return w, nil
 }
 
+// AddFallback counts a request that a global rule decided by its fallback.
+func (n *Node) AddFallback() { n.fallbacks.Inc() }
+
+// Fallbacks returns how many requests global rules decided by their
+// fallback since the node was made.
+func (n *Node) Fallbacks() int64 { return n.fallbacks.Load() }
+
 // Rate returns event e per second over the last second.
 func (n *Node) Rate(now int64, e metric.Event) float64 { return n.second.Rate(now, e) }
 
@@ -199,6 +210,7 @@ type Snapshot struct {
 	MinuteSuccess  int64
 	MinuteErrors   int64
 	BorrowedFuture int64 // admitted against future buckets, not yet current
+	Fallbacks      int64 // decided by a global rule's fallback, ever
 }
 
 // Snapshot reads every statistic at now.
@@ -221,5 +233,6 @@ func (n *Node) Snapshot(now int64) Snapshot {
 		MinuteSuccess:  n.Minute(now, metric.Success),
 		MinuteErrors:   n.Minute(now, metric.Exception),
 		BorrowedFuture: n.second.Borrowed(),
+		Fallbacks:      n.Fallbacks(),
 	}
 }

@@ -1,0 +1,49 @@
+// Package global enforces flow rules across instances on Redis: the only
+// package of leapflow that imports a Redis client.
+//
+// A Source is a flow.TokenSource. Each global rule is a bucketed sliding
+// window — the shape of the local engine's — kept in one Redis hash and
+// updated by one Lua script that reads the server clock (TIME), drops stale
+// buckets, checks and counts in one atomic step, survives server time going
+// backwards (it counts in the newest bucket, as leaparray does), refreshes
+// the key's expiry and returns allowed, count, remaining, retry-after and
+// server time. All keys of a limit share one hash tag, so a limit lives in
+// one slot of a Redis Cluster. Scripts run by EVALSHA and are reloaded on
+// NOSCRIPT (after a restart, a failover or SCRIPT FLUSH).
+//
+// # Leasing
+//
+// A busy instance does not pay a round trip per request: it takes tokens in
+// batches (at most Options.MaxBatch, and at most a quarter of the room left,
+// shrinking to the request itself near the limit). The script counts a
+// batch in the server bucket current when it ran; the instance spends it
+// only until that bucket ends, by its own clock, starting from the moment it
+// sent the request (so the round trip only shortens the lease). Unused
+// tokens are never counted as passes locally and expire with their bucket.
+//
+// The bound: every admission is counted, at the moment the script granted
+// it, in a server bucket, and every server window (n consecutive buckets) of
+// a limit counts at most its threshold, whatever the number of instances.
+// Tokens leased and not used make their window stricter, by at most one
+// batch per instance. A server that restarts without persistence forgets
+// its windows: for one window the limit can be exceeded by what was
+// admitted before the restart.
+//
+// # Failure
+//
+// Every call has a short timeout (Options.Timeout; the client must honour
+// context deadlines, as with go-redis' ContextTimeoutEnabled, or have read
+// and write timeouts as short). When Redis fails, Acquire returns an error
+// and flow applies the rule's fallback (a local share of the threshold,
+// open, or closed) and counts it in the resource's statistics. After a
+// failure the Source stops calling Redis for a backoff that doubles up to
+// Options.MaxBackoff, then lets one call probe it; the first success ends
+// the backoff.
+//
+// # Exact mode
+//
+// Limits whose threshold per window is at most Options.ExactBelow use a
+// sliding log instead: a sorted set of admissions with unique members,
+// exact in every continuous span, at one round trip and one set member per
+// admission.
+package global

@@ -1,0 +1,404 @@
+package global
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/atomic"
+
+	"github.com/leapflow/leapflow/flow"
+	"github.com/leapflow/leapflow/global/redistest"
+	"github.com/leapflow/leapflow/stat"
+)
+
+func newSource(t testing.TB, c redis.UniversalClient, opts Options) *Source {
+	t.Helper()
+	s, err := New(c, opts)
+	require.NoError(t, err)
+	return s
+}
+
+func req(key string, perSecond float64, interval time.Duration, n int64) flow.GlobalRequest {
+	return flow.GlobalRequest{Key: key, Resource: key, Threshold: perSecond, Interval: interval, Count: n}
+}
+
+func TestHashTagAndKeys(t *testing.T) {
+	assert.Equal(t, "{api}", HashTag("api"))
+	assert.Equal(t, "{a%7Bb%7Dc%25}", HashTag("a{b}c%"))
+	k := keysFor("leapflow", "we{ird}", "5/1000ms")
+	for _, key := range []string{k.window, k.log, k.meta} {
+		assert.Equal(t, 1, strings.Count(key, "{"), key)
+		assert.Contains(t, key, "{we%7Bird%7D}")
+	}
+}
+
+func TestOptionErrors(t *testing.T) {
+	_, err := New(nil, Options{})
+	assert.ErrorContains(t, err, "client must not be nil")
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer c.Close()
+	for _, tc := range []struct {
+		o    Options
+		want string
+	}{
+		{Options{Buckets: -1}, "Buckets must be in [1, 1000], got -1"},
+		{Options{MaxBatch: -5}, "MaxBatch must be >= 1, got -5"},
+		{Options{ExactBelow: -1}, "ExactBelow must be >= 0, got -1"},
+		{Options{Backoff: time.Minute, MaxBackoff: time.Second}, "Backoff must be in [0, MaxBackoff], got 1m0s"},
+	} {
+		_, err := New(c, tc.o)
+		assert.ErrorContains(t, err, tc.want)
+	}
+}
+
+func TestDecision(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newSource(t, srv.Client(), Options{Buckets: 4})
+	ctx := context.Background()
+	r := req("decide", 5, time.Second, 1)
+	for i := range 5 {
+		d, err := s.Take(ctx, r, 1)
+		require.NoError(t, err)
+		require.True(t, d.Allowed, "request %d", i)
+		assert.Equal(t, int64(i+1), d.Count)
+		assert.Equal(t, int64(4-i), d.Remaining)
+	}
+	d, err := s.Take(ctx, r, 1)
+	require.NoError(t, err)
+	assert.False(t, d.Allowed)
+	assert.Equal(t, int64(5), d.Count)
+	assert.Zero(t, d.Remaining)
+	assert.Positive(t, d.RetryAfter)
+	assert.LessOrEqual(t, d.RetryAfter, time.Second)
+	assert.WithinDuration(t, time.Now(), d.ServerTime, 2*time.Second, "server time, same machine")
+	assert.Equal(t, 250*time.Millisecond, d.BucketLen)
+	big, err := s.Take(ctx, req("decide", 5, time.Second, 6), 6)
+	require.NoError(t, err)
+	assert.False(t, big.Allowed)
+	assert.Equal(t, time.Duration(-1), big.RetryAfter, "a batch above the threshold never fits")
+
+	// The key expires when idle.
+	ttl, err := srv.Client().PTTL(ctx, keysFor("leapflow", "decide", "5/1000ms/4").window).Result()
+	require.NoError(t, err)
+	assert.Positive(t, ttl)
+	assert.LessOrEqual(t, ttl, 3*time.Second)
+}
+
+func TestWindowSlidesAndServerTimeBackwards(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	s := newSource(t, c, Options{Buckets: 4, MaxBatch: 1})
+	ctx := context.Background()
+	r := req("slide", 20, 200*time.Millisecond, 1) // 4 per 200ms
+	admit := func() int {
+		n := 0
+		for range 10 {
+			if ok, err := s.Acquire(ctx, r); err == nil && ok {
+				n++
+			}
+		}
+		return n
+	}
+	assert.Equal(t, 4, admit())
+	time.Sleep(250 * time.Millisecond)
+	assert.Equal(t, 4, admit(), "the window slid")
+
+	// As if the server clock had been 10 s ahead before a failover: the
+	// newest bucket is in the "future", and full.
+	key := keysFor("leapflow", "slide", "4/200ms/4").window
+	now, err := c.Time(ctx).Result()
+	require.NoError(t, err)
+	future := now.Add(10 * time.Second).UnixMicro()
+	future -= future % 50000
+	require.NoError(t, c.HSet(ctx, key, "latest", future, fmt.Sprint(future), 4).Err())
+	assert.Equal(t, 0, admit(), "time behind the newest bucket counts there: the gate stays shut")
+}
+
+// TestManyEnginesHoldTheGlobalLimit runs several engines, each with its own
+// client and Source as separate instances would, against one global rule,
+// and checks every server window.
+func TestManyEnginesHoldTheGlobalLimit(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, batch := range []int64{1, 100} {
+		t.Run(fmt.Sprintf("maxbatch=%d", batch), func(t *testing.T) {
+			const threshold, engines, perEngine = 300, 4, 8
+			key := fmt.Sprintf("hammer-%d", batch)
+			var mu sync.Mutex
+			perBucket := map[int64]int64{}
+			var admitted atomic.Int64
+			var bucketLen time.Duration = 100 * time.Millisecond
+			var wg sync.WaitGroup
+			deadline := time.Now().Add(2500 * time.Millisecond)
+			for range engines {
+				src := newSource(t, srv.Client(), Options{Buckets: 10, MaxBatch: batch, OnAdmit: func(b time.Time, n int64) {
+					mu.Lock()
+					perBucket[b.UnixMicro()] += n
+					mu.Unlock()
+				}})
+				eng, err := flow.New(flow.WithTokenSource(src))
+				require.NoError(t, err)
+				require.NoError(t, eng.LoadRules([]flow.Rule{{ID: key, Resource: "api", Threshold: threshold, Global: true, Fallback: flow.FallbackClosed}}))
+				for range perEngine {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for time.Now().Before(deadline) {
+							if en, err := eng.Entry("api"); err == nil {
+								admitted.Inc()
+								en.Exit(nil)
+							}
+						}
+					}()
+				}
+			}
+			wg.Wait()
+			var total int64
+			starts := make([]int64, 0, len(perBucket))
+			for s, n := range perBucket {
+				starts = append(starts, s)
+				total += n
+			}
+			assert.Equal(t, admitted.Load(), total, "every admission was counted in a server bucket")
+			sort.Slice(starts, func(i, j int) bool { return starts[i] < starts[j] })
+			worst := int64(0)
+			for _, end := range starts {
+				var sum int64
+				for _, s := range starts {
+					if s <= end && end-s < time.Second.Microseconds() {
+						sum += perBucket[s]
+					}
+				}
+				worst = max(worst, sum)
+			}
+			t.Logf("maxbatch=%d: admitted %d in 2.5s, fullest server window %d", batch, total, worst)
+			assert.LessOrEqual(t, worst, int64(threshold))
+			assert.GreaterOrEqual(t, worst, int64(threshold)*8/10, "the limit is reached, not starved")
+			_ = bucketLen
+		})
+	}
+}
+
+// TestLeasedTokensExpireWithTheirBucket: a lease is never spent after its
+// server bucket ends (same machine: one wall clock). An admission is late
+// only if the call started after the end of the bucket it was counted in.
+func TestLeasedTokensExpireWithTheirBucket(t *testing.T) {
+	srv := redistest.Start(t)
+	var bucket time.Time
+	var count int64
+	src := newSource(t, srv.Client(), Options{Buckets: 10, MaxBatch: 1000, OnAdmit: func(b time.Time, n int64) {
+		bucket = b // one goroutine: no race
+		count += n
+	}})
+	r := req("expiry", 1e6, time.Second, 1)
+	late := 0
+	end := time.Now().Add(700 * time.Millisecond)
+	for time.Now().Before(end) {
+		started := time.Now()
+		ok, err := src.Acquire(context.Background(), r)
+		require.NoError(t, err)
+		require.True(t, ok)
+		if started.After(bucket.Add(100 * time.Millisecond)) {
+			late++
+		}
+	}
+	st := src.Stats()
+	t.Logf("%d admissions, %d calls, %d leased", count, st.Calls, st.Leased)
+	assert.Zero(t, late, "tokens spent after their bucket ended")
+	assert.Less(t, st.Calls*50, count, "leasing: far fewer calls than admissions")
+}
+
+type offsetClock struct{ offset int64 }
+
+var monotonic = stat.NewMonotonic()
+
+func (c offsetClock) Now() int64 { return monotonic.Now() + c.offset }
+
+func TestSkewedInstancesAgree(t *testing.T) {
+	srv := redistest.Start(t)
+	const threshold = 50
+	var total atomic.Int64
+	var wg sync.WaitGroup
+	for i, skew := range []time.Duration{-time.Hour, 0, 3 * time.Hour} {
+		src := newSource(t, srv.Client(), Options{MaxBatch: 1 + int64(i)*10, Clock: offsetClock{int64(skew)}})
+		clock := stattestClock(skew)
+		eng, err := flow.New(flow.WithTokenSource(src), flow.WithClock(clock))
+		require.NoError(t, err)
+		require.NoError(t, eng.LoadRules([]flow.Rule{{ID: "skew", Resource: "api", Threshold: threshold, StatInterval: 10 * time.Second, Global: true, Fallback: flow.FallbackClosed}}))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 400 {
+				if _, err := eng.Entry("api"); err == nil {
+					total.Inc()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	assert.Equal(t, int64(threshold*10), total.Load(), "server time rules: the 10 s window admits exactly its threshold")
+}
+
+// stattestClock is a fixed local clock far from the others.
+func stattestClock(skew time.Duration) stat.Clock { return offsetClock{int64(skew) + int64(24*time.Hour)} }
+
+func TestScriptFlushReloads(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	s := newSource(t, c, Options{MaxBatch: 1})
+	ctx := context.Background()
+	r := req("flush", 100, time.Second, 1)
+	ok, err := s.Acquire(ctx, r)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.NoError(t, c.ScriptFlush(ctx).Err())
+	ok, err = s.Acquire(ctx, r)
+	require.NoError(t, err, "NOSCRIPT is answered by loading the script again")
+	assert.True(t, ok)
+	assert.Zero(t, s.Stats().Errors)
+}
+
+func TestExactMode(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newSource(t, srv.Client(), Options{ExactBelow: 10})
+	ctx := context.Background()
+	r := req("exact", 10, 300*time.Millisecond, 1) // 3 per 300ms
+	var times []time.Time
+	end := time.Now().Add(time.Second)
+	for time.Now().Before(end) {
+		ok, err := s.Acquire(ctx, r)
+		require.NoError(t, err)
+		if ok {
+			times = append(times, time.Now())
+		}
+	}
+	require.NotEmpty(t, times)
+	// Exact in every continuous span (allowing the call's own latency).
+	for i := range times {
+		in := 0
+		for j := i; j < len(times) && times[j].Sub(times[i]) < 280*time.Millisecond; j++ {
+			in++
+		}
+		assert.LessOrEqual(t, in, 3, "span starting at admission %d", i)
+	}
+	assert.Zero(t, s.Stats().Leased, "exact mode does not lease")
+	d, err := s.Take(ctx, r, 1)
+	require.NoError(t, err)
+	if !d.Allowed {
+		assert.Positive(t, d.RetryAfter)
+	}
+}
+
+// TestFaultsFallBackAndRecover kills the server under load, restarts it,
+// stalls it with DEBUG SLEEP: requests keep being answered within the
+// timeout by the fallback, nothing panics, no goroutine leaks, and global
+// limiting resumes.
+func TestFaultsFallBackAndRecover(t *testing.T) {
+	srv := redistest.Start(t)
+	before := runtime.NumGoroutine()
+	client := srv.Client()
+	src := newSource(t, client, Options{Timeout: 50 * time.Millisecond, Backoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, MaxBatch: 1})
+	eng, err := flow.New(flow.WithTokenSource(src))
+	require.NoError(t, err)
+	require.NoError(t, eng.LoadRules([]flow.Rule{{ID: "faults", Resource: "api", Threshold: 100, StatInterval: 5 * time.Second, Global: true, LocalShare: 0.5}}))
+
+	var slowest atomic.Int64
+	var globalBlocks, answered atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				t0 := time.Now()
+				en, err := eng.Entry("api")
+				d := time.Since(t0)
+				for {
+					s := slowest.Load()
+					if int64(d) <= s || slowest.CompareAndSwap(s, int64(d)) {
+						break
+					}
+				}
+				answered.Inc()
+				var be *flow.BlockError
+				if errors.As(err, &be) && be.Reason == flow.ReasonGlobal {
+					globalBlocks.Inc()
+				}
+				en.Exit(nil)
+				time.Sleep(time.Millisecond)
+			}
+		}()
+	}
+	time.Sleep(200 * time.Millisecond)
+	srv.Stop()
+	time.Sleep(300 * time.Millisecond)
+	downAnswers := answered.Load()
+	srv.Restart()
+	time.Sleep(400 * time.Millisecond) // backoff ends; the probe finds it
+	// Stall the server: DEBUG SLEEP blocks it for 600ms.
+	go func() {
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+		defer c.Close()
+		_ = c.Do(context.Background(), "DEBUG", "SLEEP", "0.6").Err()
+	}()
+	time.Sleep(900 * time.Millisecond)
+	globalBlocks.Store(0)
+	time.Sleep(1500 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+
+	snap, ok := eng.Snapshot("api")
+	require.True(t, ok)
+	st := src.Stats()
+	t.Logf("answered %d (%d while down), slowest %v, fallbacks %d, stats %+v, global blocks after recovery %d",
+		answered.Load(), downAnswers, time.Duration(slowest.Load()), snap.Fallbacks, st, globalBlocks.Load())
+	assert.Less(t, time.Duration(slowest.Load()), 500*time.Millisecond, "answered within the timeout (with room for the race detector)")
+	assert.Positive(t, snap.Fallbacks, "fallbacks recorded")
+	assert.Positive(t, st.Errors)
+	assert.Positive(t, st.Refused, "backed off instead of hammering")
+	assert.Positive(t, globalBlocks.Load(), "global limiting resumed after recovery")
+	client.Close()
+	require.Eventually(t, func() bool { return runtime.NumGoroutine() <= before+2 }, 3*time.Second, 20*time.Millisecond,
+		"goroutines leaked: %d before, %d after", before, runtime.NumGoroutine())
+}
+
+func TestCluster(t *testing.T) {
+	cl := redistest.StartCluster(t, 3)
+	c := cl.Client(t)
+	ctx := context.Background()
+	k := keysFor("leapflow", "cl{uster}", "7/1000ms")
+	slots := map[int64]bool{}
+	for _, key := range []string{k.window, k.log, k.meta} {
+		slot, err := c.ClusterKeySlot(ctx, key).Result()
+		require.NoError(t, err)
+		slots[slot] = true
+	}
+	assert.Len(t, slots, 1, "every key of a limit in one slot")
+	for _, exact := range []int64{0, 100} {
+		s := newSource(t, c, Options{MaxBatch: 1, ExactBelow: exact})
+		n := 0
+		for range 20 {
+			ok, err := s.Acquire(ctx, req(fmt.Sprintf("cl{uster}-%d", exact), 7, time.Second, 1))
+			require.NoError(t, err)
+			if ok {
+				n++
+			}
+		}
+		assert.Equal(t, 7, n, "exact=%d", exact)
+	}
+}

@@ -1,0 +1,183 @@
+// Package redistest starts real redis-server processes for tests: a single
+// server on a free loopback port with persistence off, or a cluster of
+// masters. A missing redis-server fails the test: tests that need Redis must
+// not pass without it.
+package redistest
+
+import (
+	"context"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Server is one redis-server process.
+type Server struct {
+	t    testing.TB
+	Port int
+	dir  string
+	args []string
+	cmd  *exec.Cmd
+}
+
+// Addr returns host:port.
+func (s *Server) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.Port) }
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("redistest: no free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func binary(t testing.TB, name string) string {
+	t.Helper()
+	path, err := exec.LookPath(name)
+	if err != nil {
+		t.Fatalf("redistest: %s not found on PATH: install it (make test does, from Debian's packages)", name)
+	}
+	return path
+}
+
+// Start starts a redis-server with persistence off and stops it when the
+// test ends. extra are more config arguments ("--cluster-enabled", "yes").
+func Start(t testing.TB, extra ...string) *Server {
+	t.Helper()
+	s := &Server{t: t, Port: freePort(t), dir: t.TempDir()}
+	s.args = append([]string{
+		"--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", s.dir,
+		"--daemonize", "no", "--protected-mode", "no", "--loglevel", "warning",
+		"--enable-debug-command", "local",
+	}, extra...)
+	s.start()
+	t.Cleanup(s.Stop)
+	return s
+}
+
+func (s *Server) start() {
+	s.t.Helper()
+	s.cmd = exec.Command(binary(s.t, "redis-server"), s.args...)
+	logf, err := os.OpenFile(filepath.Join(s.dir, "redis.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		s.t.Fatalf("redistest: %v", err)
+	}
+	defer logf.Close()
+	s.cmd.Stdout, s.cmd.Stderr = logf, logf
+	if err := s.cmd.Start(); err != nil {
+		s.t.Fatalf("redistest: start redis-server: %v", err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		err := c.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			s.Stop()
+			s.t.Fatalf("redistest: redis-server on %s did not answer PING: %v", s.Addr(), err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Stop kills the server (as a crash would) and waits for it to exit.
+func (s *Server) Stop() {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	_ = s.cmd.Wait()
+	s.cmd = nil
+}
+
+// Restart starts the server again on the same port, empty.
+func (s *Server) Restart() {
+	s.t.Helper()
+	s.Stop()
+	s.start()
+}
+
+// Client returns a client of the server that honours context deadlines,
+// closed when the test ends.
+func (s *Server) Client() *redis.Client {
+	c := redis.NewClient(&redis.Options{
+		Addr: s.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1,
+		DialTimeout: 200 * time.Millisecond, ReadTimeout: time.Second, WriteTimeout: time.Second,
+	})
+	s.t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// Cluster is a Redis Cluster of masters on loopback.
+type Cluster struct {
+	Servers []*Server
+}
+
+// StartCluster starts n masters (at least 3) and joins them with
+// redis-cli --cluster create.
+func StartCluster(t testing.TB, n int) *Cluster {
+	t.Helper()
+	c := &Cluster{}
+	var addrs []string
+	for range n {
+		s := Start(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000")
+		c.Servers = append(c.Servers, s)
+		addrs = append(addrs, s.Addr())
+	}
+	args := append([]string{"--cluster", "create"}, addrs...)
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	out, err := exec.Command(binary(t, "redis-cli"), args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("redistest: redis-cli --cluster create: %v\n%s", err, out)
+	}
+	client := c.Client(t)
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		info, err := client.ClusterInfo(context.Background()).Result()
+		if err == nil && strings.Contains(info, "cluster_state:ok") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("redistest: cluster not ok: %v %s", err, info)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return c
+}
+
+// Addrs returns every master's address.
+func (c *Cluster) Addrs() []string {
+	var a []string
+	for _, s := range c.Servers {
+		a = append(a, s.Addr())
+	}
+	return a
+}
+
+// Client returns a cluster client, closed when the test ends.
+func (c *Cluster) Client(t testing.TB) *redis.ClusterClient {
+	cc := redis.NewClusterClient(&redis.ClusterOptions{
+		Addrs: c.Addrs(), ContextTimeoutEnabled: true,
+		DialTimeout: 500 * time.Millisecond, ReadTimeout: time.Second, WriteTimeout: time.Second,
+	})
+	t.Cleanup(func() { cc.Close() })
+	return cc
+}
+
+// Dir returns the server's working folder.
+func (s *Server) Dir() string { return s.dir }

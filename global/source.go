@@ -1,0 +1,352 @@
+package global
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/atomic"
+
+	"github.com/leapflow/leapflow/flow"
+	"github.com/leapflow/leapflow/stat"
+)
+
+// Options configures a Source. Zero values pick the documented defaults.
+type Options struct {
+	// Buckets is the number of buckets per window (default 10).
+	Buckets int
+	// MaxBatch is the most tokens one call leases (default 100; 1 turns
+	// leasing off: one round trip per request).
+	MaxBatch int64
+	// Timeout bounds each Redis call (default 50 ms).
+	Timeout time.Duration
+	// ExactBelow makes limits of at most this many admissions per window
+	// use the exact sliding log (default 0: never).
+	ExactBelow int64
+	// Backoff is the first pause after a failure (default 50 ms); it
+	// doubles up to MaxBackoff (default 5 s).
+	Backoff, MaxBackoff time.Duration
+	// Prefix starts every key (default "leapflow").
+	Prefix string
+	// Clock times leases; it must never read behind real time by more
+	// than ClockSlack, which is taken off every lease (defaults
+	// stat.NewMonotonic() and 2 ms). A coarse clock lags by its tick and
+	// more under load: it would spend leases late.
+	Clock      stat.Clock
+	ClockSlack time.Duration
+	// OnAdmit, if set, is called for every admission with the start of
+	// the server bucket it was counted in (for audits and tests; it runs
+	// on the request path and must be fast).
+	OnAdmit func(bucket time.Time, n int64)
+}
+
+func (o Options) withDefaults() Options {
+	if o.Buckets == 0 {
+		o.Buckets = 10
+	}
+	if o.MaxBatch == 0 {
+		o.MaxBatch = 100
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 50 * time.Millisecond
+	}
+	if o.Backoff == 0 {
+		o.Backoff = 50 * time.Millisecond
+	}
+	if o.MaxBackoff == 0 {
+		o.MaxBackoff = 5 * time.Second
+	}
+	if o.Prefix == "" {
+		o.Prefix = "leapflow"
+	}
+	if o.Clock == nil {
+		o.Clock = stat.NewMonotonic()
+	}
+	if o.ClockSlack == 0 {
+		o.ClockSlack = 2 * time.Millisecond
+	}
+	return o
+}
+
+func (o Options) validate() error {
+	switch {
+	case o.Buckets < 1 || o.Buckets > 1000:
+		return fmt.Errorf("global: Buckets must be in [1, 1000], got %d", o.Buckets)
+	case o.MaxBatch < 1:
+		return fmt.Errorf("global: MaxBatch must be >= 1, got %d", o.MaxBatch)
+	case o.Timeout < 0:
+		return fmt.Errorf("global: Timeout must be > 0, got %v", o.Timeout)
+	case o.ExactBelow < 0:
+		return fmt.Errorf("global: ExactBelow must be >= 0, got %d", o.ExactBelow)
+	case o.Backoff < 0 || o.MaxBackoff < o.Backoff:
+		return fmt.Errorf("global: Backoff must be in [0, MaxBackoff], got %v (MaxBackoff %v)", o.Backoff, o.MaxBackoff)
+	case o.ClockSlack < 0:
+		return fmt.Errorf("global: ClockSlack must be >= 0, got %v", o.ClockSlack)
+	}
+	return nil
+}
+
+// ErrUnavailable is returned while the Source backs off a failing Redis.
+var ErrUnavailable = errors.New("global: redis unavailable (backing off)")
+
+// Source is a flow.TokenSource on Redis. It is safe for simultaneous use.
+type Source struct {
+	client redis.UniversalClient
+	opts   Options
+	limits sync.Map // limitID -> *limit
+
+	failures  atomic.Int64
+	downUntil atomic.Int64 // clock reading before which calls are refused
+	probing   atomic.Bool
+
+	calls, errs, refused, leased atomic.Int64
+}
+
+// New returns a Source on client. It returns an error naming the field and
+// value when an option is invalid.
+func New(client redis.UniversalClient, opts Options) (*Source, error) {
+	if client == nil {
+		return nil, errors.New("global: client must not be nil")
+	}
+	opts = opts.withDefaults()
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	return &Source{client: client, opts: opts}, nil
+}
+
+// limitID identifies one limit's shape.
+type limitID struct {
+	key      string
+	limit    int64
+	interval time.Duration
+}
+
+// limit is the state of one limit in this instance: its keys and the
+// current lease.
+type limit struct {
+	keys   keys
+	window int64 // µs
+	exact  bool
+	mu     sync.Mutex // one refill in flight per limit
+	lease  atomic.Pointer[lease]
+}
+
+// lease is a batch of tokens counted in one server bucket, to be spent
+// before deadline (the Source's clock).
+type lease struct {
+	left     atomic.Int64
+	deadline int64
+	bucket   time.Time
+}
+
+func (l *lease) take(now, n int64) bool {
+	if l == nil || now >= l.deadline {
+		return false
+	}
+	for {
+		left := l.left.Load()
+		if left < n {
+			return false
+		}
+		if l.left.CompareAndSwap(left, left-n) {
+			return true
+		}
+	}
+}
+
+// perWindow is a rule's threshold as admissions per window.
+func perWindow(req flow.GlobalRequest) int64 {
+	return int64(math.Floor(req.Threshold * req.Interval.Seconds()))
+}
+
+func (s *Source) limitFor(req flow.GlobalRequest) *limit {
+	id := limitID{key: req.Key, limit: perWindow(req), interval: req.Interval}
+	if l, ok := s.limits.Load(id); ok {
+		return l.(*limit)
+	}
+	shape := strconv.FormatInt(id.limit, 10) + "/" + strconv.FormatInt(req.Interval.Milliseconds(), 10) + "ms"
+	exact := id.limit <= s.opts.ExactBelow
+	if !exact {
+		shape += "/" + strconv.Itoa(s.opts.Buckets)
+	}
+	l, _ := s.limits.LoadOrStore(id, &limit{
+		keys:   keysFor(s.opts.Prefix, req.Key, shape),
+		window: req.Interval.Microseconds(),
+		exact:  exact,
+	})
+	return l.(*limit)
+}
+
+// Decision is one answer of the Redis script.
+type Decision struct {
+	Allowed    bool
+	Granted    int64         // tokens counted for the caller (>= the request when allowed)
+	Count      int64         // in the window after the call
+	Remaining  int64         // threshold minus Count
+	RetryAfter time.Duration // when refused: until enough leaves the window (-1: never)
+	ServerTime time.Time
+	// BucketStart and BucketLen place the bucket the tokens were counted in
+	// on the server clock.
+	BucketStart time.Time
+	BucketLen   time.Duration
+}
+
+// Take asks Redis once, with no leasing, for n admissions of the limit of
+// req (maxLease tokens at most, at least n).
+func (s *Source) Take(ctx context.Context, req flow.GlobalRequest, maxLease int64) (Decision, error) {
+	return s.take(ctx, s.limitFor(req), perWindow(req), req.Count, max(maxLease, req.Count))
+}
+
+func (s *Source) take(ctx context.Context, l *limit, threshold, n, maxLease int64) (Decision, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+	defer cancel()
+	s.calls.Inc()
+	ttl := 2*l.window/1000 + 1000
+	var cmd *redis.Cmd
+	if l.exact {
+		cmd = logScript.Run(ctx, s.client, []string{l.keys.log, l.keys.meta}, threshold, l.window, n, ttl)
+	} else {
+		cmd = windowScript.Run(ctx, s.client, []string{l.keys.window}, threshold, l.window, s.opts.Buckets, n, maxLease, ttl)
+	}
+	vals, err := cmd.Int64Slice()
+	if err != nil {
+		return Decision{}, fmt.Errorf("global: %w", err)
+	}
+	if len(vals) != 7 {
+		return Decision{}, fmt.Errorf("global: script returned %d values, want 7", len(vals))
+	}
+	d := Decision{
+		Allowed:     vals[0] > 0,
+		Granted:     vals[0],
+		Count:       vals[1],
+		Remaining:   vals[2],
+		RetryAfter:  time.Duration(vals[3]) * time.Microsecond,
+		ServerTime:  time.UnixMicro(vals[4]),
+		BucketStart: time.UnixMicro(vals[5]),
+		BucketLen:   time.Duration(vals[6]) * time.Microsecond,
+	}
+	if vals[3] < 0 {
+		d.RetryAfter = -1
+	}
+	return d, nil
+}
+
+// Acquire implements flow.TokenSource: it admits req.Count from the current
+// lease if it can, else asks Redis for a new one.
+func (s *Source) Acquire(ctx context.Context, req flow.GlobalRequest) (bool, error) {
+	l := s.limitFor(req)
+	n := req.Count
+	now := s.opts.Clock.Now()
+	if ls := l.lease.Load(); ls.take(now, n) {
+		s.admitted(ls.bucket, n)
+		return true, nil
+	}
+	if until := s.downUntil.Load(); until != 0 && now < until {
+		// Backing off: do not even queue for the refill.
+		s.refused.Inc()
+		return false, ErrUnavailable
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	// Another goroutine may have refilled, or failed, while we waited.
+	sent := s.opts.Clock.Now()
+	if ls := l.lease.Load(); ls.take(sent, n) {
+		s.admitted(ls.bucket, n)
+		return true, nil
+	}
+	if err := s.admit(); err != nil {
+		return false, err
+	}
+	maxLease := n
+	if !l.exact {
+		maxLease = max(n, s.opts.MaxBatch)
+	}
+	d, err := s.take(ctx, l, perWindow(req), n, maxLease)
+	if err != nil {
+		if ctx.Err() != nil {
+			// The caller gave up; that says nothing about Redis.
+			s.probing.Store(false)
+			return false, err
+		}
+		s.fail()
+		return false, err
+	}
+	s.succeed()
+	if !d.Allowed {
+		return false, nil
+	}
+	if extra := d.Granted - n; extra > 0 {
+		// Spend the rest only while its bucket lasts, timed from when we
+		// sent the call: the server read its clock after that.
+		left := d.BucketStart.Add(d.BucketLen).Sub(d.ServerTime)
+		deadline := sent + int64(left) - int64(s.opts.ClockSlack)
+		if deadline > s.opts.Clock.Now() {
+			nl := &lease{deadline: deadline, bucket: d.BucketStart}
+			nl.left.Store(extra)
+			l.lease.Store(nl)
+			s.leased.Add(extra)
+		}
+	}
+	s.admitted(d.BucketStart, n)
+	return true, nil
+}
+
+func (s *Source) admitted(bucket time.Time, n int64) {
+	if s.opts.OnAdmit != nil {
+		s.opts.OnAdmit(bucket, n)
+	}
+}
+
+// admit returns ErrUnavailable while backing off; once the backoff ends it
+// lets one caller through to probe.
+func (s *Source) admit() error {
+	until := s.downUntil.Load()
+	if until == 0 {
+		return nil
+	}
+	if s.opts.Clock.Now() < until || !s.probing.CompareAndSwap(false, true) {
+		s.refused.Inc()
+		return ErrUnavailable
+	}
+	return nil
+}
+
+func (s *Source) fail() {
+	s.errs.Inc()
+	f := s.failures.Inc()
+	backoff := s.opts.Backoff << min(f-1, 30)
+	if backoff > s.opts.MaxBackoff || backoff <= 0 {
+		backoff = s.opts.MaxBackoff
+	}
+	s.downUntil.Store(s.opts.Clock.Now() + int64(backoff))
+	s.probing.Store(false)
+}
+
+func (s *Source) succeed() {
+	if s.downUntil.Load() != 0 || s.failures.Load() != 0 {
+		s.failures.Store(0)
+		s.downUntil.Store(0)
+	}
+	s.probing.Store(false)
+}
+
+// Stats counts what a Source has done.
+type Stats struct {
+	Calls   int64 // round trips to Redis
+	Errors  int64 // calls that failed (timeouts included)
+	Refused int64 // requests answered ErrUnavailable while backing off
+	Leased  int64 // tokens leased beyond the requests that asked
+}
+
+// Stats returns the counts so far.
+func (s *Source) Stats() Stats {
+	return Stats{Calls: s.calls.Load(), Errors: s.errs.Load(), Refused: s.refused.Load(), Leased: s.leased.Load()}
+}
+
+var _ flow.TokenSource = (*Source)(nil)
