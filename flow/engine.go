@@ -205,6 +205,7 @@ type relatedRule struct {
 
 type globalRule struct {
 	req        GlobalRequest
+	bound      BoundSource // set when the source is a Binder
 	fallback   Fallback
 	local      *metric.Window
 	localLimit int64
@@ -295,8 +296,14 @@ func (e *Engine) compile(next, old *ruleSet, r *Rule, i int) error {
 			return w
 		})
 		next.locals[*r] = local
+		req := GlobalRequest{Key: r.name(), Resource: r.Resource, Threshold: r.Threshold, Interval: r.StatInterval}
+		var bound BoundSource
+		if b, ok := e.source.(Binder); ok {
+			bound = b.Bind(req)
+		}
 		rr.globals = append(rr.globals, globalRule{
-			req:        GlobalRequest{Key: r.name(), Resource: r.Resource, Threshold: r.Threshold, Interval: r.StatInterval},
+			req:        req,
+			bound:      bound,
 			fallback:   r.Fallback,
 			local:      local,
 			localLimit: perWindow(r.Threshold*r.LocalShare, r.StatInterval),

@@ -323,9 +323,15 @@ func (e *Engine) global(node *stat.Node, g *globalRule, h *held, i, p int, now, 
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	req := g.req
-	req.Count = n
-	ok, err := e.source.Acquire(ctx, req)
+	var ok bool
+	var err error
+	if g.bound != nil {
+		ok, err = g.bound.Acquire(ctx, n)
+	} else {
+		req := g.req
+		req.Count = n
+		ok, err = e.source.Acquire(ctx, req)
+	}
 	if err == nil {
 		if ok {
 			return nil

@@ -24,3 +24,14 @@ type GlobalRequest struct {
 	Interval  time.Duration
 	Count     int64
 }
+
+// Binder is implemented by token sources that can resolve a rule's limit
+// once, when rules are loaded, instead of on every request.
+type Binder interface {
+	Bind(req GlobalRequest) BoundSource
+}
+
+// BoundSource is a TokenSource bound to one rule's limit.
+type BoundSource interface {
+	Acquire(ctx context.Context, n int64) (bool, error)
+}

@@ -249,7 +249,9 @@ func TestSkewedInstancesAgree(t *testing.T) {
 }
 
 // stattestClock is a fixed local clock far from the others.
-func stattestClock(skew time.Duration) stat.Clock { return offsetClock{int64(skew) + int64(24*time.Hour)} }
+func stattestClock(skew time.Duration) stat.Clock {
+	return offsetClock{int64(skew) + int64(24*time.Hour)}
+}
 
 func TestScriptFlushReloads(t *testing.T) {
 	srv := redistest.Start(t)
@@ -348,7 +350,7 @@ func TestFaultsFallBackAndRecover(t *testing.T) {
 	srv.Stop()
 	time.Sleep(300 * time.Millisecond)
 	downAnswers := answered.Load()
-	srv.Restart()
+	require.NoError(t, srv.Restart())
 	time.Sleep(400 * time.Millisecond) // backoff ends; the probe finds it
 	// Stall the server: DEBUG SLEEP blocks it for 600ms.
 	go func() {

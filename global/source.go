@@ -20,8 +20,9 @@ import (
 type Options struct {
 	// Buckets is the number of buckets per window (default 10).
 	Buckets int
-	// MaxBatch is the most tokens one call leases (default 100; 1 turns
-	// leasing off: one round trip per request).
+	// MaxBatch is the most tokens one call leases (default 100,000; 1
+	// turns leasing off: one round trip per request). Leases start at 100
+	// and double while an instance spends a whole lease within one bucket.
 	MaxBatch int64
 	// Timeout bounds each Redis call (default 50 ms).
 	Timeout time.Duration
@@ -50,7 +51,7 @@ func (o Options) withDefaults() Options {
 		o.Buckets = 10
 	}
 	if o.MaxBatch == 0 {
-		o.MaxBatch = 100
+		o.MaxBatch = 100_000
 	}
 	if o.Timeout == 0 {
 		o.Timeout = 50 * time.Millisecond
@@ -133,9 +134,17 @@ type limit struct {
 	keys   keys
 	window int64 // µs
 	exact  bool
-	mu     sync.Mutex // one refill in flight per limit
+	mu     sync.Mutex // one synchronous refill at a time per limit
 	lease  atomic.Pointer[lease]
+	// prefetching is set while a background refill runs; batch is the
+	// lease size asked for next.
+	prefetching atomic.Bool
+	batch       atomic.Int64
 }
+
+// initialBatch is the first lease size of a limit: at most one call per
+// 100 admissions from the start.
+const initialBatch = 100
 
 // lease is a batch of tokens counted in one server bucket, to be spent
 // before deadline (the Source's clock).
@@ -175,11 +184,13 @@ func (s *Source) limitFor(req flow.GlobalRequest) *limit {
 	if !exact {
 		shape += "/" + strconv.Itoa(s.opts.Buckets)
 	}
-	l, _ := s.limits.LoadOrStore(id, &limit{
+	nl := &limit{
 		keys:   keysFor(s.opts.Prefix, req.Key, shape),
 		window: req.Interval.Microseconds(),
 		exact:  exact,
-	})
+	}
+	nl.batch.Store(min(initialBatch, s.opts.MaxBatch))
+	l, _ := s.limits.LoadOrStore(id, nl)
 	return l.(*limit)
 }
 
@@ -238,13 +249,36 @@ func (s *Source) take(ctx context.Context, l *limit, threshold, n, maxLease int6
 }
 
 // Acquire implements flow.TokenSource: it admits req.Count from the current
-// lease if it can, else asks Redis for a new one.
+// lease if it can, else asks Redis. When a lease runs low, one goroutine
+// fetches the next in the background, so a busy instance rarely waits for
+// Redis at all.
 func (s *Source) Acquire(ctx context.Context, req flow.GlobalRequest) (bool, error) {
-	l := s.limitFor(req)
-	n := req.Count
+	return s.acquire(ctx, s.limitFor(req), req, req.Count)
+}
+
+// Bind implements flow.Binder: the limit of req is resolved once, when the
+// rules are loaded.
+func (s *Source) Bind(req flow.GlobalRequest) flow.BoundSource {
+	return &bound{s: s, l: s.limitFor(req), req: req}
+}
+
+type bound struct {
+	s   *Source
+	l   *limit
+	req flow.GlobalRequest
+}
+
+func (b *bound) Acquire(ctx context.Context, n int64) (bool, error) {
+	return b.s.acquire(ctx, b.l, b.req, n)
+}
+
+func (s *Source) acquire(ctx context.Context, l *limit, req flow.GlobalRequest, n int64) (bool, error) {
 	now := s.opts.Clock.Now()
 	if ls := l.lease.Load(); ls.take(now, n) {
 		s.admitted(ls.bucket, n)
+		if !l.exact && ls.left.Load() < l.batch.Load()/4 && l.prefetching.CompareAndSwap(false, true) {
+			go s.prefetch(l, req)
+		}
 		return true, nil
 	}
 	if until := s.downUntil.Load(); until != 0 && now < until {
@@ -265,7 +299,7 @@ func (s *Source) Acquire(ctx context.Context, req flow.GlobalRequest) (bool, err
 	}
 	maxLease := n
 	if !l.exact {
-		maxLease = max(n, s.opts.MaxBatch)
+		maxLease = max(n, l.batch.Load())
 	}
 	d, err := s.take(ctx, l, perWindow(req), n, maxLease)
 	if err != nil {
@@ -281,20 +315,57 @@ func (s *Source) Acquire(ctx context.Context, req flow.GlobalRequest) (bool, err
 	if !d.Allowed {
 		return false, nil
 	}
-	if extra := d.Granted - n; extra > 0 {
-		// Spend the rest only while its bucket lasts, timed from when we
-		// sent the call: the server read its clock after that.
-		left := d.BucketStart.Add(d.BucketLen).Sub(d.ServerTime)
-		deadline := sent + int64(left) - int64(s.opts.ClockSlack)
-		if deadline > s.opts.Clock.Now() {
-			nl := &lease{deadline: deadline, bucket: d.BucketStart}
-			nl.left.Store(extra)
-			l.lease.Store(nl)
-			s.leased.Add(extra)
-		}
-	}
+	s.install(l, d, d.Granted-n, sent)
 	s.admitted(d.BucketStart, n)
 	return true, nil
+}
+
+// prefetch leases the next batch before the current one runs out.
+func (s *Source) prefetch(l *limit, req flow.GlobalRequest) {
+	defer l.prefetching.Store(false)
+	if s.admit() != nil {
+		return
+	}
+	sent := s.opts.Clock.Now()
+	d, err := s.take(context.Background(), l, perWindow(req), 1, l.batch.Load())
+	if err != nil {
+		s.fail()
+		return
+	}
+	s.succeed()
+	if d.Allowed {
+		s.install(l, d, d.Granted, sent)
+	}
+}
+
+// install makes extra tokens of decision d spendable until their server
+// bucket ends, timed from when the call was sent (the server read its clock
+// after that). Tokens of the bucket the current lease is in join it. The
+// batch doubles when a whole lease was spent within one bucket and halves
+// when a bucket ended with most of one unspent.
+func (s *Source) install(l *limit, d Decision, extra, sent int64) {
+	if extra <= 0 {
+		return
+	}
+	deadline := sent + int64(d.BucketStart.Add(d.BucketLen).Sub(d.ServerTime)) - int64(s.opts.ClockSlack)
+	if deadline <= s.opts.Clock.Now() {
+		return
+	}
+	s.leased.Add(extra)
+	old := l.lease.Load()
+	batch := l.batch.Load()
+	switch {
+	case old != nil && old.bucket.Equal(d.BucketStart):
+		// Another lease within the same bucket: the last was nearly spent.
+		old.left.Add(extra)
+		l.batch.Store(min(batch*2, s.opts.MaxBatch))
+		return
+	case old != nil && old.left.Load() > batch/2:
+		l.batch.Store(max(batch/2, min(initialBatch, s.opts.MaxBatch)))
+	}
+	nl := &lease{deadline: deadline, bucket: d.BucketStart}
+	nl.left.Store(extra)
+	l.lease.Store(nl)
 }
 
 func (s *Source) admitted(bucket time.Time, n int64) {
@@ -349,4 +420,7 @@ func (s *Source) Stats() Stats {
 	return Stats{Calls: s.calls.Load(), Errors: s.errs.Load(), Refused: s.refused.Load(), Leased: s.leased.Load()}
 }
 
-var _ flow.TokenSource = (*Source)(nil)
+var (
+	_ flow.TokenSource = (*Source)(nil)
+	_ flow.Binder      = (*Source)(nil)
+)

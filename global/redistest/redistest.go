@@ -6,6 +6,7 @@ package redistest
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -20,62 +21,84 @@ import (
 
 // Server is one redis-server process.
 type Server struct {
-	t    testing.TB
-	Port int
-	dir  string
-	args []string
-	cmd  *exec.Cmd
+	t      testing.TB // nil outside tests
+	Port   int
+	dir    string
+	ownDir bool
+	args   []string
+	cmd    *exec.Cmd
 }
 
 // Addr returns host:port.
 func (s *Server) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.Port) }
 
-func freePort(t testing.TB) int {
-	t.Helper()
+func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatalf("redistest: no free port: %v", err)
+		return 0, fmt.Errorf("redistest: no free port: %w", err)
 	}
 	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-func binary(t testing.TB, name string) string {
-	t.Helper()
-	path, err := exec.LookPath(name)
-	if err != nil {
-		t.Fatalf("redistest: %s not found on PATH: install it (make test does, from Debian's packages)", name)
-	}
-	return path
+	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // Start starts a redis-server with persistence off and stops it when the
 // test ends. extra are more config arguments ("--cluster-enabled", "yes").
 func Start(t testing.TB, extra ...string) *Server {
 	t.Helper()
-	s := &Server{t: t, Port: freePort(t), dir: t.TempDir()}
+	s, err := launch(t.TempDir(), extra)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.t = t
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// Launch starts a redis-server outside a test (the bench uses it); the
+// caller must Stop it.
+func Launch(extra ...string) (*Server, error) {
+	dir, err := os.MkdirTemp("", "leapflow-redis-")
+	if err != nil {
+		return nil, err
+	}
+	s, err := launch(dir, extra)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	s.ownDir = true
+	return s, nil
+}
+
+func launch(dir string, extra []string) (*Server, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{Port: port, dir: dir}
 	s.args = append([]string{
 		"--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", s.dir,
 		"--daemonize", "no", "--protected-mode", "no", "--loglevel", "warning",
 		"--enable-debug-command", "local",
 	}, extra...)
-	s.start()
-	t.Cleanup(s.Stop)
-	return s
+	return s, s.start()
 }
 
-func (s *Server) start() {
-	s.t.Helper()
-	s.cmd = exec.Command(binary(s.t, "redis-server"), s.args...)
+func (s *Server) start() error {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return fmt.Errorf("redistest: redis-server not found on PATH: install it (make test does, from Debian's packages)")
+	}
+	s.cmd = exec.Command(bin, s.args...)
 	logf, err := os.OpenFile(filepath.Join(s.dir, "redis.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
-		s.t.Fatalf("redistest: %v", err)
+		return fmt.Errorf("redistest: %w", err)
 	}
 	defer logf.Close()
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf
 	if err := s.cmd.Start(); err != nil {
-		s.t.Fatalf("redistest: start redis-server: %v", err)
+		return fmt.Errorf("redistest: start redis-server: %w", err)
 	}
 	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
 	defer c.Close()
@@ -85,11 +108,11 @@ func (s *Server) start() {
 		err := c.Ping(ctx).Err()
 		cancel()
 		if err == nil {
-			return
+			return nil
 		}
 		if time.Now().After(deadline) {
 			s.Stop()
-			s.t.Fatalf("redistest: redis-server on %s did not answer PING: %v", s.Addr(), err)
+			return fmt.Errorf("redistest: redis-server on %s did not answer PING: %w", s.Addr(), err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -97,29 +120,37 @@ func (s *Server) start() {
 
 // Stop kills the server (as a crash would) and waits for it to exit.
 func (s *Server) Stop() {
-	if s.cmd == nil || s.cmd.Process == nil {
-		return
+	if s.cmd != nil && s.cmd.Process != nil {
+		_ = s.cmd.Process.Kill()
+		_ = s.cmd.Wait()
+		s.cmd = nil
 	}
-	_ = s.cmd.Process.Kill()
-	_ = s.cmd.Wait()
-	s.cmd = nil
+	if s.ownDir {
+		os.RemoveAll(s.dir)
+		s.ownDir = false
+	}
 }
 
 // Restart starts the server again on the same port, empty.
-func (s *Server) Restart() {
-	s.t.Helper()
-	s.Stop()
-	s.start()
+func (s *Server) Restart() error {
+	if s.cmd != nil && s.cmd.Process != nil {
+		_ = s.cmd.Process.Kill()
+		_ = s.cmd.Wait()
+		s.cmd = nil
+	}
+	return s.start()
 }
 
 // Client returns a client of the server that honours context deadlines,
-// closed when the test ends.
+// closed when the test ends (outside a test, the caller closes it).
 func (s *Server) Client() *redis.Client {
 	c := redis.NewClient(&redis.Options{
 		Addr: s.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1,
 		DialTimeout: 200 * time.Millisecond, ReadTimeout: time.Second, WriteTimeout: time.Second,
 	})
-	s.t.Cleanup(func() { c.Close() })
+	if s.t != nil {
+		s.t.Cleanup(func() { c.Close() })
+	}
 	return c
 }
 
@@ -141,7 +172,11 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	}
 	args := append([]string{"--cluster", "create"}, addrs...)
 	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
-	out, err := exec.Command(binary(t, "redis-cli"), args...).CombinedOutput()
+	cli, err := exec.LookPath("redis-cli")
+	if err != nil {
+		t.Fatal("redistest: redis-cli not found on PATH: install it (make test does, from Debian's packages)")
+	}
+	out, err := exec.Command(cli, args...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("redistest: redis-cli --cluster create: %v\n%s", err, out)
 	}
