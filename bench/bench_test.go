@@ -32,7 +32,8 @@ func TestQuickRun(t *testing.T) {
 	}
 	md, err := os.ReadFile(filepath.Join(out, "report.md"))
 	require.NoError(t, err)
-	for _, want := range []string{"# leapflow bench report", "## Throughput", "### one hot resource", "### 1000 resources", "## Accuracy", "## Memory", "![accuracy](accuracy.svg)"} {
+	for _, want := range []string{"# leapflow bench report", "## Throughput", "### one hot resource", "### 1000 resources", "## Accuracy", "## Memory", "![accuracy](accuracy.svg)",
+		"## Global limit on Redis", "| global, leasing |", "the fullest server window held"} {
 		assert.Contains(t, string(md), want)
 	}
 	for _, im := range impls {

@@ -132,11 +132,14 @@ type report struct {
 	throughput []result
 	accuracy   []accuracy
 	memory     []memResult
+	global     []globalResult
+	globalAcc  *globalAccuracy
+	globalNote string
 }
 
 func run(cfg config, stdout, stderr io.Writer) error {
 	rep := &report{cfg: cfg, started: time.Now()}
-	steps := len(impls)*len(cfg.goroutines)*len(cfg.resources) + 3*len(accLimiters) + len(memCases)
+	steps := len(impls)*len(cfg.goroutines)*len(cfg.resources) + 3*len(accLimiters) + len(memCases) + 3*len(cfg.goroutines) + 1
 	var bar *progressbar.ProgressBar
 	tick := func(desc string) {}
 	if cfg.progress {
@@ -171,6 +174,7 @@ func run(cfg config, stdout, stderr io.Writer) error {
 		tick("memory " + c.name)
 		rep.memory = append(rep.memory, measureMemory(c, cfg.memN))
 	}
+	rep.global, rep.globalAcc, rep.globalNote = globalSection(cfg, tick)
 	if bar != nil {
 		_ = bar.Finish()
 	}

@@ -91,6 +91,21 @@ func (r *report) printTables(w io.Writer) {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%d\t%d\t%d\t\n", a.limiter, a.scenario, a.total, own, a.maxHalf, a.maxShort, a.maxFull, a.over())
 	}
 	tw.Flush()
+	fmt.Fprintf(w, "\nGlobal limit on Redis (one hot rule; ns/op for the whole machine, Redis round trips per decision)\n")
+	if r.globalNote != "" {
+		fmt.Fprintln(w, r.globalNote)
+	} else {
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprint(tw, "impl\tg\tns/op\tcalls/decision\t\n")
+		for _, x := range r.global {
+			fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.5f\t\n", x.impl, x.goroutines, x.nsPerOp, x.callsPerOp)
+		}
+		tw.Flush()
+		if a := r.globalAcc; a != nil {
+			fmt.Fprintf(w, "%d instances, threshold %d/s: admitted %d, fullest server window %d, %d round trips\n",
+				a.instances, a.threshold, a.admitted, a.fullest, a.calls)
+		}
+	}
 	fmt.Fprintf(w, "\nMemory: bytes per limiter, over %d of them\n", r.cfg.memN)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	for _, m := range r.memory {
@@ -207,6 +222,22 @@ func (r *report) markdown(w io.Writer) {
 			own = fmt.Sprint(a.maxOwn)
 		}
 		fmt.Fprintf(w, "| %s | %s | %d | %s | %d | %d | %d | %d |\n", a.limiter, a.scenario, a.total, own, a.maxHalf, a.maxShort, a.maxFull, a.over())
+	}
+	fmt.Fprintf(w, "\n## Global limit on Redis\n\n")
+	if r.globalNote != "" {
+		fmt.Fprintf(w, "%s\n", r.globalNote)
+	} else {
+		fmt.Fprintf(w, "One hot rule through a flow.Resource, well below its limit, against a local redis-server the bench starts: "+
+			"the same rule kept local, global with leasing (default options), and global with one round trip per request. "+
+			"ns/op is for the whole machine; calls/decision is Redis round trips per Entry.\n\n| impl | goroutines | ns/op | calls/decision |\n|---|---:|---:|---:|\n")
+		for _, x := range r.global {
+			fmt.Fprintf(w, "| %s | %d | %.1f | %.5f |\n", x.impl, x.goroutines, x.nsPerOp, x.callsPerOp)
+		}
+		if a := r.globalAcc; a != nil {
+			fmt.Fprintf(w, "\n%d instances (engines with their own clients), %d goroutines in all, one global rule of %d/s for %v: "+
+				"admitted %d; the fullest server window held %d (threshold %d); %d round trips.\n",
+				a.instances, c.accG, a.threshold, c.accDuration, a.admitted, a.fullest, a.threshold, a.calls)
+		}
 	}
 	fmt.Fprintf(w, "\n## Memory\n\nHeap bytes per limiter, measured with runtime.MemStats over %d of them.\n\n| limiter | bytes | what |\n|---|---:|---|\n", c.memN)
 	for _, m := range r.memory {

@@ -228,8 +228,10 @@ func TestSkewedInstancesAgree(t *testing.T) {
 	const threshold = 50
 	var total atomic.Int64
 	var wg sync.WaitGroup
-	for i, skew := range []time.Duration{-time.Hour, 0, 3 * time.Hour} {
-		src := newSource(t, srv.Client(), Options{MaxBatch: 1 + int64(i)*10, Clock: offsetClock{int64(skew)}})
+	for _, skew := range []time.Duration{-time.Hour, 0, 3 * time.Hour} {
+		// No leasing: every admission is a server decision, so the total is
+		// exact (leased tokens left unused would only lower it).
+		src := newSource(t, srv.Client(), Options{MaxBatch: 1, Clock: offsetClock{int64(skew)}})
 		clock := stattestClock(skew)
 		eng, err := flow.New(flow.WithTokenSource(src), flow.WithClock(clock))
 		require.NoError(t, err)
@@ -311,7 +313,7 @@ func TestFaultsFallBackAndRecover(t *testing.T) {
 	src := newSource(t, client, Options{Timeout: 50 * time.Millisecond, Backoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, MaxBatch: 1})
 	eng, err := flow.New(flow.WithTokenSource(src))
 	require.NoError(t, err)
-	require.NoError(t, eng.LoadRules([]flow.Rule{{ID: "faults", Resource: "api", Threshold: 100, StatInterval: 5 * time.Second, Global: true, LocalShare: 0.5}}))
+	require.NoError(t, eng.LoadRules([]flow.Rule{{ID: "faults", Resource: "api", Threshold: 1000, Global: true, LocalShare: 0.5}}))
 
 	var slowest atomic.Int64
 	var globalBlocks, answered atomic.Int64
@@ -392,7 +394,8 @@ func TestCluster(t *testing.T) {
 	}
 	assert.Len(t, slots, 1, "every key of a limit in one slot")
 	for _, exact := range []int64{0, 100} {
-		s := newSource(t, c, Options{MaxBatch: 1, ExactBelow: exact})
+		// A cluster client loads the slot map on its first call: allow it.
+		s := newSource(t, c, Options{MaxBatch: 1, ExactBelow: exact, Timeout: 2 * time.Second})
 		n := 0
 		for range 20 {
 			ok, err := s.Acquire(ctx, req(fmt.Sprintf("cl{uster}-%d", exact), 7, time.Second, 1))
@@ -403,4 +406,30 @@ func TestCluster(t *testing.T) {
 		}
 		assert.Equal(t, 7, n, "exact=%d", exact)
 	}
+}
+
+func TestRefusalIsRememberedUntilRetryAfter(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newSource(t, srv.Client(), Options{MaxBatch: 1})
+	ctx := context.Background()
+	r := req("closed", 2, time.Second, 1)
+	for range 2 {
+		ok, err := s.Acquire(ctx, r)
+		require.NoError(t, err)
+		require.True(t, ok)
+	}
+	ok, err := s.Acquire(ctx, r)
+	require.NoError(t, err)
+	require.False(t, ok)
+	calls := s.Stats().Calls
+	for range 50 {
+		ok, err := s.Acquire(ctx, r)
+		require.NoError(t, err)
+		require.False(t, ok)
+	}
+	assert.Equal(t, calls, s.Stats().Calls, "a full window is not asked again before its retry-after")
+	require.Eventually(t, func() bool {
+		ok, err := s.Acquire(ctx, r)
+		return err == nil && ok
+	}, 2*time.Second, 10*time.Millisecond, "admits again once the window slides")
 }

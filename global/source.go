@@ -140,6 +140,10 @@ type limit struct {
 	// lease size asked for next.
 	prefetching atomic.Bool
 	batch       atomic.Int64
+	// closedUntil is when the window, full at the last refusal, first has
+	// room again (the Source's clock); requests before then are refused
+	// without a round trip.
+	closedUntil atomic.Int64
 }
 
 // initialBatch is the first lease size of a limit: at most one call per
@@ -281,6 +285,10 @@ func (s *Source) acquire(ctx context.Context, l *limit, req flow.GlobalRequest, 
 		}
 		return true, nil
 	}
+	if now < l.closedUntil.Load() {
+		// Redis said the window is full until then: no need to ask again.
+		return false, nil
+	}
 	if until := s.downUntil.Load(); until != 0 && now < until {
 		// Backing off: do not even queue for the refill.
 		s.refused.Inc()
@@ -313,6 +321,11 @@ func (s *Source) acquire(ctx context.Context, l *limit, req flow.GlobalRequest, 
 	}
 	s.succeed()
 	if !d.Allowed {
+		if d.RetryAfter > 0 {
+			// Nothing leaves the window before then (server time, read
+			// after we sent): refuse locally until sent + RetryAfter.
+			l.closedUntil.Store(sent + int64(d.RetryAfter))
+		}
 		return false, nil
 	}
 	s.install(l, d, d.Granted-n, sent)

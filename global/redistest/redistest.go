@@ -180,17 +180,23 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	if err != nil {
 		t.Fatalf("redistest: redis-cli --cluster create: %v\n%s", err, out)
 	}
-	client := c.Client(t)
+	// Every node must see the cluster as ok, or the first calls fail with
+	// CLUSTERDOWN.
 	deadline := time.Now().Add(15 * time.Second)
-	for {
-		info, err := client.ClusterInfo(context.Background()).Result()
-		if err == nil && strings.Contains(info, "cluster_state:ok") {
-			break
+	for _, s := range c.Servers {
+		node := redis.NewClient(&redis.Options{Addr: s.Addr()})
+		for {
+			info, err := node.ClusterInfo(context.Background()).Result()
+			if err == nil && strings.Contains(info, "cluster_state:ok") {
+				break
+			}
+			if time.Now().After(deadline) {
+				node.Close()
+				t.Fatalf("redistest: cluster not ok on %s: %v %s", s.Addr(), err, info)
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("redistest: cluster not ok: %v %s", err, info)
-		}
-		time.Sleep(50 * time.Millisecond)
+		node.Close()
 	}
 	return c
 }
