@@ -16,8 +16,9 @@ import (
 
 // accLimiter is one contender of the accuracy runs. Its allow is called
 // with the time the caller read (for limiters that take time as an
-// argument) and returns whether it admitted and the instant, on the
-// limiter's own clock, to record the admission at.
+// argument; the others read the clock themselves, the seeds' baselines
+// under their lock) and returns whether it admitted and the instant, on
+// the limiter's own clock, to record the admission at.
 type accLimiter struct {
 	name string
 	// ownWindows, if set, is the limiter's own window length and bucket
@@ -72,23 +73,23 @@ var accLimiters = []accLimiter{
 	},
 	{
 		name: "fixed-window", ownWindow: time.Second, ownBuckets: 1,
-		make: func(t int64, w time.Duration, _ func() int64, _ func(time.Duration)) func(int64) (bool, int64) {
-			l := baseline.NewFixedWindow(t, w, nil)
-			return func(now int64) (bool, int64) { return l.AllowAt(now), now }
+		make: func(t int64, w time.Duration, clock func() int64, _ func(time.Duration)) func(int64) (bool, int64) {
+			l := baseline.NewFixedWindow(t, w, clock)
+			return func(int64) (bool, int64) { return l.AllowTimed() }
 		},
 	},
 	{
 		name: "sliding-window", ownWindow: time.Second, ownBuckets: 10,
-		make: func(t int64, w time.Duration, _ func() int64, _ func(time.Duration)) func(int64) (bool, int64) {
-			l := baseline.NewSlidingWindow(t, w, 10, nil)
-			return func(now int64) (bool, int64) { return l.AllowAt(now), now }
+		make: func(t int64, w time.Duration, clock func() int64, _ func(time.Duration)) func(int64) (bool, int64) {
+			l := baseline.NewSlidingWindow(t, w, 10, clock)
+			return func(int64) (bool, int64) { return l.AllowTimed() }
 		},
 	},
 	{
 		name: "sliding-log",
-		make: func(t int64, w time.Duration, _ func() int64, _ func(time.Duration)) func(int64) (bool, int64) {
-			l := baseline.NewSlidingLog(int(t), w, nil)
-			return func(now int64) (bool, int64) { return l.AllowAt(now), now }
+		make: func(t int64, w time.Duration, clock func() int64, _ func(time.Duration)) func(int64) (bool, int64) {
+			l := baseline.NewSlidingLog(int(t), w, clock)
+			return func(int64) (bool, int64) { return l.AllowTimed() }
 		},
 	},
 	{

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"os/exec"
-	"sort"
 	"sync"
 	"time"
 
@@ -94,8 +93,7 @@ func globalSection(cfg config, tick func(string)) ([]globalResult, *globalAccura
 func globalHammer(srv *redistest.Server, cfg config) *globalAccuracy {
 	const instances = 4
 	acc := &globalAccuracy{instances: instances, threshold: cfg.threshold}
-	var mu sync.Mutex
-	perBucket := map[int64]int64{}
+	audit := global.NewAudit()
 	var admitted atomic.Int64
 	var sources []*global.Source
 	key := fmt.Sprintf("accuracy-%d", time.Now().UnixNano())
@@ -104,11 +102,7 @@ func globalHammer(srv *redistest.Server, cfg config) *globalAccuracy {
 	for range instances {
 		client := srv.Client()
 		defer client.Close()
-		src, err := global.New(client, global.Options{OnAdmit: func(b time.Time, n int64) {
-			mu.Lock()
-			perBucket[b.UnixMicro()] += n
-			mu.Unlock()
-		}})
+		src, err := global.New(client, global.Options{OnAdmit: audit.Record})
 		if err != nil {
 			panic(err)
 		}
@@ -135,20 +129,7 @@ func globalHammer(srv *redistest.Server, cfg config) *globalAccuracy {
 	}
 	wg.Wait()
 	acc.admitted = admitted.Load()
-	starts := make([]int64, 0, len(perBucket))
-	for s := range perBucket {
-		starts = append(starts, s)
-	}
-	sort.Slice(starts, func(i, j int) bool { return starts[i] < starts[j] })
-	for _, end := range starts {
-		var sum int64
-		for _, s := range starts {
-			if s <= end && end-s < time.Second.Microseconds() {
-				sum += perBucket[s]
-			}
-		}
-		acc.fullest = max(acc.fullest, sum)
-	}
+	acc.fullest = audit.Fullest(time.Second)
 	for _, s := range sources {
 		acc.calls += s.Stats().Calls
 	}

@@ -87,13 +87,7 @@ func TestConcurrencyNeverExceedsAndEveryExitReleases(t *testing.T) {
 							continue
 						}
 						admitted.Inc()
-						cur := inside.Inc()
-						for {
-							w := worst.Load()
-							if cur <= w || worst.CompareAndSwap(w, cur) {
-								break
-							}
-						}
+						raiseTo(&worst, inside.Inc())
 						inside.Dec()
 						// Every way out: success, failure, twice.
 						switch (i + k) % 3 {
@@ -157,13 +151,7 @@ func TestReloadUnderLoad(t *testing.T) {
 					continue
 				}
 				admitted.Inc()
-				cur := inside.Inc()
-				for {
-					w := worst.Load()
-					if cur <= w || worst.CompareAndSwap(w, cur) {
-						break
-					}
-				}
+				raiseTo(&worst, inside.Inc())
 				inside.Dec()
 				en.Exit(nil)
 			}
@@ -213,5 +201,15 @@ func TestHotPathsAllocateNothing(t *testing.T) {
 	} {
 		fn()
 		assert.Zero(t, testing.AllocsPerRun(1000, fn), name)
+	}
+}
+
+// raiseTo raises m to v if v is larger.
+func raiseTo(m *atomic.Int64, v int64) {
+	for {
+		cur := m.Load()
+		if v <= cur || m.CompareAndSwap(cur, v) {
+			return
+		}
 	}
 }

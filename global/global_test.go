@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
-	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -133,18 +132,12 @@ func TestManyEnginesHoldTheGlobalLimit(t *testing.T) {
 		t.Run(fmt.Sprintf("maxbatch=%d", batch), func(t *testing.T) {
 			const threshold, engines, perEngine = 300, 4, 8
 			key := fmt.Sprintf("hammer-%d", batch)
-			var mu sync.Mutex
-			perBucket := map[int64]int64{}
+			audit := NewAudit()
 			var admitted atomic.Int64
-			var bucketLen time.Duration = 100 * time.Millisecond
 			var wg sync.WaitGroup
 			deadline := time.Now().Add(2500 * time.Millisecond)
 			for range engines {
-				src := newSource(t, srv.Client(), Options{Buckets: 10, MaxBatch: batch, OnAdmit: func(b time.Time, n int64) {
-					mu.Lock()
-					perBucket[b.UnixMicro()] += n
-					mu.Unlock()
-				}})
+				src := newSource(t, srv.Client(), Options{Buckets: 10, MaxBatch: batch, OnAdmit: audit.Record})
 				eng, err := flow.New(flow.WithTokenSource(src))
 				require.NoError(t, err)
 				require.NoError(t, eng.LoadRules([]flow.Rule{{ID: key, Resource: "api", Threshold: threshold, Global: true, Fallback: flow.FallbackClosed}}))
@@ -162,28 +155,12 @@ func TestManyEnginesHoldTheGlobalLimit(t *testing.T) {
 				}
 			}
 			wg.Wait()
-			var total int64
-			starts := make([]int64, 0, len(perBucket))
-			for s, n := range perBucket {
-				starts = append(starts, s)
-				total += n
-			}
+			total := audit.Total()
 			assert.Equal(t, admitted.Load(), total, "every admission was counted in a server bucket")
-			sort.Slice(starts, func(i, j int) bool { return starts[i] < starts[j] })
-			worst := int64(0)
-			for _, end := range starts {
-				var sum int64
-				for _, s := range starts {
-					if s <= end && end-s < time.Second.Microseconds() {
-						sum += perBucket[s]
-					}
-				}
-				worst = max(worst, sum)
-			}
+			worst := audit.Fullest(time.Second)
 			t.Logf("maxbatch=%d: admitted %d in 2.5s, fullest server window %d", batch, total, worst)
 			assert.LessOrEqual(t, worst, int64(threshold))
 			assert.GreaterOrEqual(t, worst, int64(threshold)*8/10, "the limit is reached, not starved")
-			_ = bucketLen
 		})
 	}
 }
@@ -432,4 +409,18 @@ func TestRefusalIsRememberedUntilRetryAfter(t *testing.T) {
 		ok, err := s.Acquire(ctx, r)
 		return err == nil && ok
 	}, 2*time.Second, 10*time.Millisecond, "admits again once the window slides")
+}
+
+func TestAuditFullest(t *testing.T) {
+	a := NewAudit()
+	base := time.UnixMicro(1_000_000_000)
+	for i, n := range []int64{3, 1, 4, 1, 5} { // buckets of 100ms
+		a.Record(base.Add(time.Duration(i)*100*time.Millisecond), n)
+	}
+	a.Record(base.Add(time.Second), 9)
+	assert.Equal(t, int64(23), a.Total())
+	assert.Equal(t, int64(20), a.Fullest(time.Second), "the 1s window ending at the last bucket drops the first: 1+4+1+5+9")
+	assert.Equal(t, int64(9), a.Fullest(100*time.Millisecond))
+	assert.Equal(t, int64(9), a.Fullest(200*time.Millisecond), "no pair beats the last bucket alone")
+	assert.Equal(t, int64(14), a.Fullest(500*time.Millisecond), "3+1+4+1+5")
 }

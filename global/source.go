@@ -280,7 +280,7 @@ func (s *Source) acquire(ctx context.Context, l *limit, req flow.GlobalRequest, 
 	now := s.opts.Clock.Now()
 	if ls := l.lease.Load(); ls.take(now, n) {
 		s.admitted(ls.bucket, n)
-		if !l.exact && ls.left.Load() < l.batch.Load()/4 && l.prefetching.CompareAndSwap(false, true) {
+		if ls.left.Load() < l.batch.Load()/4 && l.prefetching.CompareAndSwap(false, true) {
 			go s.prefetch(l, req)
 		}
 		return true, nil
@@ -294,8 +294,12 @@ func (s *Source) acquire(ctx context.Context, l *limit, req flow.GlobalRequest, 
 		s.refused.Inc()
 		return false, ErrUnavailable
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	leasing := !l.exact && s.opts.MaxBatch > 1
+	if leasing {
+		// One refill at a time: the others wait for its lease.
+		l.mu.Lock()
+		defer l.mu.Unlock()
+	}
 	// Another goroutine may have refilled, or failed, while we waited.
 	sent := s.opts.Clock.Now()
 	if ls := l.lease.Load(); ls.take(sent, n) {
@@ -306,7 +310,7 @@ func (s *Source) acquire(ctx context.Context, l *limit, req flow.GlobalRequest, 
 		return false, err
 	}
 	maxLease := n
-	if !l.exact {
+	if leasing {
 		maxLease = max(n, l.batch.Load())
 	}
 	d, err := s.take(ctx, l, perWindow(req), n, maxLease)

@@ -31,13 +31,29 @@ func NewFixedWindow(limit int64, window time.Duration, clock Clock) *FixedWindow
 	return &FixedWindow{limit: limit, window: int64(window), clock: clock}
 }
 
-// Allow reports whether a request may pass now.
-func (f *FixedWindow) Allow() bool { return f.AllowAt(f.clock()) }
+// Allow reports whether a request may pass now, reading the clock under
+// the lock as the seed does.
+func (f *FixedWindow) Allow() bool {
+	ok, _ := f.AllowTimed()
+	return ok
+}
+
+// AllowTimed is Allow that also returns the clock reading it decided at.
+func (f *FixedWindow) AllowTimed() (bool, int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	now := f.clock()
+	return f.allow(now), now
+}
 
 // AllowAt reports whether a request may pass at now.
 func (f *FixedWindow) AllowAt(now int64) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	return f.allow(now)
+}
+
+func (f *FixedWindow) allow(now int64) bool {
 	if start := now - now%f.window; start > f.start {
 		f.start, f.count = start, 0
 	}
@@ -64,13 +80,29 @@ func NewSlidingLog(limit int, window time.Duration, clock Clock) *SlidingLog {
 	return &SlidingLog{limit: limit, window: int64(window), log: list.New(), clock: clock}
 }
 
-// Allow reports whether a request may pass now.
-func (s *SlidingLog) Allow() bool { return s.AllowAt(s.clock()) }
+// Allow reports whether a request may pass now, reading the clock under
+// the lock as the seed does.
+func (s *SlidingLog) Allow() bool {
+	ok, _ := s.AllowTimed()
+	return ok
+}
+
+// AllowTimed is Allow that also returns the clock reading it decided at.
+func (s *SlidingLog) AllowTimed() (bool, int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clock()
+	return s.allow(now), now
+}
 
 // AllowAt reports whether a request may pass at now.
 func (s *SlidingLog) AllowAt(now int64) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.allow(now)
+}
+
+func (s *SlidingLog) allow(now int64) bool {
 	for e := s.log.Front(); e != nil && now-e.Value.(int64) >= s.window; e = s.log.Front() {
 		s.log.Remove(e)
 	}
@@ -100,13 +132,29 @@ func NewSlidingWindow(limit int64, window time.Duration, n int, clock Clock) *Sl
 	return &SlidingWindow{slots: make([]int64, n), limit: limit, slotLen: int64(window) / int64(n), clock: clock}
 }
 
-// Allow reports whether a request may pass now.
-func (s *SlidingWindow) Allow() bool { return s.AllowAt(s.clock()) }
+// Allow reports whether a request may pass now, reading the clock under
+// the lock as the seed's pseudo-code does.
+func (s *SlidingWindow) Allow() bool {
+	ok, _ := s.AllowTimed()
+	return ok
+}
+
+// AllowTimed is Allow that also returns the clock reading it decided at.
+func (s *SlidingWindow) AllowTimed() (bool, int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clock()
+	return s.allow(now), now
+}
 
 // AllowAt reports whether a request may pass at now.
 func (s *SlidingWindow) AllowAt(now int64) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.allow(now)
+}
+
+func (s *SlidingWindow) allow(now int64) bool {
 	start := now - now%s.slotLen
 	if steps := (start - s.slotTime) / s.slotLen; steps > 0 {
 		if steps >= int64(len(s.slots)) {
