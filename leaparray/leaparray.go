@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"iter"
 	"math"
+	"reflect"
 	"sync"
 	"time"
 
@@ -75,7 +76,7 @@ func New[T any](sampleCount int, interval time.Duration, init func(start int64, 
 	}
 	// Every slot starts with a placeholder that is never valid and is older
 	// than any real bucket, so no path needs a nil check.
-	empty := &WindowWrap[T]{start: emptyStart}
+	empty := placeholder[T]()
 	for i := range a.slots {
 		a.slots[i].Store(empty)
 	}
@@ -86,6 +87,20 @@ func New[T any](sampleCount int, interval time.Duration, init func(start int64, 
 // emptyStart is the start of the placeholder bucket: far enough below any
 // real time that now-start never fits in an interval, without overflowing.
 const emptyStart = math.MinInt64 / 2
+
+// placeholders holds one placeholder bucket per value type, shared by every
+// array of that type: it is never handed out for writing (no time maps to
+// its start), so sharing it saves a bucket per array.
+var placeholders sync.Map // reflect.Type -> *WindowWrap[T]
+
+func placeholder[T any]() *WindowWrap[T] {
+	key := reflect.TypeFor[T]()
+	if p, ok := placeholders.Load(key); ok {
+		return p.(*WindowWrap[T])
+	}
+	p, _ := placeholders.LoadOrStore(key, &WindowWrap[T]{start: emptyStart})
+	return p.(*WindowWrap[T])
+}
 
 // SampleCount returns the number of buckets in the ring.
 func (a *LeapArray[T]) SampleCount() int { return int(a.n) }

@@ -22,7 +22,7 @@ type Occupiable[T any] struct {
 	userInit func(start int64, v *T)
 	count    func(v *T) int64
 	fold     func(v *T, n int64)
-	future   []borrowed // ring keyed by start, guarded by mu
+	future   []borrowed // ring keyed by start, guarded by mu; made on the first Borrow
 
 	// pending is the total borrowed and not yet folded. It is raised before a
 	// borrow reads any count and lowered only after the bucket holding the
@@ -50,7 +50,7 @@ func NewOccupiable[T any](sampleCount int, interval time.Duration, init func(sta
 	if err != nil {
 		return nil, err
 	}
-	o := &Occupiable[T]{LeapArray: a, count: count, fold: fold, future: make([]borrowed, sampleCount)}
+	o := &Occupiable[T]{LeapArray: a, count: count, fold: fold}
 	a.init = o.initBucket
 	a.published = o.retireFolded
 	o.userInit = init
@@ -94,6 +94,9 @@ func (o *Occupiable[T]) Epoch() int64 { return o.epoch.Load() }
 func (o *Occupiable[T]) PendingAt(start int64) int64 {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	if o.future == nil {
+		return 0
+	}
 	f := o.future[o.IndexOf(start)]
 	if f.start != start {
 		return 0
@@ -112,6 +115,9 @@ func (o *Occupiable[T]) Borrow(now, n, threshold, maxWait int64) (wait int64, ok
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	if o.future == nil {
+		o.future = make([]borrowed, o.n) // most arrays never borrow
+	}
 	now = o.Clamp(now)
 	// Raise pending before reading any count: a concurrent lock-free admission
 	// (which reads pending after its own write) then sees this borrow, or this

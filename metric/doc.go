@@ -8,19 +8,24 @@
 //
 // # Hot counters
 //
-// Pass is one word per bucket, padded to its own cache line, because
-// admission (Reserve) needs one exact, shared count. Block, Success,
-// Exception and RT are only ever summed, so each bucket spreads them over
-// stripes, one cache line per stripe, picked by the running P: on many cores
-// adds stop fighting over one line. Reads sum the stripes; a read that runs
-// alongside writers may miss the latest adds, never invent any.
+// Every count a request writes lives in the bucket's stripe of the caller's
+// P: one cache line per stripe holding block, success, exception, RT and the
+// passes admitted there, so on many cores requests stop fighting over one
+// line. Reads add the stripes up; a read that runs alongside writers may
+// miss the latest adds, never invent any.
 //
 // # Admission
 //
-// Reserve is an atomic check-and-add of Pass on the current bucket: the
-// window's Pass, plus everything borrowed from future buckets, never exceeds
-// the threshold, at any concurrency. Borrow admits against a future bucket
-// (priority requests in flow) under the same bound.
+// Admit (and Reserve) is an atomic check-and-count of Pass: the window's
+// passes, plus everything borrowed from future buckets, never exceed the
+// threshold, at any concurrency. The window's budget is handed to stripes in
+// leases taken from the bucket's one shared word by compare-and-swap; a
+// stripe then admits on its own line while its lease lasts. Leases shrink
+// with the room left, down to the request itself near the threshold, and
+// die with their bucket; tokens leased and never used make the rest of that
+// bucket stricter, by at most 1/16 of the threshold. A refused admission
+// writes nothing shared. Borrow admits against a future bucket (priority
+// requests in flow) under the same bound.
 //
 // # Precision
 //

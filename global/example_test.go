@@ -1,0 +1,39 @@
+package global_test
+
+import (
+	"log"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/leapflow/leapflow/flow"
+	"github.com/leapflow/leapflow/global"
+)
+
+// A rule enforced across every instance that shares the Redis server: 500
+// requests a second in all, falling back to 100 a second per instance (a
+// fifth of it) while Redis is unreachable.
+func Example() {
+	client := redis.NewUniversalClient(&redis.UniversalOptions{
+		Addrs:                 []string{"127.0.0.1:6379"},
+		ContextTimeoutEnabled: true, // lets the Source's short timeout bound every call
+	})
+	src, err := global.New(client, global.Options{Timeout: 50 * time.Millisecond})
+	if err != nil {
+		log.Fatal(err)
+	}
+	eng, err := flow.New(flow.WithTokenSource(src))
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := eng.LoadRules([]flow.Rule{{
+		Resource: "checkout", Threshold: 500, Global: true,
+		Fallback: flow.FallbackLocal, LocalShare: 0.2,
+	}}); err != nil {
+		log.Fatal(err)
+	}
+	if en, err := eng.Entry("checkout"); err == nil {
+		defer en.Exit(nil)
+		// ... serve the request
+	}
+}
