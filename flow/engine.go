@@ -166,11 +166,14 @@ type resourceRules struct {
 	groups     []windowGroup
 	countsNode bool // a group admits on the node's second window
 	// single is set when the resource's only rules are Reject QPS rules on
-	// its second window: Entry then takes a short path.
-	single  *windowGroup
-	paced   []pacedRule
-	related []relatedRule
-	globals []globalRule
+	// its second window: Entry then takes a short path, reading the window,
+	// limit and error copied here (no further pointer to chase).
+	single      *metric.Window
+	singleLimit int64
+	singleBE    *BlockError
+	paced       []pacedRule
+	related     []relatedRule
+	globals     []globalRule
 }
 
 // windowGroup is every Reject and WarmUp rule that counts in one window:
@@ -248,7 +251,8 @@ func (e *Engine) LoadRules(rules []Rule) error {
 	for _, rr := range next.byResource {
 		if len(rr.groups) == 1 && rr.countsNode && len(rr.groups[0].warm) == 0 && rr.concLimit < 0 &&
 			len(rr.globals) == 0 && len(rr.related) == 0 && len(rr.paced) == 0 {
-			rr.single = &rr.groups[0]
+			g := &rr.groups[0]
+			rr.single, rr.singleLimit, rr.singleBE = g.w, g.static, g.staticBE
 		}
 	}
 	e.rules.Store(next)

@@ -173,13 +173,13 @@ func (e *Engine) enter(rr *resourceRules, node *stat.Node, opts []EntryOption) (
 		node.Second().AddOn(p, now, metric.Pass, n)
 		return Entry{eng: e, node: node, start: now, n: n, p: int32(p)}, nil
 	}
-	if g := rr.single; g != nil && !priority {
+	if w := rr.single; w != nil && !priority {
 		// The common shape, one Reject limit on the node's window: one
 		// admission, nothing to give back.
-		r, ok := g.w.AdmitOn(p, now, n, g.static)
+		r, ok := w.AdmitOn(p, now, n, rr.singleLimit)
 		if !ok {
-			node.Second().AddOn(p, now, metric.Block, n)
-			return blocked(float64(r.Seen())), g.staticBE
+			w.AddOn(p, now, metric.Block, n)
+			return blocked(float64(r.Seen())), rr.singleBE
 		}
 		// A now behind the newest bucket was counted in it: start there.
 		return Entry{eng: e, node: node, start: max(now, r.Start()), n: n, p: int32(p)}, nil

@@ -58,22 +58,29 @@ type LeapArray[T any] struct {
 // naming the value when sampleCount or interval is not positive or interval
 // does not split into sampleCount equal whole-nanosecond buckets.
 func New[T any](sampleCount int, interval time.Duration, init func(start int64, v *T)) (*LeapArray[T], error) {
+	a := &LeapArray[T]{}
+	if err := a.setup(sampleCount, interval, init); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// setup prepares a zero LeapArray in place (see New).
+func (a *LeapArray[T]) setup(sampleCount int, interval time.Duration, init func(start int64, v *T)) error {
 	if sampleCount <= 0 {
-		return nil, fmt.Errorf("leaparray: sampleCount must be > 0, got %d", sampleCount)
+		return fmt.Errorf("leaparray: sampleCount must be > 0, got %d", sampleCount)
 	}
 	if interval <= 0 {
-		return nil, fmt.Errorf("leaparray: interval must be > 0, got %v", interval)
+		return fmt.Errorf("leaparray: interval must be > 0, got %v", interval)
 	}
 	if int64(interval)%int64(sampleCount) != 0 {
-		return nil, fmt.Errorf("leaparray: interval %v does not divide into %d equal buckets", interval, sampleCount)
+		return fmt.Errorf("leaparray: interval %v does not divide into %d equal buckets", interval, sampleCount)
 	}
-	a := &LeapArray[T]{
-		bucketLen: int64(interval) / int64(sampleCount),
-		interval:  int64(interval),
-		n:         int64(sampleCount),
-		init:      init,
-		slots:     make([]atomic.Pointer[WindowWrap[T]], sampleCount),
-	}
+	a.bucketLen = int64(interval) / int64(sampleCount)
+	a.interval = int64(interval)
+	a.n = int64(sampleCount)
+	a.init = init
+	a.slots = make([]atomic.Pointer[WindowWrap[T]], sampleCount)
 	// Every slot starts with a placeholder that is never valid and is older
 	// than any real bucket, so no path needs a nil check.
 	empty := placeholder[T]()
@@ -81,7 +88,7 @@ func New[T any](sampleCount int, interval time.Duration, init func(start int64, 
 		a.slots[i].Store(empty)
 	}
 	a.newest.Store(empty)
-	return a, nil
+	return nil
 }
 
 // emptyStart is the start of the placeholder bucket: far enough below any

@@ -18,7 +18,7 @@ import (
 // the array's rotation lock; folding runs under the same lock, which makes the
 // hand-over exact. Pending is lock-free, for admission checks on the hot path.
 type Occupiable[T any] struct {
-	*LeapArray[T]
+	LeapArray[T] // by value: one pointer less to chase per operation
 	userInit func(start int64, v *T)
 	count    func(v *T) int64
 	fold     func(v *T, n int64)
@@ -46,15 +46,24 @@ type borrowed struct {
 // freshly made bucket before it is published. init is as for New.
 func NewOccupiable[T any](sampleCount int, interval time.Duration, init func(start int64, v *T),
 	count func(v *T) int64, fold func(v *T, n int64)) (*Occupiable[T], error) {
-	a, err := New(sampleCount, interval, init)
-	if err != nil {
+	o := &Occupiable[T]{}
+	if err := o.Init(sampleCount, interval, init, count, fold); err != nil {
 		return nil, err
 	}
-	o := &Occupiable[T]{LeapArray: a, count: count, fold: fold}
-	a.init = o.initBucket
-	a.published = o.retireFolded
-	o.userInit = init
 	return o, nil
+}
+
+// Init prepares a zero Occupiable in place, for types that embed one by
+// value; the arguments are NewOccupiable's. It must be called once, before
+// the array is shared.
+func (o *Occupiable[T]) Init(sampleCount int, interval time.Duration, init func(start int64, v *T),
+	count func(v *T) int64, fold func(v *T, n int64)) error {
+	if err := o.setup(sampleCount, interval, o.initBucket); err != nil {
+		return err
+	}
+	o.published = o.retireFolded
+	o.userInit, o.count, o.fold = init, count, fold
+	return nil
 }
 
 // initBucket runs under mu for every new bucket: the user's init, then the

@@ -29,7 +29,7 @@ func WithStripes(n int) Option {
 // goroutines and must not be copied after first use.
 type Window struct {
 	Reader
-	arr *leaparray.Occupiable[Bucket]
+	arr leaparray.Occupiable[Bucket] // by value: one pointer less per operation
 }
 
 // NewWindow returns a Window of sampleCount buckets over interval. It returns
@@ -44,7 +44,8 @@ func NewWindow(sampleCount int, interval time.Duration, opts ...Option) (*Window
 		return nil, fmt.Errorf("metric: stripes must be >= 1, got %d", c.stripes)
 	}
 	stripes := roundStripes(c.stripes)
-	arr, err := leaparray.NewOccupiable(sampleCount, interval,
+	w := &Window{}
+	err := w.arr.Init(sampleCount, interval,
 		func(start int64, b *Bucket) {
 			b.init(stripes)
 			if c.onNew != nil {
@@ -62,14 +63,13 @@ func NewWindow(sampleCount int, interval time.Duration, opts ...Option) (*Window
 	if err != nil {
 		return nil, fmt.Errorf("metric: %w", err)
 	}
-	w := &Window{arr: arr}
-	w.Reader = Reader{w: w, span: arr.Interval()}
+	w.Reader = Reader{w: w, span: w.arr.Interval()}
 	return w, nil
 }
 
 // Array exposes the underlying ring, read-only by convention (tests and
 // views use it).
-func (w *Window) Array() *leaparray.Occupiable[Bucket] { return w.arr }
+func (w *Window) Array() *leaparray.Occupiable[Bucket] { return &w.arr }
 
 // Add adds n to event e in the bucket holding now. A write that raced a
 // rotation of its bucket is redone on the current one, so no count is lost.
@@ -192,7 +192,7 @@ func (w *Window) AdmitOn(p int, now, n, threshold int64) (Reservation, bool) {
 	if n <= 0 || n > threshold {
 		return Reservation{}, false
 	}
-	a := w.arr
+	a := &w.arr
 	for {
 		b := a.Current(now)
 		s := b.Value.stripeOn(p)
@@ -219,7 +219,7 @@ func (w *Window) AdmitOn(p int, now, n, threshold int64) (Reservation, bool) {
 // lease moves at least n tokens from bucket b's budget to stripe s, if the
 // window has room. When it has none it reports false and what it held.
 func (w *Window) lease(b *leaparray.WindowWrap[Bucket], s *stripe, now, n, threshold int64) (int64, bool) {
-	a := w.arr
+	a := &w.arr
 	for {
 		base := b.Value.base.Load()
 		if base < 0 {
@@ -358,7 +358,7 @@ func (r *Reader) Interval() time.Duration { return time.Duration(r.span) }
 
 // Sum returns the total of event e over the buckets valid at now.
 func (r *Reader) Sum(now int64, e Event) int64 {
-	a := r.w.arr
+	a := &r.w.arr
 	now = a.Clamp(now)
 	var sum int64
 	for b := range a.Within(now, r.span) {
@@ -375,7 +375,7 @@ func (r *Reader) Rate(now int64, e Event) float64 {
 // AvgRT returns the mean RT of the completions in the span, 0 if there were
 // none.
 func (r *Reader) AvgRT(now int64) float64 {
-	a := r.w.arr
+	a := &r.w.arr
 	now = a.Clamp(now)
 	var rt, n int64
 	for b := range a.Within(now, r.span) {
@@ -391,7 +391,7 @@ func (r *Reader) AvgRT(now int64) float64 {
 // MinRT returns the smallest RT recorded in the span, and false (with 0) if
 // none was.
 func (r *Reader) MinRT(now int64) (int64, bool) {
-	a := r.w.arr
+	a := &r.w.arr
 	now = a.Clamp(now)
 	lo, ok := int64(math.MaxInt64), false
 	for b := range a.Within(now, r.span) {
@@ -407,7 +407,7 @@ func (r *Reader) MinRT(now int64) (int64, bool) {
 
 // MaxConcurrency returns the largest concurrency recorded in the span.
 func (r *Reader) MaxConcurrency(now int64) int64 {
-	a := r.w.arr
+	a := &r.w.arr
 	now = a.Clamp(now)
 	var hi int64
 	for b := range a.Within(now, r.span) {
@@ -419,7 +419,7 @@ func (r *Reader) MaxConcurrency(now int64) int64 {
 // MaxRate returns the highest per-second rate of event e reached by a single
 // bucket in the span (Sentinel's "max success QPS" for e = Success).
 func (r *Reader) MaxRate(now int64, e Event) float64 {
-	a := r.w.arr
+	a := &r.w.arr
 	now = a.Clamp(now)
 	var hi int64
 	for b := range a.Within(now, r.span) {
