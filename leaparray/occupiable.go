@@ -19,10 +19,10 @@ import (
 // hand-over exact. Pending is lock-free, for admission checks on the hot path.
 type Occupiable[T any] struct {
 	LeapArray[T] // by value: one pointer less to chase per operation
-	userInit func(start int64, v *T)
-	count    func(v *T) int64
-	fold     func(v *T, n int64)
-	future   []borrowed // ring keyed by start, guarded by mu; made on the first Borrow
+	userInit     func(start int64, v *T)
+	count        func(v *T) int64
+	fold         func(v *T, n int64)
+	future       []borrowed // ring keyed by start, guarded by mu; made on the first Borrow
 
 	// pending is the total borrowed and not yet folded. It is raised before a
 	// borrow reads any count and lowered only after the bucket holding the
