@@ -149,18 +149,25 @@ func (r *report) write(dir string) error {
 			cats = append(cats, l.name)
 		}
 		var ss []series
-		for _, sc := range []string{"boundary", "greedy", "hammer"} {
-			s := series{name: "max in W, " + sc}
+		for _, sc := range []struct {
+			name, scenario string
+			pick           func(accuracy) int64
+		}{
+			{"boundary: max in W", "boundary", func(a accuracy) int64 { return a.maxFull }},
+			{"hammer: max in W - W/n", "hammer", func(a accuracy) int64 { return a.maxShort }},
+			{"hammer: max in W", "hammer", func(a accuracy) int64 { return a.maxFull }},
+		} {
+			s := series{name: sc.name}
 			for _, l := range accLimiters {
 				for _, a := range r.accuracy {
-					if a.limiter == l.name && a.scenario == sc {
-						s.points = append(s.points, float64(a.maxFull))
+					if a.limiter == l.name && a.scenario == sc.scenario {
+						s.points = append(s.points, float64(sc.pick(a)))
 					}
 				}
 			}
 			ss = append(ss, s)
 		}
-		return barChart(w, "Most admitted in any continuous window W (lower is stricter)", "admissions", cats, ss,
+		return barChart(w, fmt.Sprintf("Most admitted in any continuous span (n = %d; lower is stricter)", leapflowBuckets), "admissions", cats, ss,
 			float64(r.cfg.threshold), fmt.Sprintf("threshold %d", r.cfg.threshold))
 	})
 }

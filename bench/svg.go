@@ -9,7 +9,7 @@ import (
 )
 
 // palette gives each series a distinct colour.
-var palette = []string{"#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#1f77b4", "#2ca02c", "#17becf", "#bcbd22", "#7f7f7f"}
+var palette = []string{"#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#1f77b4", "#2ca02c", "#17becf", "#bcbd22", "#7f7f7f", "#393b79", "#637939"}
 
 type series struct {
 	name   string
@@ -67,7 +67,11 @@ func lineChart(w io.Writer, title, yLabel string, xs []string, ss []series) erro
 			}
 		}
 		if len(pts) > 1 {
-			fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>`+"\n", c, strings.Join(pts, " "))
+			width := 2
+			if si == 0 {
+				width = 4 // the first series is the subject: leapflow
+			}
+			fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="%d" points="%s"/>`+"\n", c, width, strings.Join(pts, " "))
 		}
 		ly := top + 10 + si*18
 		fmt.Fprintf(&b, `<rect x="%d" y="%d" width="12" height="12" fill="%s"/>`+"\n", width-right+12, ly-10, c)
