@@ -136,15 +136,22 @@ func (b *Bucket) sum(i int) int64 {
 	return s
 }
 
+// passes returns the bucket's passes: admitted and added directly. Small
+// enough to inline into window sums.
+func (b *Bucket) passes() int64 {
+	var s int64
+	for j := range b.stripes {
+		st := &b.stripes[j]
+		s += st.c[stripeUsed].Load() + st.c[stripeDirect].Load()
+	}
+	return s
+}
+
 // Get returns the count of event e.
 func (b *Bucket) Get(e Event) int64 {
 	switch e {
 	case Pass:
-		var s int64
-		for j := range b.stripes {
-			s += b.stripes[j].c[stripeUsed].Load() + b.stripes[j].c[stripeDirect].Load()
-		}
-		return s
+		return b.passes()
 	case OccupiedPass:
 		return b.occupied.Load()
 	}

@@ -303,7 +303,7 @@ func (w *Window) passExcept(now int64, b *leaparray.WindowWrap[Bucket]) int64 {
 	var sum int64
 	for x := range w.arr.Within(now, w.arr.Interval()) {
 		if x != b {
-			sum += x.Value.Get(Pass)
+			sum += x.Value.passes()
 		}
 	}
 	return sum
@@ -361,6 +361,12 @@ func (r *Reader) Sum(now int64, e Event) int64 {
 	a := &r.w.arr
 	now = a.Clamp(now)
 	var sum int64
+	if e == Pass { // the read admission depends on: keep it tight
+		for b := range a.Within(now, r.span) {
+			sum += b.Value.passes()
+		}
+		return sum
+	}
 	for b := range a.Within(now, r.span) {
 		sum += b.Value.Get(e)
 	}
