@@ -114,10 +114,12 @@ type Rule struct {
 	MaxQueueing time.Duration
 	// RelatedResource, if set, makes the rule read that resource's pass
 	// rate instead of this one's (Sentinel's associated strategy): this
-	// resource is blocked while the related one is over the threshold.
+	// resource is blocked while the related one is over the threshold. QPS
+	// rules with Behavior Reject only.
 	RelatedResource string
 	// Global enforces Threshold across instances through the engine's
-	// TokenSource; see Fallback and LocalShare for when it fails.
+	// TokenSource; see Fallback and LocalShare for when it fails. QPS rules
+	// with Behavior Reject only.
 	Global bool
 	// Fallback is what a Global rule does when the TokenSource fails.
 	Fallback Fallback
@@ -207,6 +209,10 @@ func (r *Rule) validate(i int) error {
 		return bad("LocalShare", r.LocalShare, "must be in (0, 1]")
 	case r.Global && r.RelatedResource != "":
 		return bad("RelatedResource", r.RelatedResource, "cannot be combined with Global")
+	case r.Global && r.Behavior != Reject:
+		return bad("Behavior", r.Behavior, "must be Reject for a Global rule")
+	case r.RelatedResource != "" && (r.Metric != QPS || r.Behavior != Reject):
+		return bad("RelatedResource", r.RelatedResource, "needs a QPS rule with Behavior Reject")
 	}
 	if r.Behavior == WarmUp || r.Behavior == WarmUpThrottle {
 		switch {
