@@ -13,6 +13,7 @@ import (
 	"go.uber.org/atomic"
 
 	"github.com/leapflow/leapflow/flow"
+	"github.com/leapflow/leapflow/metric"
 	"github.com/leapflow/leapflow/stat"
 )
 
@@ -135,7 +136,10 @@ type limit struct {
 	window int64 // µs
 	exact  bool
 	mu     sync.Mutex // one synchronous refill at a time per limit
-	lease  atomic.Pointer[lease]
+	// leases holds one lease per stripe (P): admissions from a lease
+	// touch only their own P's cache line.
+	leases []paddedLease
+	mask   int
 	// prefetching is set while a background refill runs; batch is the
 	// lease size asked for next.
 	prefetching atomic.Bool
@@ -149,6 +153,11 @@ type limit struct {
 // initialBatch is the first lease size of a limit: at most one call per
 // 100 admissions from the start.
 const initialBatch = 100
+
+type paddedLease struct {
+	atomic.Pointer[lease]
+	_ [metric.CacheLine - 8]byte
+}
 
 // lease is a batch of tokens counted in one server bucket, to be spent
 // before deadline (the Source's clock).
@@ -194,6 +203,8 @@ func (s *Source) limitFor(req flow.GlobalRequest) *limit {
 		exact:  exact,
 	}
 	nl.batch.Store(min(initialBatch, s.opts.MaxBatch))
+	stripes := metric.DefaultStripes()
+	nl.leases, nl.mask = make([]paddedLease, stripes), stripes-1
 	l, _ := s.limits.LoadOrStore(id, nl)
 	return l.(*limit)
 }
@@ -257,7 +268,7 @@ func (s *Source) take(ctx context.Context, l *limit, threshold, n, maxLease int6
 // fetches the next in the background, so a busy instance rarely waits for
 // Redis at all.
 func (s *Source) Acquire(ctx context.Context, req flow.GlobalRequest) (bool, error) {
-	return s.acquire(ctx, s.limitFor(req), req, req.Count)
+	return s.acquire(ctx, s.limitFor(req), &req, req.Count)
 }
 
 // Bind implements flow.Binder: the limit of req is resolved once, when the
@@ -273,15 +284,17 @@ type bound struct {
 }
 
 func (b *bound) Acquire(ctx context.Context, n int64) (bool, error) {
-	return b.s.acquire(ctx, b.l, b.req, n)
+	return b.s.acquire(ctx, b.l, &b.req, n)
 }
 
-func (s *Source) acquire(ctx context.Context, l *limit, req flow.GlobalRequest, n int64) (bool, error) {
+// acquire is Acquire for limit l; req is read only when Redis is asked.
+func (s *Source) acquire(ctx context.Context, l *limit, req *flow.GlobalRequest, n int64) (bool, error) {
 	now := s.opts.Clock.Now()
-	if ls := l.lease.Load(); ls.take(now, n) {
+	slot := &l.leases[metric.Pin()&l.mask]
+	if ls := slot.Load(); ls.take(now, n) {
 		s.admitted(ls.bucket, n)
 		if ls.left.Load() < l.batch.Load()/4 && l.prefetching.CompareAndSwap(false, true) {
-			go s.prefetch(l, req)
+			go s.prefetch(l, slot, *req)
 		}
 		return true, nil
 	}
@@ -302,7 +315,7 @@ func (s *Source) acquire(ctx context.Context, l *limit, req flow.GlobalRequest, 
 	}
 	// Another goroutine may have refilled, or failed, while we waited.
 	sent := s.opts.Clock.Now()
-	if ls := l.lease.Load(); ls.take(sent, n) {
+	if ls := slot.Load(); ls.take(sent, n) {
 		s.admitted(ls.bucket, n)
 		return true, nil
 	}
@@ -313,7 +326,7 @@ func (s *Source) acquire(ctx context.Context, l *limit, req flow.GlobalRequest, 
 	if leasing {
 		maxLease = max(n, l.batch.Load())
 	}
-	d, err := s.take(ctx, l, perWindow(req), n, maxLease)
+	d, err := s.take(ctx, l, perWindow(*req), n, maxLease)
 	if err != nil {
 		if ctx.Err() != nil {
 			// The caller gave up; that says nothing about Redis.
@@ -332,13 +345,13 @@ func (s *Source) acquire(ctx context.Context, l *limit, req flow.GlobalRequest, 
 		}
 		return false, nil
 	}
-	s.install(l, d, d.Granted-n, sent)
+	s.install(l, slot, d, d.Granted-n, sent)
 	s.admitted(d.BucketStart, n)
 	return true, nil
 }
 
 // prefetch leases the next batch before the current one runs out.
-func (s *Source) prefetch(l *limit, req flow.GlobalRequest) {
+func (s *Source) prefetch(l *limit, slot *paddedLease, req flow.GlobalRequest) {
 	defer l.prefetching.Store(false)
 	if s.admit() != nil {
 		return
@@ -351,7 +364,7 @@ func (s *Source) prefetch(l *limit, req flow.GlobalRequest) {
 	}
 	s.succeed()
 	if d.Allowed {
-		s.install(l, d, d.Granted, sent)
+		s.install(l, slot, d, d.Granted, sent)
 	}
 }
 
@@ -360,7 +373,7 @@ func (s *Source) prefetch(l *limit, req flow.GlobalRequest) {
 // after that). Tokens of the bucket the current lease is in join it. The
 // batch doubles when a whole lease was spent within one bucket and halves
 // when a bucket ended with most of one unspent.
-func (s *Source) install(l *limit, d Decision, extra, sent int64) {
+func (s *Source) install(l *limit, slot *paddedLease, d Decision, extra, sent int64) {
 	if extra <= 0 {
 		return
 	}
@@ -369,7 +382,7 @@ func (s *Source) install(l *limit, d Decision, extra, sent int64) {
 		return
 	}
 	s.leased.Add(extra)
-	old := l.lease.Load()
+	old := slot.Load()
 	batch := l.batch.Load()
 	switch {
 	case old != nil && old.bucket.Equal(d.BucketStart):
@@ -382,7 +395,7 @@ func (s *Source) install(l *limit, d Decision, extra, sent int64) {
 	}
 	nl := &lease{deadline: deadline, bucket: d.BucketStart}
 	nl.left.Store(extra)
-	l.lease.Store(nl)
+	slot.Store(nl)
 }
 
 func (s *Source) admitted(bucket time.Time, n int64) {
