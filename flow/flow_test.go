@@ -517,3 +517,14 @@ func TestResourceHandleFollowsReloads(t *testing.T) {
 		en.Exit(nil)
 	}))
 }
+
+func TestDefaultEngine(t *testing.T) {
+	require.Same(t, Default(), Default())
+	require.NoError(t, LoadRules([]Rule{{Resource: "default-engine-test", Threshold: 1}}))
+	t.Cleanup(func() { _ = LoadRules(nil) })
+	en, err := Enter("default-engine-test")
+	require.NoError(t, err)
+	en.Exit(nil)
+	_, err = Enter("default-engine-test")
+	assert.ErrorIs(t, err, ErrBlocked)
+}
