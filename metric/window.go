@@ -73,9 +73,9 @@ func (w *Window) Array() *leaparray.Occupiable[Bucket] { return &w.arr }
 
 // Add adds n to event e in the bucket holding now. A write that raced a
 // rotation of its bucket is redone on the current one, so no count is lost.
-// A Pass added here is counted without admission; it is held to Admit's
-// rule (it must land in the newest bucket, or be moved there) so that
-// admissions on the same window see it.
+// A Pass added here is counted without admission (for windows that only
+// keep statistics); it must land in the newest bucket, or is moved there, and
+// later admissions on the same window count it, though one racing it may not.
 func (w *Window) Add(now int64, e Event, n int64) { w.AddOn(Pin(), now, e, n) }
 
 // AddOn is Add with a stripe hint from Pin.
