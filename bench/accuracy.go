@@ -21,9 +21,8 @@ import (
 // the limiter's own clock, to record the admission at.
 type accLimiter struct {
 	name string
-	// ownWindows, if set, is the limiter's own window length and bucket
-	// count: windows of n buckets of w/n, aligned to the origin.
-	ownWindow  time.Duration
+	// ownBuckets, if set, is the limiter's bucket count: its own windows
+	// are ownBuckets buckets of W/ownBuckets, aligned to the origin.
 	ownBuckets int
 	// make builds a fresh limiter reading clock (nanoseconds); wait is how
 	// a blocking limiter sleeps on that clock.
@@ -52,7 +51,7 @@ func (c uberClock) Sleep(d time.Duration) { c.sleep(d) }
 
 var accLimiters = []accLimiter{
 	{
-		name: "leapflow", ownWindow: time.Second, ownBuckets: leapflowBuckets,
+		name: "leapflow", ownBuckets: leapflowBuckets,
 		make: func(t int64, w time.Duration, clock func() int64, _ func(time.Duration)) func(int64) (bool, int64) {
 			eng, err := flow.New(flow.WithClock(funcClock(clock)))
 			if err != nil {
@@ -72,14 +71,14 @@ var accLimiters = []accLimiter{
 		},
 	},
 	{
-		name: "fixed-window", ownWindow: time.Second, ownBuckets: 1,
+		name: "fixed-window", ownBuckets: 1,
 		make: func(t int64, w time.Duration, clock func() int64, _ func(time.Duration)) func(int64) (bool, int64) {
 			l := baseline.NewFixedWindow(t, w, clock)
 			return func(int64) (bool, int64) { return l.AllowTimed() }
 		},
 	},
 	{
-		name: "sliding-window", ownWindow: time.Second, ownBuckets: 10,
+		name: "sliding-window", ownBuckets: 10,
 		make: func(t int64, w time.Duration, clock func() int64, _ func(time.Duration)) func(int64) (bool, int64) {
 			l := baseline.NewSlidingWindow(t, w, 10, clock)
 			return func(int64) (bool, int64) { return l.AllowTimed() }

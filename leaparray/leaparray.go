@@ -118,10 +118,6 @@ func (a *LeapArray[T]) BucketLen() int64 { return a.bucketLen }
 // Interval returns the span of the whole ring in nanoseconds.
 func (a *LeapArray[T]) Interval() int64 { return a.interval }
 
-// Latest returns the start of the newest bucket the array has made (0 before
-// the first).
-func (a *LeapArray[T]) Latest() int64 { return max(0, a.newest.Load().start) }
-
 // StartOf returns the start of the bucket that holds now: now - now%len.
 func (a *LeapArray[T]) StartOf(now int64) int64 { return now - now%a.bucketLen }
 
@@ -223,15 +219,6 @@ func Valid[T any](w *WindowWrap[T], now, span int64) bool {
 	return uint64(now-w.start) < uint64(span)
 }
 
-// At returns the bucket in slot i if it is valid at now over span, else nil.
-// now should come from Clamp. It never creates a bucket.
-func (a *LeapArray[T]) At(i int, now, span int64) *WindowWrap[T] {
-	if w := a.slots[i].Load(); Valid(w, now, span) {
-		return w
-	}
-	return nil
-}
-
 // Within yields the buckets valid at now over the trailing span, in slot
 // order. now should come from Clamp. It never creates a bucket and, used in
 // a range loop, compiles to a plain loop without allocation.
@@ -248,13 +235,7 @@ func (a *LeapArray[T]) Within(now, span int64) iter.Seq[*WindowWrap[T]] {
 // ForEach calls fn for every bucket valid at now over the whole interval,
 // in slot order, until fn returns false. It never creates a bucket.
 func (a *LeapArray[T]) ForEach(now int64, fn func(w *WindowWrap[T]) bool) {
-	a.ForEachWithin(now, a.interval, fn)
-}
-
-// ForEachWithin is ForEach over the trailing span (at most the interval),
-// used by views with a shorter interval than the array's.
-func (a *LeapArray[T]) ForEachWithin(now, span int64, fn func(w *WindowWrap[T]) bool) {
-	for w := range a.Within(a.Clamp(now), span) {
+	for w := range a.Within(a.Clamp(now), a.interval) {
 		if !fn(w) {
 			return
 		}

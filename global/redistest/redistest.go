@@ -219,6 +219,3 @@ func (c *Cluster) Client(t testing.TB) *redis.ClusterClient {
 	t.Cleanup(func() { cc.Close() })
 	return cc
 }
-
-// Dir returns the server's working folder.
-func (s *Server) Dir() string { return s.dir }
