@@ -260,8 +260,15 @@ func (a *LeapArray[T]) Previous(now int64) *WindowWrap[T] {
 // Retired reports whether w has been replaced in its slot by a newer bucket.
 // A writer that raced a rotation checks it after writing and redoes the write
 // on Current if it is true.
+//
+// It compares starts, not just pointers: a rotation publishes the new bucket
+// as newest before it stores it in its slot, so for that instant Current
+// already hands out a bucket its slot does not hold yet. That bucket is not
+// retired; a pointer test would say it is and send its writers round a redo
+// loop, writing again on every turn, until the slot store lands.
 func (a *LeapArray[T]) Retired(w *WindowWrap[T]) bool {
-	return a.slots[w.slot].Load() != w
+	s := a.slots[w.slot].Load()
+	return s != w && s.start > w.start
 }
 
 // Newest reports whether w is still the newest bucket of the array. An

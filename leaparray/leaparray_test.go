@@ -220,6 +220,24 @@ func TestRetiredAndNewest(t *testing.T) {
 	assert.True(t, a.Retired(w0))
 }
 
+// TestNewestNotYetInItsSlotIsNotRetired builds the instant inside a rotation
+// where the new bucket is already newest (Current hands it out) but its slot
+// still holds the bucket it replaces.
+func TestNewestNotYetInItsSlotIsNotRetired(t *testing.T) {
+	a := newArray(t, 2, time.Second)
+	bl := a.BucketLen()
+	old := a.Current(0)
+	a.Current(bl)
+	next := &WindowWrap[counter]{start: 2 * bl, slot: 0}
+	a.newest.Store(next) // rotate's first store; the slot store has not landed
+	require.Same(t, next, a.Current(2*bl), "Current hands out the new bucket")
+	assert.False(t, a.Retired(next), "a bucket about to enter its slot is not retired")
+	assert.False(t, a.Retired(old), "nor is the one it is about to replace")
+	a.slots[0].Store(next)
+	assert.False(t, a.Retired(next))
+	assert.True(t, a.Retired(old))
+}
+
 // TestRotationRaceNeitherLeaksNorErases flips time across bucket boundaries
 // while writers run. A writer counts its add as landed only if the bucket was
 // not retired after it (and redoes it otherwise). Every bucket still in the
