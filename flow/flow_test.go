@@ -3,6 +3,7 @@ package flow
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"sync"
 	"testing"
@@ -518,13 +519,19 @@ func TestResourceHandleFollowsReloads(t *testing.T) {
 	}))
 }
 
+// defaultEngineRuns names a fresh resource for each run of
+// TestDefaultEngine: the default engine and its statistics outlive a run
+// (go test -count=N runs it again within the same second).
+var defaultEngineRuns atomic.Int64
+
 func TestDefaultEngine(t *testing.T) {
 	require.Same(t, Default(), Default())
-	require.NoError(t, LoadRules([]Rule{{Resource: "default-engine-test", Threshold: 1}}))
+	res := fmt.Sprintf("default-engine-test-%d", defaultEngineRuns.Add(1))
+	require.NoError(t, LoadRules([]Rule{{Resource: res, Threshold: 1}}))
 	t.Cleanup(func() { _ = LoadRules(nil) })
-	en, err := Enter("default-engine-test")
+	en, err := Enter(res)
 	require.NoError(t, err)
 	en.Exit(nil)
-	_, err = Enter("default-engine-test")
+	_, err = Enter(res)
 	assert.ErrorIs(t, err, ErrBlocked)
 }
