@@ -192,9 +192,10 @@ func (a *LeapArray[T]) rotate(slot *atomic.Pointer[WindowWrap[T]], start int64) 
 // OnRetire sets fn to run with every bucket a rotation replaces, under the
 // rotation lock and after the replacement is visible: the last chance to
 // read a bucket's final counts (stat folds them into longer windows). A
-// writer that raced the rotation redoes its write on the new bucket, so fn
-// may see a count that is also counted again there; it never misses one that
-// the writer did not redo. Set it before the array is shared.
+// writer that raced the rotation and redoes its write on the new bucket may
+// also have landed before fn read the old one; a value type that must hand
+// over exactly marks its counters in fn so writers can tell (metric seals
+// them). Set it before the array is shared.
 func (a *LeapArray[T]) OnRetire(fn func(old *WindowWrap[T])) { a.retired = fn }
 
 // Buckets yields every real bucket in the ring whose start is in [lo, hi),

@@ -30,6 +30,26 @@ const (
 
 var stripeOf = [numEvents]int{Block: stripeBlock, Success: stripeSuccess, Exception: stripeException, RT: stripeRT}
 
+// sealBit marks a word of a retired bucket. When a rotation retires a
+// bucket it adds sealBit to every counter a writer may still be adding to,
+// and the values those adds return are the bucket's final counts, handed over
+// exactly. A writer that raced the rotation learns from the value its own add
+// returns whether it landed before the seal (it is in the hand-over) or after
+// (it is not, and the writer makes it again on the current bucket). A word
+// reads as sealed from sealBit/2 up, so counts may be anywhere in
+// (-sealBit/2, sealBit/2): a correction may take a word below zero.
+const sealBit = 1 << 62
+
+// load reads a counter word without its seal, in a few branchless
+// instructions (window sums run it per stripe).
+func load(c *atomic.Int64) int64 {
+	v := c.Load()
+	return v - (v+sealBit/2)&sealBit
+}
+
+// sealed reports whether v, a value an add returned, landed after the seal.
+func sealed(v int64) bool { return v >= sealBit/2 }
+
 // stripe holds one P's share of a bucket's counters, alone on its cache
 // line: everything a request writes on its way in and out.
 type stripe struct {
@@ -113,17 +133,19 @@ func (b *Bucket) stripeOn(p int) *stripe { return &b.stripes[p&b.mask] }
 // Add adds n to event e (Pass counts as a pass made without admission).
 func (b *Bucket) Add(e Event, n int64) { b.addOn(Pin(), e, n) }
 
-func (b *Bucket) addOn(p int, e Event, n int64) {
+// addOn adds n to event e on stripe p and returns the word's new value (see
+// sealed).
+func (b *Bucket) addOn(p int, e Event, n int64) int64 {
 	switch e {
 	case Pass:
 		if !b.direct.Load() {
 			b.direct.Store(true)
 		}
-		b.stripeOn(p).c[stripeDirect].Add(n)
+		return b.stripeOn(p).c[stripeDirect].Add(n)
 	case OccupiedPass:
-		b.occupied.Add(n)
+		return b.occupied.Add(n)
 	default:
-		b.stripeOn(p).c[stripeOf[e]].Add(n)
+		return b.stripeOn(p).c[stripeOf[e]].Add(n)
 	}
 }
 
@@ -131,7 +153,7 @@ func (b *Bucket) addOn(p int, e Event, n int64) {
 func (b *Bucket) sum(i int) int64 {
 	var s int64
 	for j := range b.stripes {
-		s += b.stripes[j].c[i].Load()
+		s += load(&b.stripes[j].c[i])
 	}
 	return s
 }
@@ -142,7 +164,7 @@ func (b *Bucket) passes() int64 {
 	var s int64
 	for j := range b.stripes {
 		st := &b.stripes[j]
-		s += st.c[stripeUsed].Load() + st.c[stripeDirect].Load()
+		s += load(&st.c[stripeUsed]) + load(&st.c[stripeDirect])
 	}
 	return s
 }
@@ -153,7 +175,7 @@ func (b *Bucket) Get(e Event) int64 {
 	case Pass:
 		return b.passes()
 	case OccupiedPass:
-		return b.occupied.Load()
+		return load(&b.occupied)
 	}
 	return b.sum(stripeOf[e])
 }
@@ -207,3 +229,40 @@ func (b *Bucket) UpdateConcurrency(c int64) {
 
 // MaxConcurrency returns the largest concurrency recorded (0 if none).
 func (b *Bucket) MaxConcurrency() int64 { return b.maxConc.Load() }
+
+// Counts is what a bucket held when it retired: what Window.OnRetire hands
+// over and Window.Absorb takes in.
+type Counts struct {
+	Pass, Block, Success, Exception, RT, Occupied int64
+	// MinRT is the smallest RT recorded, -1 if none was.
+	MinRT          int64
+	MaxConcurrency int64
+}
+
+// sealedWords are the stripe words a writer may add to without holding a
+// lease: all but stripeTaken, which only a lease on the newest bucket moves.
+var sealedWords = [...]int{stripeBlock, stripeSuccess, stripeException, stripeRT, stripeUsed, stripeDirect}
+
+// seal marks every counter of a retired bucket and returns the counts it
+// held at that instant (see sealBit). It runs once, under the rotation lock,
+// after the replacement is published. Min RT and max concurrency are read
+// after the seal: every writer updates them before the add that the seal
+// orders (CompleteOn), so those that landed before the seal are seen.
+func (b *Bucket) seal() Counts {
+	var w [stripeWords]int64
+	for j := range b.stripes {
+		st := &b.stripes[j]
+		for _, i := range sealedWords {
+			w[i] += st.c[i].Add(sealBit) - sealBit
+		}
+	}
+	c := Counts{
+		Pass: w[stripeUsed] + w[stripeDirect], Block: w[stripeBlock], Success: w[stripeSuccess],
+		Exception: w[stripeException], RT: w[stripeRT],
+		Occupied: b.occupied.Add(sealBit) - sealBit, MinRT: -1, MaxConcurrency: b.MaxConcurrency(),
+	}
+	if v, ok := b.MinRT(); ok {
+		c.MinRT = v
+	}
+	return c
+}

@@ -30,6 +30,9 @@ func WithStripes(n int) Option {
 type Window struct {
 	Reader
 	arr leaparray.Occupiable[Bucket] // by value: one pointer less per operation
+	// handover, if set, takes the counts of every bucket that retires, and
+	// corrections to them (see OnRetire).
+	handover func(start int64, c Counts)
 }
 
 // NewWindow returns a Window of sampleCount buckets over interval. It returns
@@ -64,6 +67,7 @@ func NewWindow(sampleCount int, interval time.Duration, opts ...Option) (*Window
 		return nil, fmt.Errorf("metric: %w", err)
 	}
 	w.Reader = Reader{w: w, span: w.arr.Interval()}
+	w.arr.OnRetire(w.retire)
 	return w, nil
 }
 
@@ -71,8 +75,10 @@ func NewWindow(sampleCount int, interval time.Duration, opts ...Option) (*Window
 // views use it).
 func (w *Window) Array() *leaparray.Occupiable[Bucket] { return &w.arr }
 
-// Add adds n to event e in the bucket holding now. A write that raced a
-// rotation of its bucket is redone on the current one, so no count is lost.
+// Add adds n to event e in the bucket holding now. Counts must stay
+// non-negative. Every count lands exactly once: a write that raced the
+// retirement of its bucket either made it into the bucket's final counts or
+// is made again on the current bucket (see OnRetire).
 // A Pass added here is counted without admission (for windows that only
 // keep statistics); it must land in the newest bucket, or is moved there, and
 // later admissions on the same window count it, though one racing it may not.
@@ -82,17 +88,32 @@ func (w *Window) Add(now int64, e Event, n int64) { w.AddOn(Pin(), now, e, n) }
 func (w *Window) AddOn(p int, now int64, e Event, n int64) {
 	for {
 		b := w.arr.Current(now)
-		b.Value.addOn(p, e, n)
-		if e == Pass {
-			if w.arr.Newest(b) {
-				return
-			}
-			b.Value.addOn(p, e, -n)
-			continue
+		v := b.Value.addOn(p, e, n)
+		if sealed(v) {
+			continue // after the hand-over: make it on the current bucket
 		}
-		if !w.arr.Retired(b) {
+		if e != Pass || w.arr.Newest(b) {
 			return
 		}
+		// A pass must land in the newest bucket: move it there.
+		w.backOut(b, b.Value.addOn(p, e, -n), n)
+	}
+}
+
+// backOut finishes taking back n passes from bucket b, given the value the
+// taking back returned: if b was sealed in between, its hand-over counted
+// the passes, and the caller, which counts them again elsewhere (or not at
+// all), corrects it.
+func (w *Window) backOut(b *leaparray.WindowWrap[Bucket], v, n int64) {
+	if sealed(v) && w.handover != nil {
+		w.handover(b.Start(), Counts{Pass: -n, MinRT: -1})
+	}
+}
+
+// add adds n to word i of stripe p in the bucket holding now, again on the
+// current bucket for as long as it lands after a seal.
+func (w *Window) add(p int, now int64, i int, n int64) {
+	for sealed(w.arr.Current(now).Value.stripeOn(p).c[i].Add(n)) {
 	}
 }
 
@@ -103,30 +124,34 @@ func (w *Window) Complete(now, n, rt int64, failed bool) { w.CompleteOn(Pin(), n
 
 // CompleteOn is Complete with a stripe hint from Pin.
 func (w *Window) CompleteOn(p int, now, n, rt int64, failed bool) {
+	var s *stripe
 	for {
 		b := w.arr.Current(now)
-		s := b.Value.stripeOn(p)
-		s.c[stripeSuccess].Add(n)
-		s.c[stripeRT].Add(rt)
-		if failed {
-			s.c[stripeException].Add(n)
-		}
+		// The min RT goes first: a seal reads it after sealing the success
+		// word, so a success add that lands before the seal brings it along.
 		if n > 0 {
 			b.Value.UpdateMinRT(rt / n)
 		}
-		if !w.arr.Retired(b) {
-			return
+		s = b.Value.stripeOn(p)
+		if !sealed(s.c[stripeSuccess].Add(n)) {
+			break
 		}
+	}
+	if sealed(s.c[stripeRT].Add(rt)) {
+		w.add(p, now, stripeRT, rt)
+	}
+	if failed && sealed(s.c[stripeException].Add(n)) {
+		w.add(p, now, stripeException, n)
 	}
 }
 
 // AddRT adds rt to the RT sum and updates the minimum RT.
 func (w *Window) AddRT(now, rt int64) {
+	p := Pin()
 	for {
 		b := w.arr.Current(now)
-		b.Value.Add(RT, rt)
-		b.Value.UpdateMinRT(rt)
-		if !w.arr.Retired(b) {
+		b.Value.UpdateMinRT(rt) // first, as in CompleteOn
+		if !sealed(b.Value.stripeOn(p).c[stripeRT].Add(rt)) {
 			return
 		}
 	}
@@ -150,27 +175,39 @@ func (w *Window) Reserve(now, n, threshold int64) bool {
 // Reservation is an admission made by Admit, which can be cancelled, or,
 // when refused, what the window held.
 type Reservation struct {
-	s     *stripe
-	n     int64
-	seen  int64
-	start int64
+	w *Window
+	b *leaparray.WindowWrap[Bucket] // nil when refused
+	s *stripe
+	// n is the count admitted, or for a refusal the count seen.
+	n int64
 }
 
 // Start returns the start of the bucket the admission was counted in. A
 // caller whose now was behind the newest bucket was counted there (see
 // leaparray on clamping); max(now, Start()) is when its pass happened.
-func (r Reservation) Start() int64 { return r.start }
+// Zero when refused.
+func (r Reservation) Start() int64 {
+	if r.b == nil {
+		return 0
+	}
+	return r.b.Start()
+}
 
 // Seen returns, for a refused admission, the window's committed count that
 // refused it: passes, leases not yet used, and borrowed admissions. It costs
 // the refusal nothing more.
-func (r Reservation) Seen() int64 { return r.seen }
+func (r Reservation) Seen() int64 {
+	if r.b != nil {
+		return 0
+	}
+	return r.n
+}
 
 // Cancel gives the admission back to the lease it came from (a later check
 // refused the request). Cancelling the zero Reservation does nothing.
 func (r Reservation) Cancel() {
-	if r.s != nil {
-		r.s.c[stripeUsed].Sub(r.n)
+	if r.b != nil {
+		r.w.backOut(r.b, r.s.c[stripeUsed].Add(-r.n), r.n)
 	}
 }
 
@@ -200,17 +237,21 @@ func (w *Window) AdmitOn(p int, now, n, threshold int64) (Reservation, bool) {
 		// Fast path: the stripe's lease covers n. Admitted iff used stays
 		// within taken after our add and the bucket is still the newest (a
 		// rotation sums this bucket's passes after publishing the next).
+		// A retired bucket's used word is sealed, far above any lease.
 		if used.Load()+n <= taken.Load() {
-			if used.Add(n) <= taken.Load() && a.Newest(b) {
-				return Reservation{s: s, n: n, start: b.Start()}, true
+			v := used.Add(n)
+			if v <= taken.Load() && a.Newest(b) {
+				return Reservation{w: w, b: b, s: s, n: n}, true
 			}
-			used.Sub(n)
+			if u := used.Add(-n); !sealed(v) {
+				w.backOut(b, u, n)
+			}
 			if !a.Newest(b) {
 				continue
 			}
 		}
 		if seen, ok := w.lease(b, s, max(now, b.Start()), n, threshold); !ok {
-			return Reservation{seen: seen}, false
+			return Reservation{n: seen}, false
 		}
 		// The stripe holds a fresh lease; take n from it.
 	}
@@ -259,31 +300,44 @@ func (w *Window) lease(b *leaparray.WindowWrap[Bucket], s *stripe, now, n, thres
 	}
 }
 
-// OnRetire sets fn to run with the start and final counts of every bucket
-// that leaves the ring (see leaparray.LeapArray.OnRetire). Set it before the
-// window is shared.
-func (w *Window) OnRetire(fn func(start int64, b *Bucket)) {
-	w.arr.OnRetire(func(old *leaparray.WindowWrap[Bucket]) { fn(old.Start(), &old.Value) })
+// OnRetire sets fn to take in the counts of every bucket that leaves the
+// ring: it runs under the rotation lock, after the replacement is published,
+// with the bucket's start and its final counts (see leaparray's OnRetire).
+// The hand-over is exact: every write made on the bucket is either in those
+// counts or made again on a current bucket, never both. One case needs a
+// correction after the fact: an admission counted in a bucket that retired
+// before the admission backed out (a rotation race, or Cancel). fn then runs
+// again, outside the lock, with that start and Counts{Pass: -n, MinRT: -1}.
+// fn must therefore be safe for simultaneous use, and set before the window
+// is shared.
+func (w *Window) OnRetire(fn func(start int64, c Counts)) { w.handover = fn }
+
+// retire seals a bucket leaving the ring and hands its counts over.
+func (w *Window) retire(old *leaparray.WindowWrap[Bucket]) {
+	c := old.Value.seal()
+	if w.handover != nil {
+		w.handover(old.Start(), c)
+	}
 }
 
-// Absorb adds every count of b into the bucket holding start: how a longer
-// window takes in the buckets a shorter one retires.
-func (w *Window) Absorb(start int64, b *Bucket) {
-	for {
-		dst := w.arr.Current(start)
-		d := &dst.Value
-		d.occupied.Add(b.occupied.Load())
-		s := d.stripeOn(Pin())
-		for i := range stripeRT + 1 {
-			s.c[i].Add(b.sum(i))
+// Absorb adds c into the bucket holding start (the newest, if start is
+// behind it): how a longer window takes in the buckets a shorter one
+// retires. Counts may be negative (OnRetire's corrections).
+func (w *Window) Absorb(start int64, c Counts) {
+	if c.MinRT >= 0 || c.MaxConcurrency > 0 {
+		b := &w.arr.Current(start).Value
+		if c.MinRT >= 0 {
+			b.UpdateMinRT(c.MinRT)
 		}
-		s.c[stripeDirect].Add(b.Get(Pass))
-		if v, ok := b.MinRT(); ok {
-			d.UpdateMinRT(v)
-		}
-		d.UpdateConcurrency(b.MaxConcurrency())
-		if !w.arr.Retired(dst) {
-			return
+		b.UpdateConcurrency(c.MaxConcurrency)
+	}
+	p := Pin()
+	for _, x := range [...]struct {
+		e Event
+		n int64
+	}{{Pass, c.Pass}, {Block, c.Block}, {Success, c.Success}, {Exception, c.Exception}, {RT, c.RT}, {OccupiedPass, c.Occupied}} {
+		if x.n != 0 {
+			w.AddOn(p, start, x.e, x.n)
 		}
 	}
 }

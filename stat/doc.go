@@ -29,5 +29,7 @@
 // The minute window is written only when a bucket leaves the second window:
 // the second window hands its final counts over as it retires them, and
 // minute reads add the buckets not yet handed over. Requests therefore pay
-// for one window, not two.
+// for one window, not two. The hand-over is exact (metric seals a retiring
+// bucket), so minute totals count every request once, however writes race
+// the rotation.
 package stat

@@ -49,7 +49,7 @@ type Node struct {
 	minute   *metric.Window
 
 	// Totals of every bucket the second window has retired, for the
-	// in-flight figure; written under its rotation lock.
+	// in-flight figure; written by its hand-over (see OnRetire).
 	retiredPass    atomic.Int64
 	retiredSuccess atomic.Int64
 
@@ -79,10 +79,12 @@ func newNode(resource string, cfg NodeConfig) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{resource: resource, second: sec, minute: mins}
-	sec.OnRetire(func(start int64, b *metric.Bucket) {
-		mins.Absorb(start, b)
-		n.retiredPass.Add(b.Get(metric.Pass))
-		n.retiredSuccess.Add(b.Get(metric.Success))
+	// Retirements run one at a time, corrections at any time: Absorb and
+	// the totals are atomic adds, safe for both.
+	sec.OnRetire(func(start int64, c metric.Counts) {
+		mins.Absorb(start, c)
+		n.retiredPass.Add(c.Pass)
+		n.retiredSuccess.Add(c.Success)
 	})
 	n.windows.Store(&map[time.Duration]*metric.Window{})
 	return n, nil

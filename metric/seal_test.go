@@ -1,0 +1,115 @@
+package metric
+
+import (
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/atomic"
+)
+
+func TestLoadAndSealedAcrossTheRange(t *testing.T) {
+	for _, v := range []int64{0, 1, 7, -1, -1000, sealBit/2 - 1, -(sealBit/2 - 1)} {
+		var c atomic.Int64
+		c.Store(v)
+		assert.Equal(t, v, load(&c), "unsealed %d", v)
+		assert.False(t, sealed(c.Load()), "unsealed %d", v)
+		assert.Equal(t, v, c.Add(sealBit)-sealBit)
+		assert.Equal(t, v, load(&c), "sealed %d", v)
+		assert.True(t, sealed(c.Add(0)), "sealed %d", v)
+	}
+}
+
+// TestSealStep walks one bucket through its retirement: the hand-over
+// carries what it held, writes that reach it afterwards read as sealed, and
+// reads of it still see its counts.
+func TestSealStep(t *testing.T) {
+	w := newWindow(t, 2, time.Second)
+	var got []Counts
+	var starts []int64
+	w.OnRetire(func(start int64, c Counts) {
+		starts = append(starts, start)
+		got = append(got, c)
+	})
+	w.Add(0, Pass, 2)
+	w.Add(0, Block, 3)
+	w.Complete(0, 4, 40, true)
+	w.AddRT(0, 1)
+	w.Add(0, OccupiedPass, 1)
+	w.UpdateConcurrency(0, 9)
+	r, ok := w.Admit(0, 5, 100)
+	require.True(t, ok)
+	old := w.arr.Current(0)
+	w.Add(500*ms, Success, 1)
+	assert.Empty(t, got, "nothing leaves the ring yet")
+
+	w.Add(1000*ms, Success, 1) // reuses slot 0: old retires
+	require.Len(t, got, 1)
+	assert.Equal(t, []int64{0}, starts)
+	assert.Equal(t, Counts{Pass: 7, Block: 3, Success: 4, Exception: 4, RT: 41, Occupied: 1, MinRT: 1, MaxConcurrency: 9}, got[0])
+
+	// A writer still holding the old bucket finds the seal in what its add
+	// returns; reads of the bucket mask it off.
+	assert.True(t, sealed(old.Value.addOn(0, Success, 1)))
+	assert.Equal(t, int64(5), old.Value.Get(Success))
+	assert.Equal(t, int64(7), old.Value.Get(Pass))
+
+	// Cancelling an admission whose bucket was handed over corrects the
+	// hand-over, once.
+	r.Cancel()
+	require.Len(t, got, 2)
+	assert.Equal(t, Counts{Pass: -5, MinRT: -1}, got[1])
+	assert.Equal(t, int64(0), starts[1])
+}
+
+// TestHandOverIsExactUnderRotation hammers a window whose buckets retire
+// while writers use them, with every kind of write, and checks that what was
+// handed over plus what is still in the ring equals what was written: no
+// count lost, none counted twice.
+func TestHandOverIsExactUnderRotation(t *testing.T) {
+	for _, samples := range []int{1, 2} {
+		w := newWindow(t, samples, time.Millisecond)
+		var handed [numEvents]atomic.Int64
+		w.OnRetire(func(_ int64, c Counts) {
+			handed[Pass].Add(c.Pass)
+			handed[Success].Add(c.Success)
+			handed[Block].Add(c.Block)
+			handed[RT].Add(c.RT)
+			handed[Exception].Add(c.Exception)
+		})
+		var clock atomic.Int64
+		var admitted atomic.Int64
+		const g, m = 8, 4000
+		var wg sync.WaitGroup
+		for i := range g {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for k := range m {
+					now := clock.Add(20 * int64(time.Microsecond))
+					w.Add(now, Block, 1)
+					w.Add(now, Pass, 1)
+					w.Complete(now, 1, 3, k%2 == 0)
+					if r, ok := w.Admit(now, 1, math.MaxInt32); ok {
+						if (i+k)%3 == 0 {
+							r.Cancel()
+						} else {
+							admitted.Add(1)
+						}
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		ring := func(e Event) int64 { return w.SumRange(math.MinInt64, math.MaxInt64, e) }
+		total := int64(g * m)
+		assert.Equal(t, total, handed[Block].Load()+ring(Block), "samples=%d block", samples)
+		assert.Equal(t, total, handed[Success].Load()+ring(Success), "samples=%d success", samples)
+		assert.Equal(t, 3*total, handed[RT].Load()+ring(RT), "samples=%d rt", samples)
+		assert.Equal(t, total/2, handed[Exception].Load()+ring(Exception), "samples=%d exception", samples)
+		assert.Equal(t, total+admitted.Load(), handed[Pass].Load()+ring(Pass), "samples=%d pass", samples)
+	}
+}
