@@ -110,8 +110,8 @@ func (n *Node) Second() *metric.Window { return n.second }
 // Inflight returns how many requests are in flight: every pass ever counted
 // minus every completion. It costs requests nothing (both totals are kept
 // anyway) and a walk over the second window to read. A read racing a
-// rotation may be off for that instant; a request whose Exit stalls for
-// longer than the window, mid-write, can leave it off by its count.
+// rotation may be off for that instant; the totals themselves are exact (the
+// hand-over of retiring buckets loses and repeats nothing).
 func (n *Node) Inflight() int64 {
 	pass := n.second.SumRange(math.MinInt64, math.MaxInt64, metric.Pass) + n.retiredPass.Load()
 	done := n.second.SumRange(math.MinInt64, math.MaxInt64, metric.Success) + n.retiredSuccess.Load()
