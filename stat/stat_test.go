@@ -3,6 +3,7 @@ package stat
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/atomic"
 
 	"github.com/leapflow/leapflow/metric"
 	"github.com/leapflow/leapflow/stat/stattest"
@@ -120,6 +122,46 @@ func TestMinuteIsExactUnderConcurrency(t *testing.T) {
 	// Nothing is lost and nothing counted twice: a write that raced the
 	// retirement of its bucket is either in the hand-over or redone.
 	assert.Equal(t, int64(g*m), got)
+}
+
+// TestInflightExactUnderRotation admits and completes requests on a window
+// of one bucket, so every rotation retires the bucket writers are using,
+// with some admissions cancelled: in-flight must end at exactly the requests
+// left open, and the minute must hold every pass once.
+func TestInflightExactUnderRotation(t *testing.T) {
+	n, err := NewNode("hot", NodeConfig{SampleCount: 1})
+	require.NoError(t, err)
+	clock := stattest.NewClock(0)
+	const g, m = 8, 3000
+	var open, passed atomic.Int64
+	var wg sync.WaitGroup
+	for i := range g {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w := n.Second()
+			for k := range m {
+				now := int64(clock.Advance(50 * time.Microsecond))
+				r, ok := w.Admit(now, 1, math.MaxInt32)
+				if !assert.True(t, ok) {
+					return
+				}
+				switch (i + k) % 4 {
+				case 0:
+					r.Cancel()
+				case 1:
+					open.Add(1) // admitted, never completed
+					passed.Add(1)
+				default:
+					passed.Add(1)
+					w.Complete(int64(clock.Advance(50*time.Microsecond)), 1, 1, false)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	assert.Equal(t, open.Load(), n.Inflight())
+	assert.Equal(t, passed.Load(), n.Minute(clock.Now(), metric.Pass))
 }
 
 func TestRegistryCapAndSharing(t *testing.T) {
