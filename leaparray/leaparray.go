@@ -36,6 +36,9 @@ type LeapArray[T any] struct {
 	// published runs under mu right after a new bucket is visible
 	// (Occupiable uses it to retire the borrowed counts it folded in).
 	published func()
+	// superseded, if set, runs under mu with each real bucket that stops
+	// being the newest, after the new one is visible.
+	superseded func(prev *WindowWrap[T])
 	// retired, if set, runs under mu with each real bucket a rotation
 	// replaced, after the replacement is visible.
 	retired func(old *WindowWrap[T])
@@ -172,6 +175,7 @@ func (a *LeapArray[T]) rotate(slot *atomic.Pointer[WindowWrap[T]], start int64) 
 	if start < a.newest.Load().start {
 		return // the caller re-clamps and lands in the newest bucket
 	}
+	prev := a.newest.Load()
 	w := &WindowWrap[T]{start: start, slot: (start / a.bucketLen) % a.n}
 	if a.init != nil {
 		a.init(start, &w.Value)
@@ -184,10 +188,21 @@ func (a *LeapArray[T]) rotate(slot *atomic.Pointer[WindowWrap[T]], start int64) 
 	if a.published != nil {
 		a.published()
 	}
+	if a.superseded != nil && prev.start != emptyStart {
+		a.superseded(prev)
+	}
 	if a.retired != nil && old.start != emptyStart {
 		a.retired(old)
 	}
 }
+
+// OnSupersede sets fn to run with every bucket that stops being the newest,
+// under the rotation lock and after the new newest bucket is visible (and
+// before that bucket's rotation retires anything). Every bucket is newest
+// when it is made, so fn sees each one once, before it retires: from then
+// on Current never hands it out, and only writers that loaded it earlier can
+// still reach it. Set it before the array is shared.
+func (a *LeapArray[T]) OnSupersede(fn func(prev *WindowWrap[T])) { a.superseded = fn }
 
 // OnRetire sets fn to run with every bucket a rotation replaces, under the
 // rotation lock and after the replacement is visible: the last chance to

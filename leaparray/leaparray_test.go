@@ -1,6 +1,7 @@
 package leaparray
 
 import (
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -312,4 +313,40 @@ func TestReadsAllocateNothing(t *testing.T) {
 		_ = a.Previous(now)
 	})
 	assert.Zero(t, allocs)
+}
+
+// TestSupersedeOncePerBucketBeforeRetire walks time forward in steps and
+// jumps: every bucket made is superseded exactly once, when the next one is
+// made, and always before it retires.
+func TestSupersedeOncePerBucketBeforeRetire(t *testing.T) {
+	for _, n := range []int{1, 2, 4} {
+		a := newArray(t, n, time.Second)
+		bl := a.BucketLen()
+		var events []string
+		superseded := map[*WindowWrap[counter]]int{}
+		a.OnSupersede(func(prev *WindowWrap[counter]) {
+			superseded[prev]++
+			events = append(events, fmt.Sprintf("s%d", prev.Start()/bl))
+		})
+		a.OnRetire(func(old *WindowWrap[counter]) {
+			assert.Equal(t, 1, superseded[old], "n=%d: retired before superseded", n)
+			events = append(events, fmt.Sprintf("r%d", old.Start()/bl))
+		})
+		var made []*WindowWrap[counter]
+		for _, step := range []int64{0, 1, 2, 3, 7, 8, 20} {
+			w := a.Current(step * bl)
+			if len(made) == 0 || made[len(made)-1] != w {
+				made = append(made, w)
+			}
+			a.Current(step * bl) // no new bucket: no event
+		}
+		for i, w := range made {
+			want := 1
+			if i == len(made)-1 {
+				want = 0 // still newest
+			}
+			assert.Equal(t, want, superseded[w], "n=%d bucket %d", n, w.Start()/bl)
+		}
+		assert.Equal(t, len(made)-1, len(superseded), "n=%d: %v", n, events)
+	}
 }
