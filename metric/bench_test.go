@@ -59,7 +59,15 @@ func BenchmarkComplete(b *testing.B) {
 // BenchmarkSum reads Pass over a 1 s window, single-threaded.
 func BenchmarkSum(b *testing.B) {
 	for _, n := range []int{2, 5, 10} {
-		w := newWindow(b, n, time.Second)
+		sumBench(b, n, DefaultStripes(), "")
+	}
+	// The layout of a 16-core machine, whatever this one has.
+	sumBench(b, 10, 16, "/stripes=16")
+}
+
+func sumBench(b *testing.B, n, stripes int, suffix string) {
+	{
+		w := newWindow(b, n, time.Second, WithStripes(stripes))
 		bl := int64(time.Second) / int64(n)
 		for i := range int64(n) {
 			w.Add(i*bl, Pass, 1)
@@ -67,7 +75,7 @@ func BenchmarkSum(b *testing.B) {
 		}
 		now := int64(time.Second) - 1
 		for _, e := range []Event{Pass, Success} {
-			b.Run(fmt.Sprintf("buckets=%d/event=%v", n, e), func(b *testing.B) {
+			b.Run(fmt.Sprintf("buckets=%d/event=%v%s", n, e, suffix), func(b *testing.B) {
 				b.ReportAllocs()
 				var sink int64
 				for b.Loop() {

@@ -117,7 +117,14 @@ type Bucket struct {
 	// only when they improve.
 	minRT   atomic.Int64
 	maxConc atomic.Int64
-	_       [CacheLine - 16]byte
+	// fz holds, once frozen is set, the bucket's count of each event Pass
+	// to RT summed over the stripes (see freeze): a read of a bucket that is
+	// no longer the newest costs this one line, however many stripes it
+	// has. The line is read-mostly: min RT and max concurrency are written
+	// only when they improve, fz and frozen once.
+	fz     [RT + 1]atomic.Int64
+	frozen atomic.Bool
+	_      [CacheLine - 16 - (RT+1)*8 - 4]byte
 }
 
 func (b *Bucket) init(stripes int) {
@@ -158,9 +165,16 @@ func (b *Bucket) sum(i int) int64 {
 	return s
 }
 
-// passes returns the bucket's passes: admitted and added directly. Small
-// enough to inline into window sums.
+// passes returns the bucket's passes: admitted and added directly.
 func (b *Bucket) passes() int64 {
+	if b.frozen.Load() {
+		return load(&b.fz[Pass])
+	}
+	return b.livePasses()
+}
+
+// livePasses sums the passes over the stripes.
+func (b *Bucket) livePasses() int64 {
 	var s int64
 	for j := range b.stripes {
 		st := &b.stripes[j]
@@ -171,11 +185,13 @@ func (b *Bucket) passes() int64 {
 
 // Get returns the count of event e.
 func (b *Bucket) Get(e Event) int64 {
-	switch e {
-	case Pass:
-		return b.passes()
-	case OccupiedPass:
+	switch {
+	case e == OccupiedPass:
 		return load(&b.occupied)
+	case b.frozen.Load():
+		return load(&b.fz[e])
+	case e == Pass:
+		return b.passes()
 	}
 	return b.sum(stripeOf[e])
 }
@@ -243,12 +259,13 @@ type Counts struct {
 // lease: all but stripeTaken, which only a lease on the newest bucket moves.
 var sealedWords = [...]int{stripeBlock, stripeSuccess, stripeException, stripeRT, stripeUsed, stripeDirect}
 
-// seal marks every counter of a retired bucket and returns the counts it
-// held at that instant (see sealBit). It runs once, under the rotation lock,
-// after the replacement is published. Min RT and max concurrency are read
-// after the seal: every writer updates them before the add that the seal
-// orders (CompleteOn), so those that landed before the seal are seen.
-func (b *Bucket) seal() Counts {
+// freeze runs once, under the rotation lock, when the bucket stops being the
+// newest: nothing but writers that loaded it earlier can reach it from then
+// on. It seals the stripe words (see sealBit) and adds what they held into
+// fz. A writer whose add lands after the seal makes it again on the newest
+// bucket; one that takes back an add that landed before it takes it back
+// from fz too (Window.backOut).
+func (b *Bucket) freeze() {
 	var w [stripeWords]int64
 	for j := range b.stripes {
 		st := &b.stripes[j]
@@ -256,10 +273,25 @@ func (b *Bucket) seal() Counts {
 			w[i] += st.c[i].Add(sealBit) - sealBit
 		}
 	}
+	b.fz[Pass].Add(w[stripeUsed] + w[stripeDirect])
+	b.fz[Block].Add(w[stripeBlock])
+	b.fz[Success].Add(w[stripeSuccess])
+	b.fz[Exception].Add(w[stripeException])
+	b.fz[RT].Add(w[stripeRT])
+	b.frozen.Store(true)
+}
+
+// seal runs once, under the rotation lock, when the bucket leaves the ring
+// (after its freeze): it seals fz and the occupied word and returns the
+// counts they held, the bucket's final counts. Min RT and max concurrency
+// are read after the seal: every writer updates them before the add that
+// the seal orders (CompleteOn), so those that landed before it are seen.
+func (b *Bucket) seal() Counts {
 	c := Counts{
-		Pass: w[stripeUsed] + w[stripeDirect], Block: w[stripeBlock], Success: w[stripeSuccess],
-		Exception: w[stripeException], RT: w[stripeRT],
-		Occupied: b.occupied.Add(sealBit) - sealBit, MinRT: -1, MaxConcurrency: b.MaxConcurrency(),
+		Pass: b.fz[Pass].Add(sealBit) - sealBit, Block: b.fz[Block].Add(sealBit) - sealBit,
+		Success: b.fz[Success].Add(sealBit) - sealBit, Exception: b.fz[Exception].Add(sealBit) - sealBit,
+		RT: b.fz[RT].Add(sealBit) - sealBit, Occupied: b.occupied.Add(sealBit) - sealBit,
+		MinRT: -1, MaxConcurrency: b.MaxConcurrency(),
 	}
 	if v, ok := b.MinRT(); ok {
 		c.MinRT = v

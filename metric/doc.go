@@ -14,6 +14,20 @@
 // line. Reads add the stripes up; a read that runs alongside writers may
 // miss the latest adds, never invent any.
 //
+// # A bucket's life
+//
+// Only the newest bucket is written: earlier times are clamped to it. When
+// a newer bucket is made, the old one freezes: its stripes are sealed and
+// summed into one word per event, so reads of every bucket but the newest
+// cost one cache line, not one per stripe. When it leaves the ring it is
+// sealed again and its final counts are handed to OnRetire (stat feeds the
+// minute with them). A writer that loaded a bucket just before either step
+// learns from the value its own atomic add returns whether the add landed
+// before the seal (counted there) or after (made again on the newest
+// bucket); a pass taken back after a seal is taken back from the frozen
+// count, or corrected through OnRetire. No count is lost and none is
+// counted twice.
+//
 // # Admission
 //
 // Admit (and Reserve) is an atomic check-and-count of Pass: the window's

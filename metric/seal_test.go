@@ -23,45 +23,61 @@ func TestLoadAndSealedAcrossTheRange(t *testing.T) {
 	}
 }
 
-// TestSealStep walks one bucket through its retirement: the hand-over
-// carries what it held, writes that reach it afterwards read as sealed, and
-// reads of it still see its counts.
-func TestSealStep(t *testing.T) {
-	w := newWindow(t, 2, time.Second)
+// TestFreezeAndSealStep walks buckets through their two changes: a bucket
+// freezes when it stops being the newest (its counts move to one word per
+// event, writes that reach it later read as sealed) and hands over its final
+// counts when it leaves the ring. Cancels in either state land exactly once.
+func TestFreezeAndSealStep(t *testing.T) {
+	w := newWindow(t, 2, time.Second, WithStripes(4))
 	var got []Counts
 	var starts []int64
 	w.OnRetire(func(start int64, c Counts) {
 		starts = append(starts, start)
 		got = append(got, c)
 	})
-	w.Add(0, Pass, 2)
-	w.Add(0, Block, 3)
-	w.Complete(0, 4, 40, true)
+	w.AddOn(0, 0, Pass, 2)
+	w.AddOn(3, 0, Block, 3)
+	w.CompleteOn(1, 0, 4, 40, true)
 	w.AddRT(0, 1)
 	w.Add(0, OccupiedPass, 1)
 	w.UpdateConcurrency(0, 9)
-	r, ok := w.Admit(0, 5, 100)
+	early, ok := w.Admit(0, 5, 100)
+	require.True(t, ok)
+	late, ok := w.AdmitOn(2, 0, 3, 100)
 	require.True(t, ok)
 	old := w.arr.Current(0)
+	assert.False(t, old.Value.frozen.Load())
+	assert.Equal(t, int64(10), w.Sum(0, Pass))
+
+	// The next bucket freezes the first: same reads, from fz.
 	w.Add(500*ms, Success, 1)
+	require.True(t, old.Value.frozen.Load())
 	assert.Empty(t, got, "nothing leaves the ring yet")
+	for e, want := range map[Event]int64{Pass: 10, Block: 3, Success: 4, Exception: 4, RT: 41, OccupiedPass: 1} {
+		assert.Equal(t, want, old.Value.Get(e), "%v", e)
+	}
+	assert.Equal(t, int64(10), w.Sum(999*ms, Pass))
+	// A writer that still held it finds the seal and its add is not counted
+	// there (Window's writers make it again on the newest bucket).
+	assert.True(t, sealed(old.Value.addOn(1, Success, 1)))
+	assert.Equal(t, int64(4), old.Value.Get(Success))
+	// A cancel takes its passes back from the frozen count.
+	early.Cancel()
+	assert.Equal(t, int64(5), old.Value.Get(Pass))
+	assert.Equal(t, int64(5), w.Sum(999*ms, Pass))
+	assert.Empty(t, got)
 
 	w.Add(1000*ms, Success, 1) // reuses slot 0: old retires
 	require.Len(t, got, 1)
 	assert.Equal(t, []int64{0}, starts)
-	assert.Equal(t, Counts{Pass: 7, Block: 3, Success: 4, Exception: 4, RT: 41, Occupied: 1, MinRT: 1, MaxConcurrency: 9}, got[0])
-
-	// A writer still holding the old bucket finds the seal in what its add
-	// returns; reads of the bucket mask it off.
-	assert.True(t, sealed(old.Value.addOn(0, Success, 1)))
-	assert.Equal(t, int64(5), old.Value.Get(Success))
-	assert.Equal(t, int64(7), old.Value.Get(Pass))
+	assert.Equal(t, Counts{Pass: 5, Block: 3, Success: 4, Exception: 4, RT: 41, Occupied: 1, MinRT: 1, MaxConcurrency: 9}, got[0])
+	assert.Equal(t, int64(5), old.Value.Get(Pass), "reads of a retired bucket mask the seal")
 
 	// Cancelling an admission whose bucket was handed over corrects the
 	// hand-over, once.
-	r.Cancel()
+	late.Cancel()
 	require.Len(t, got, 2)
-	assert.Equal(t, Counts{Pass: -5, MinRT: -1}, got[1])
+	assert.Equal(t, Counts{Pass: -3, MinRT: -1}, got[1])
 	assert.Equal(t, int64(0), starts[1])
 }
 

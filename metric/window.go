@@ -67,6 +67,7 @@ func NewWindow(sampleCount int, interval time.Duration, opts ...Option) (*Window
 		return nil, fmt.Errorf("metric: %w", err)
 	}
 	w.Reader = Reader{w: w, span: w.arr.Interval()}
+	w.arr.OnSupersede(func(prev *leaparray.WindowWrap[Bucket]) { prev.Value.freeze() })
 	w.arr.OnRetire(w.retire)
 	return w, nil
 }
@@ -101,11 +102,14 @@ func (w *Window) AddOn(p int, now int64, e Event, n int64) {
 }
 
 // backOut finishes taking back n passes from bucket b, given the value the
-// taking back returned: if b was sealed in between, its hand-over counted
-// the passes, and the caller, which counts them again elsewhere (or not at
-// all), corrects it.
+// taking back returned. If b froze in between, its frozen count holds the
+// passes: take them back there. If it also retired, its hand-over counted
+// them: correct that.
 func (w *Window) backOut(b *leaparray.WindowWrap[Bucket], v, n int64) {
-	if sealed(v) && w.handover != nil {
+	if !sealed(v) {
+		return
+	}
+	if sealed(b.Value.fz[Pass].Add(-n)) && w.handover != nil {
 		w.handover(b.Start(), Counts{Pass: -n, MinRT: -1})
 	}
 }
@@ -417,7 +421,12 @@ func (r *Reader) Sum(now int64, e Event) int64 {
 	var sum int64
 	if e == Pass { // the read admission depends on: keep it tight
 		for b := range a.Within(now, r.span) {
-			sum += b.Value.passes()
+			// passes, by hand: the call would not inline.
+			if v := &b.Value; v.frozen.Load() {
+				sum += load(&v.fz[Pass])
+			} else {
+				sum += v.livePasses()
+			}
 		}
 		return sum
 	}

@@ -33,6 +33,8 @@ func TestPadding(t *testing.T) {
 	assert.GreaterOrEqual(t, unsafe.Offsetof(b.minRT)-unsafe.Offsetof(b.granted), uintptr(CacheLine),
 		"minRT must not share a line with granted")
 	assert.GreaterOrEqual(t, unsafe.Sizeof(b)-unsafe.Offsetof(b.maxConc), uintptr(CacheLine-8))
+	assert.Less(t, unsafe.Offsetof(b.frozen)-unsafe.Offsetof(b.minRT), uintptr(CacheLine),
+		"a frozen read touches one line past the header")
 }
 
 func TestRoundStripes(t *testing.T) {
