@@ -287,6 +287,10 @@ func (a *LeapArray[T]) Retired(w *WindowWrap[T]) bool {
 	return s != w && s.start > w.start
 }
 
+// Head returns the newest bucket ever made, or a placeholder whose start no
+// time reaches when none was. It never creates a bucket.
+func (a *LeapArray[T]) Head() *WindowWrap[T] { return a.newest.Load() }
+
 // Newest reports whether w is still the newest bucket of the array. An
 // admission that must be seen by every later window (flow's Reserve) checks
 // it after its write: once a newer bucket exists, a rotation may already have
