@@ -104,7 +104,11 @@ type Bucket struct {
 	// that leasing (which must count those) only then reads every stripe:
 	// a read of other Ps' lines on every refusal would bounce them.
 	direct atomic.Bool
-	_      [CacheLine]byte
+	// rest caches, while this bucket is the newest, the frozen passes of
+	// the rest of its window (see Reader.Sum), or holds sumUnknown or
+	// sumFilling.
+	rest atomic.Int64
+	_    [CacheLine]byte
 
 	// granted is the total leased to stripes (and folded in from borrows);
 	// occupied counts borrowed admissions folded in.
@@ -131,6 +135,7 @@ func (b *Bucket) init(stripes int) {
 	b.stripes = make([]stripe, stripes)
 	b.mask = stripes - 1
 	b.base.Store(-1)
+	b.rest.Store(sumUnknown)
 }
 
 // stripeOn returns the stripe for hint p (a P index from Pin; any value is

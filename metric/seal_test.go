@@ -129,3 +129,75 @@ func TestHandOverIsExactUnderRotation(t *testing.T) {
 		assert.Equal(t, total+admitted.Load(), handed[Pass].Load()+ring(Pass), "samples=%d pass", samples)
 	}
 }
+
+// TestCachedSumUnderRacingCancels runs readers that fill the head's cache of
+// frozen passes while writers admit, cancel late (often after their bucket
+// froze) and move time on. Once they stop, the whole-window Sum, cached or
+// not, must equal a walk over the buckets.
+func TestCachedSumUnderRacingCancels(t *testing.T) {
+	for _, samples := range []int{2, 4, 10} {
+		w := newWindow(t, samples, 10*time.Millisecond)
+		var clock atomic.Int64
+		var wg sync.WaitGroup
+		stop := make(chan struct{})
+		for range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+						_ = w.Sum(clock.Load(), Pass)
+					}
+				}
+			}()
+		}
+		var writers sync.WaitGroup
+		left := make([][]Reservation, 4)
+		for i := range 4 {
+			writers.Add(1)
+			go func() {
+				defer writers.Done()
+				var held []Reservation
+				defer func() { left[i] = held }()
+				for k := range 3000 {
+					now := clock.Add(int64(time.Millisecond) / 40)
+					if r, ok := w.Admit(now, 1, math.MaxInt32); ok {
+						held = append(held, r)
+					}
+					// Cancel (or keep) the admission made 8 steps ago: a
+					// bucket or two back, frozen but in the window.
+					if len(held) > 8 {
+						if k%2 == 0 {
+							held[0].Cancel()
+						}
+						held = held[1:]
+					}
+				}
+			}()
+		}
+		writers.Wait()
+		close(stop)
+		wg.Wait()
+		// Then in steps: a new head, its cache filled, and the admissions
+		// still held cancelled, from frozen buckets of its window.
+		now := clock.Load() + w.arr.BucketLen()
+		_, ok := w.Admit(now, 1, math.MaxInt32)
+		require.True(t, ok)
+		_ = w.Sum(now, Pass)
+		require.GreaterOrEqual(t, w.arr.Head().Value.rest.Load(), int64(0), "cached")
+		for _, held := range left {
+			for _, r := range held {
+				r.Cancel()
+			}
+		}
+		var walk int64
+		for b := range w.arr.Within(now, w.arr.Interval()) {
+			walk += b.Value.passes()
+		}
+		assert.Equal(t, walk, w.Sum(now, Pass), "samples=%d", samples)
+		assert.Equal(t, walk, w.Sum(now, Pass), "samples=%d, again (cached)", samples)
+	}
+}

@@ -112,6 +112,10 @@ func (w *Window) backOut(b *leaparray.WindowWrap[Bucket], v, n int64) {
 	if sealed(b.Value.fz[Pass].Add(-n)) && w.handover != nil {
 		w.handover(b.Start(), Counts{Pass: -n, MinRT: -1})
 	}
+	// The frozen rest cached in the head may hold the passes: clear it.
+	// A fill that read the count before our add has not stored yet (it
+	// then fails) or has (we clear it); one that starts later reads it.
+	w.arr.Head().Value.rest.Store(sumUnknown)
 }
 
 // add adds n to word i of stripe p in the bucket holding now, again on the
@@ -356,6 +360,42 @@ func (w *Window) SumRange(lo, hi int64, e Event) int64 {
 	return sum
 }
 
+// The states of Bucket.rest besides a cached total.
+const (
+	sumUnknown = -1
+	sumFilling = -2
+)
+
+// fillSum returns the passes of the whole window at now, a time in head's
+// span, and caches in head the passes of the other buckets if they are all
+// frozen (their counts are then final but for passes taken back, which
+// clear the cache: see backOut). Only one reader fills at a time; a clear
+// that races the fill makes the fill's store fail.
+func (w *Window) fillSum(head *leaparray.WindowWrap[Bucket], now int64) int64 {
+	v := &head.Value
+	filling := v.rest.CompareAndSwap(sumUnknown, sumFilling)
+	var rest int64
+	final := true
+	for x := range w.arr.Within(now, w.arr.Interval()) {
+		switch {
+		case x == head:
+		case x.Value.frozen.Load():
+			rest += load(&x.Value.fz[Pass])
+		default: // superseded, its freeze under way
+			final = false
+			rest += x.Value.livePasses()
+		}
+	}
+	if filling {
+		if final {
+			v.rest.CompareAndSwap(sumFilling, rest)
+		} else {
+			v.rest.CompareAndSwap(sumFilling, sumUnknown)
+		}
+	}
+	return rest + v.livePasses()
+}
+
 // passExcept sums Pass over the buckets valid at now, skipping b.
 func (w *Window) passExcept(now int64, b *leaparray.WindowWrap[Bucket]) int64 {
 	var sum int64
@@ -420,6 +460,14 @@ func (r *Reader) Sum(now int64, e Event) int64 {
 	now = a.Clamp(now)
 	var sum int64
 	if e == Pass { // the read admission depends on: keep it tight
+		// The whole window at a time in the newest bucket: that bucket's
+		// live passes plus the frozen rest, cached in it.
+		if h := a.Head(); r.span == a.Interval() && now-h.Start() < a.BucketLen() {
+			if rest := h.Value.rest.Load(); rest >= 0 {
+				return rest + h.Value.livePasses()
+			}
+			return r.w.fillSum(h, now)
+		}
 		for b := range a.Within(now, r.span) {
 			// passes, by hand: the call would not inline.
 			if v := &b.Value; v.frozen.Load() {
