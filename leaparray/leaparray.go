@@ -6,6 +6,7 @@ import (
 	"math"
 	"reflect"
 	"sync"
+	stdatomic "sync/atomic"
 	"time"
 
 	"go.uber.org/atomic"
@@ -48,7 +49,11 @@ type LeapArray[T any] struct {
 	// stored under mu before the bucket goes into its slot, and is both the
 	// fast path of Current (no division while time stays in it) and the
 	// point every earlier time is clamped to.
-	newest atomic.Pointer[WindowWrap[T]]
+	//
+	// It is the standard library's pointer, not go.uber.org/atomic's: one
+	// wrapper less keeps Head and the fast path of Current within the
+	// inlining budget of their callers.
+	newest stdatomic.Pointer[WindowWrap[T]]
 	// mu serialises rotations: at most one fresh bucket is built per slot and
 	// time, and Occupiable folds borrowed counts under it. Never taken by
 	// operations that stay within a bucket.
