@@ -33,6 +33,8 @@ type Window struct {
 	// handover, if set, takes the counts of every bucket that retires, and
 	// corrections to them (see OnRetire).
 	handover func(start int64, c Counts)
+	// bucketLen is the ring's, kept here for current's fast path.
+	bucketLen int64
 }
 
 // NewWindow returns a Window of sampleCount buckets over interval. It returns
@@ -67,10 +69,20 @@ func NewWindow(sampleCount int, interval time.Duration, opts ...Option) (*Window
 		return nil, fmt.Errorf("metric: %w", err)
 	}
 	w.Reader = Reader{w: w, span: w.arr.Interval()}
+	w.bucketLen = w.arr.BucketLen()
 	w.arr.OnSupersede(func(prev *leaparray.WindowWrap[Bucket]) { prev.Value.freeze() })
 	w.arr.OnRetire(w.retire)
 	return w, nil
 }
+
+// current is the ring's Current. The hot paths (AddOn, CompleteOn,
+// AdmitOn) spell its fast path out instead, since no call to it inlines:
+//
+//	b := w.arr.Head()
+//	if now >= b.Start()+w.bucketLen {
+//		b = w.current(now)
+//	}
+func (w *Window) current(now int64) *leaparray.WindowWrap[Bucket] { return w.arr.Current(now) }
 
 // Array exposes the underlying ring, read-only by convention (tests and
 // views use it).
@@ -88,7 +100,10 @@ func (w *Window) Add(now int64, e Event, n int64) { w.AddOn(Pin(), now, e, n) }
 // AddOn is Add with a stripe hint from Pin.
 func (w *Window) AddOn(p int, now int64, e Event, n int64) {
 	for {
-		b := w.arr.Current(now)
+		b := w.arr.Head()
+		if now >= b.Start()+w.bucketLen {
+			b = w.current(now)
+		}
 		v := b.Value.addOn(p, e, n)
 		if sealed(v) {
 			continue // after the hand-over: make it on the current bucket
@@ -121,7 +136,7 @@ func (w *Window) backOut(b *leaparray.WindowWrap[Bucket], v, n int64) {
 // add adds n to word i of stripe p in the bucket holding now, again on the
 // current bucket for as long as it lands after a seal.
 func (w *Window) add(p int, now int64, i int, n int64) {
-	for sealed(w.arr.Current(now).Value.stripeOn(p).c[i].Add(n)) {
+	for sealed(w.current(now).Value.stripeOn(p).c[i].Add(n)) {
 	}
 }
 
@@ -134,10 +149,16 @@ func (w *Window) Complete(now, n, rt int64, failed bool) { w.CompleteOn(Pin(), n
 func (w *Window) CompleteOn(p int, now, n, rt int64, failed bool) {
 	var s *stripe
 	for {
-		b := w.arr.Current(now)
+		b := w.arr.Head()
+		if now >= b.Start()+w.bucketLen {
+			b = w.current(now)
+		}
 		// The min RT goes first: a seal reads it after sealing the success
 		// word, so a success add that lands before the seal brings it along.
-		if n > 0 {
+		switch {
+		case n == 1: // the common case: no 64-bit division
+			b.Value.UpdateMinRT(rt)
+		case n > 1:
 			b.Value.UpdateMinRT(rt / n)
 		}
 		s = b.Value.stripeOn(p)
@@ -157,7 +178,7 @@ func (w *Window) CompleteOn(p int, now, n, rt int64, failed bool) {
 func (w *Window) AddRT(now, rt int64) {
 	p := Pin()
 	for {
-		b := w.arr.Current(now)
+		b := w.current(now)
 		b.Value.UpdateMinRT(rt) // first, as in CompleteOn
 		if !sealed(b.Value.stripeOn(p).c[stripeRT].Add(rt)) {
 			return
@@ -167,7 +188,7 @@ func (w *Window) AddRT(now, rt int64) {
 
 // UpdateConcurrency records c as a concurrency seen at now.
 func (w *Window) UpdateConcurrency(now, c int64) {
-	w.arr.Current(now).Value.UpdateConcurrency(c)
+	w.current(now).Value.UpdateConcurrency(c)
 }
 
 // Reserve atomically admits n against threshold: it counts n as Pass in the
@@ -239,7 +260,10 @@ func (w *Window) AdmitOn(p int, now, n, threshold int64) (Reservation, bool) {
 	}
 	a := &w.arr
 	for {
-		b := a.Current(now)
+		b := a.Head()
+		if now >= b.Start()+w.bucketLen {
+			b = w.current(now)
+		}
 		s := b.Value.stripeOn(p)
 		used, taken := &s.c[stripeUsed], &s.c[stripeTaken]
 		// Fast path: the stripe's lease covers n. Admitted iff used stays
