@@ -81,7 +81,12 @@ func (en *Entry) Exit(err error) {
 		return
 	}
 	en.done = true
-	now := en.eng.clock.Now()
+	var now int64
+	if c := en.eng.coarse; c != nil {
+		now = c.Now()
+	} else {
+		now = en.eng.clock.Now()
+	}
 	en.node.Second().CompleteOn(int(en.p), now, en.n, max(now-en.start, 0), err != nil)
 	if en.conc {
 		en.node.Concurrency().Sub(en.n)
@@ -167,7 +172,12 @@ func (e *Engine) enter(rr *resourceRules, node *stat.Node, opts []EntryOption) (
 	if n < 1 {
 		return Entry{}, errBadCount
 	}
-	now := e.clock.Now()
+	var now int64
+	if c := e.coarse; c != nil {
+		now = c.Now()
+	} else {
+		now = e.clock.Now()
+	}
 	p := metric.Pin()
 	if rr == nil {
 		node.Second().AddOn(p, now, metric.Pass, n)
