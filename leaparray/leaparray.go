@@ -30,10 +30,20 @@ func (w *WindowWrap[T]) Start() int64 { return w.start }
 // simultaneous use by multiple goroutines and must not be copied after first
 // use.
 type LeapArray[T any] struct {
+	// bucketLen and newest come first and together: every write reads both.
 	bucketLen int64
-	interval  int64
-	n         int64
-	init      func(start int64, v *T)
+	// newest is the newest bucket ever made. It only moves forward, is
+	// stored under mu before the bucket goes into its slot, and is both the
+	// fast path of Current (no division while time stays in it) and the
+	// point every earlier time is clamped to.
+	//
+	// It is the standard library's pointer, not go.uber.org/atomic's: one
+	// wrapper less keeps Head and the fast path of Current within the
+	// inlining budget of their callers.
+	newest   stdatomic.Pointer[WindowWrap[T]]
+	interval int64
+	n        int64
+	init     func(start int64, v *T)
 	// published runs under mu right after a new bucket is visible
 	// (Occupiable uses it to retire the borrowed counts it folded in).
 	published func()
@@ -45,15 +55,6 @@ type LeapArray[T any] struct {
 	retired func(old *WindowWrap[T])
 	slots   []atomic.Pointer[WindowWrap[T]]
 
-	// newest is the newest bucket ever made. It only moves forward, is
-	// stored under mu before the bucket goes into its slot, and is both the
-	// fast path of Current (no division while time stays in it) and the
-	// point every earlier time is clamped to.
-	//
-	// It is the standard library's pointer, not go.uber.org/atomic's: one
-	// wrapper less keeps Head and the fast path of Current within the
-	// inlining budget of their callers.
-	newest stdatomic.Pointer[WindowWrap[T]]
 	// mu serialises rotations: at most one fresh bucket is built per slot and
 	// time, and Occupiable folds borrowed counts under it. Never taken by
 	// operations that stay within a bucket.

@@ -33,8 +33,6 @@ type Window struct {
 	// handover, if set, takes the counts of every bucket that retires, and
 	// corrections to them (see OnRetire).
 	handover func(start int64, c Counts)
-	// bucketLen is the ring's, kept here for current's fast path.
-	bucketLen int64
 }
 
 // NewWindow returns a Window of sampleCount buckets over interval. It returns
@@ -69,7 +67,6 @@ func NewWindow(sampleCount int, interval time.Duration, opts ...Option) (*Window
 		return nil, fmt.Errorf("metric: %w", err)
 	}
 	w.Reader = Reader{w: w, span: w.arr.Interval()}
-	w.bucketLen = w.arr.BucketLen()
 	w.arr.OnSupersede(func(prev *leaparray.WindowWrap[Bucket]) { prev.Value.freeze() })
 	w.arr.OnRetire(w.retire)
 	return w, nil
@@ -79,7 +76,7 @@ func NewWindow(sampleCount int, interval time.Duration, opts ...Option) (*Window
 // AdmitOn) spell its fast path out instead, since no call to it inlines:
 //
 //	b := w.arr.Head()
-//	if now >= b.Start()+w.bucketLen {
+//	if now >= b.Start()+w.arr.BucketLen() {
 //		b = w.current(now)
 //	}
 func (w *Window) current(now int64) *leaparray.WindowWrap[Bucket] { return w.arr.Current(now) }
@@ -101,7 +98,7 @@ func (w *Window) Add(now int64, e Event, n int64) { w.AddOn(Pin(), now, e, n) }
 func (w *Window) AddOn(p int, now int64, e Event, n int64) {
 	for {
 		b := w.arr.Head()
-		if now >= b.Start()+w.bucketLen {
+		if now >= b.Start()+w.arr.BucketLen() {
 			b = w.current(now)
 		}
 		v := b.Value.addOn(p, e, n)
@@ -150,7 +147,7 @@ func (w *Window) CompleteOn(p int, now, n, rt int64, failed bool) {
 	var s *stripe
 	for {
 		b := w.arr.Head()
-		if now >= b.Start()+w.bucketLen {
+		if now >= b.Start()+w.arr.BucketLen() {
 			b = w.current(now)
 		}
 		// The min RT goes first: a seal reads it after sealing the success
@@ -261,7 +258,7 @@ func (w *Window) AdmitOn(p int, now, n, threshold int64) (Reservation, bool) {
 	a := &w.arr
 	for {
 		b := a.Head()
-		if now >= b.Start()+w.bucketLen {
+		if now >= b.Start()+w.arr.BucketLen() {
 			b = w.current(now)
 		}
 		s := b.Value.stripeOn(p)
