@@ -108,7 +108,12 @@ type Bucket struct {
 	// the rest of its window (see Reader.Sum), or holds sumUnknown or
 	// sumFilling.
 	rest atomic.Int64
-	_    [CacheLine]byte
+	// minRT holds the minimum RT plus one (0: none yet). Every completion
+	// reads it and few write it (a bucket's minimum settles after its
+	// first completions), so it shares the read-mostly line that every
+	// completion reads anyway.
+	minRT atomic.Int64
+	_     [CacheLine]byte
 
 	// granted is the total leased to stripes (and folded in from borrows);
 	// occupied counts borrowed admissions folded in.
@@ -116,19 +121,17 @@ type Bucket struct {
 	occupied atomic.Int64
 	_        [CacheLine - 16]byte
 
-	// minRT holds the minimum RT plus one (0: none yet) and maxConc the
-	// largest concurrency seen. Both are read on every update and written
-	// only when they improve.
-	minRT   atomic.Int64
+	// maxConc is the largest concurrency seen: read on every update and
+	// written only when it improves.
 	maxConc atomic.Int64
 	// fz holds, once frozen is set, the bucket's count of each event Pass
 	// to RT summed over the stripes (see freeze): a read of a bucket that is
 	// no longer the newest costs this one line, however many stripes it
-	// has. The line is read-mostly: min RT and max concurrency are written
-	// only when they improve, fz and frozen once.
+	// has. The line is read-mostly: max concurrency is written only when it
+	// improves, fz and frozen once.
 	fz     [RT + 1]atomic.Int64
 	frozen atomic.Bool
-	_      [CacheLine - 16 - (RT+1)*8 - 4]byte
+	_      [CacheLine - 8 - (RT+1)*8 - 4]byte
 }
 
 func (b *Bucket) init(stripes int) {

@@ -26,14 +26,14 @@ func newWindow(t testing.TB, n int, interval time.Duration, opts ...Option) *Win
 func TestPadding(t *testing.T) {
 	assert.Equal(t, uintptr(CacheLine), unsafe.Sizeof(stripe{}))
 	var b Bucket
-	readMostlyEnd := unsafe.Offsetof(b.mask) + unsafe.Sizeof(b.mask)
-	readMostlyEnd = unsafe.Offsetof(b.direct) + unsafe.Sizeof(b.direct)
+	readMostlyEnd := unsafe.Offsetof(b.minRT) + unsafe.Sizeof(b.minRT)
+	assert.LessOrEqual(t, readMostlyEnd, uintptr(CacheLine), "the header with min RT fits one line")
 	assert.GreaterOrEqual(t, unsafe.Offsetof(b.granted)-readMostlyEnd, uintptr(CacheLine),
 		"granted must not share a line with the read-mostly header")
-	assert.GreaterOrEqual(t, unsafe.Offsetof(b.minRT)-unsafe.Offsetof(b.granted), uintptr(CacheLine),
-		"minRT must not share a line with granted")
+	assert.GreaterOrEqual(t, unsafe.Offsetof(b.maxConc)-unsafe.Offsetof(b.granted), uintptr(CacheLine),
+		"maxConc must not share a line with granted")
 	assert.GreaterOrEqual(t, unsafe.Sizeof(b)-unsafe.Offsetof(b.maxConc), uintptr(CacheLine-8))
-	assert.Less(t, unsafe.Offsetof(b.frozen)-unsafe.Offsetof(b.minRT), uintptr(CacheLine),
+	assert.Less(t, unsafe.Offsetof(b.frozen)-unsafe.Offsetof(b.maxConc), uintptr(CacheLine),
 		"a frozen read touches one line past the header")
 }
 
