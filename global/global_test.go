@@ -20,8 +20,15 @@ import (
 	"github.com/leapflow/leapflow/stat"
 )
 
+// newSource makes a Source for a test. Tests that do not exercise timeouts
+// get a generous one: on a loaded machine (CI, the race detector) a round
+// trip can pass the 50 ms default, and a fallback would then change what
+// they measure.
 func newSource(t testing.TB, c redis.UniversalClient, opts Options) *Source {
 	t.Helper()
+	if opts.Timeout == 0 {
+		opts.Timeout = 2 * time.Second
+	}
 	s, err := New(c, opts)
 	require.NoError(t, err)
 	return s
