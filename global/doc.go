@@ -27,7 +27,12 @@
 // Tokens leased and not used make their window stricter, by at most one
 // batch per instance. A server that restarts without persistence forgets
 // its windows: for one window the limit can be exceeded by what was
-// admitted before the restart.
+// admitted before the restart. Likewise a failover to a replica (Redis
+// Sentinel: pass a failover client, as redis.NewFailoverClient or a
+// UniversalClient with MasterName makes) loses what the old master had not
+// yet replicated, since Redis replicates asynchronously: the windows that
+// span the failover may admit that much more. The tests promote a replica
+// under load: requests keep being answered and limiting resumes on it.
 //
 // # Failure
 //

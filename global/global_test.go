@@ -392,6 +392,78 @@ func TestCluster(t *testing.T) {
 	}
 }
 
+// TestSentinelFailover runs a global rule through a failover client while
+// the sentinel promotes the replica: every request is answered quickly (by
+// Redis or, in the gap, by the local fallback), and once the new master
+// serves, global limiting resumes on it and holds its threshold.
+func TestSentinelFailover(t *testing.T) {
+	st := redistest.StartSentinel(t)
+	var after atomic.Bool
+	before, since := NewAudit(), NewAudit()
+	src := newSource(t, st.Client(t), Options{
+		Buckets: 10, MaxBatch: 1, Timeout: 200 * time.Millisecond,
+		Backoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
+		OnAdmit: func(b time.Time, n int64) {
+			if after.Load() {
+				since.Record(b, n)
+			} else {
+				before.Record(b, n)
+			}
+		},
+	})
+	eng, err := flow.New(flow.WithTokenSource(src))
+	require.NoError(t, err)
+	const threshold = 200
+	require.NoError(t, eng.LoadRules([]flow.Rule{{ID: "failover", Resource: "api", Threshold: threshold, Global: true, LocalShare: 0.5}}))
+
+	var slowest atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				t0 := time.Now()
+				en, err := eng.Entry("api")
+				if d := int64(time.Since(t0)); d > slowest.Load() {
+					slowest.Store(d) // racy max: close enough for a bound
+				}
+				if err != nil && !errors.Is(err, flow.ErrBlocked) {
+					t.Errorf("Entry: %v", err)
+					return
+				}
+				en.Exit(nil)
+				time.Sleep(time.Millisecond)
+			}
+		}()
+	}
+	time.Sleep(time.Second)
+	st.Failover(t)
+	after.Store(true)
+	time.Sleep(2 * time.Second)
+	close(stop)
+	wg.Wait()
+
+	snap, ok := eng.Snapshot("api")
+	require.True(t, ok)
+	t.Logf("admitted by Redis: %d before the failover, %d after; fallbacks %d; stats %+v; slowest %v",
+		before.Total(), since.Total(), snap.Fallbacks, src.Stats(), time.Duration(slowest.Load()))
+	assert.Positive(t, before.Total(), "the old master served")
+	assert.Positive(t, since.Total(), "global limiting resumed on the new master")
+	assert.LessOrEqual(t, since.Fullest(time.Second), int64(threshold), "and holds the threshold there")
+	assert.Less(t, time.Duration(slowest.Load()), time.Second, "every request answered within the timeouts")
+	// The new master holds the limit's window.
+	keys, err := st.Replica.Client().Keys(context.Background(), "*failover*").Result()
+	require.NoError(t, err)
+	assert.NotEmpty(t, keys)
+}
+
 func TestRefusalIsRememberedUntilRetryAfter(t *testing.T) {
 	srv := redistest.Start(t)
 	s := newSource(t, srv.Client(), Options{MaxBatch: 1})
