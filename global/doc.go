@@ -31,8 +31,11 @@
 // Sentinel: pass a failover client, as redis.NewFailoverClient or a
 // UniversalClient with MasterName makes) loses what the old master had not
 // yet replicated, since Redis replicates asynchronously: the windows that
-// span the failover may admit that much more. The tests promote a replica
-// under load: requests keep being answered and limiting resumes on it.
+// span the failover may admit that much more, and until the sentinel turns
+// the old master into a replica (about ten seconds after the switch) a
+// client that has not heard of the switch can still be admitted there. The
+// tests promote a replica under load: requests keep being answered and
+// limiting resumes on it.
 //
 // # Failure
 //

@@ -444,6 +444,9 @@ func TestSentinelFailover(t *testing.T) {
 		}()
 	}
 	time.Sleep(time.Second)
+	// Once Failover returns, only the new master takes writes: what is
+	// admitted from then on is counted there, on top of what it had
+	// replicated.
 	st.Failover(t)
 	after.Store(true)
 	time.Sleep(2 * time.Second)

@@ -67,7 +67,11 @@ func (st *Sentinel) Client(t testing.TB) *redis.Client {
 
 // Failover makes the sentinel promote the replica (SENTINEL FAILOVER,
 // retried while the sentinel has no replica it deems good yet) and waits
-// until the sentinel names it master and it acts as one.
+// until the sentinel names it master, it acts as one, and the old master
+// has been turned into its replica (until then both take writes: clients
+// that have not heard of the switch still write to the old one). The
+// sentinel does that last step on its next look at the old master, about
+// ten seconds after the switch.
 func (st *Sentinel) Failover(t testing.TB) {
 	t.Helper()
 	c := redis.NewSentinelClient(&redis.Options{Addr: st.Sentinel.Addr()})
@@ -81,6 +85,9 @@ func (st *Sentinel) Failover(t testing.TB) {
 		addr, err := c.GetMasterAddrByName(ctx, st.Name).Result()
 		return err == nil && len(addr) == 2 && addr[1] == want &&
 			strings.Contains(info(st.Replica, "replication"), "role:master")
+	})
+	waitFor(t, 15*time.Second, "the old master to become a replica", func() bool {
+		return strings.Contains(info(st.Master, "replication"), "role:slave")
 	})
 }
 
