@@ -145,9 +145,6 @@ func (b *Bucket) init(stripes int) {
 // correct, the caller's P is fastest).
 func (b *Bucket) stripeOn(p int) *stripe { return &b.stripes[p&b.mask] }
 
-// Add adds n to event e (Pass counts as a pass made without admission).
-func (b *Bucket) Add(e Event, n int64) { b.addOn(Pin(), e, n) }
-
 // addOn adds n to event e on stripe p and returns the word's new value (see
 // sealed).
 func (b *Bucket) addOn(p int, e Event, n int64) int64 {
