@@ -105,8 +105,8 @@ type Bucket struct {
 	// a read of other Ps' lines on every refusal would bounce them.
 	direct atomic.Bool
 	// rest caches, while this bucket is the newest, the frozen passes of
-	// the rest of its window (see Reader.Sum), or holds sumUnknown or
-	// sumFilling.
+	// the rest of its window (see Reader.Sum), or holds sumUnknown or the
+	// token of a fill in progress (both negative).
 	rest atomic.Int64
 	// minRT holds the minimum RT plus one (0: none yet). Every completion
 	// reads it and few write it (a bucket's minimum settles after its

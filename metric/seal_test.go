@@ -201,3 +201,43 @@ func TestCachedSumUnderRacingCancels(t *testing.T) {
 		assert.Equal(t, walk, w.Sum(now, Pass), "samples=%d, again (cached)", samples)
 	}
 }
+
+// TestSumCacheFillSteps walks the cache of the frozen rest through the
+// interleavings a race can produce, one step at a time.
+func TestSumCacheFillSteps(t *testing.T) {
+	w := newWindow(t, 4, time.Second) // 250 ms buckets
+	for i := range int64(5) {
+		w.Add(i*250*ms, Pass, i+1) // buckets 0..4 hold 1..5
+	}
+	head := w.arr.Head()
+	require.Equal(t, 1000*ms, head.Start())
+
+	// The rest of head's window is buckets 1..3, whatever time the filler
+	// had: one behind head (a rotation raced it) must not count bucket 0.
+	rest, final := w.restOf(head)
+	assert.Equal(t, int64(2+3+4), rest)
+	assert.True(t, final)
+
+	// A fill whose claim a clear took away, and another fill then claimed,
+	// cannot store its stale total over the new fill.
+	a, ok := w.beginFill(head)
+	require.True(t, ok)
+	_, ok = w.beginFill(head)
+	assert.False(t, ok, "one fill at a time")
+	head.Value.rest.Store(sumUnknown) // a late take-back clears the cache
+	b, ok := w.beginFill(head)
+	require.True(t, ok)
+	assert.NotEqual(t, a, b)
+	w.endFill(head, a, 999, true)
+	assert.Equal(t, b, head.Value.rest.Load(), "the stale fill did not store")
+	w.endFill(head, b, rest, true)
+	assert.Equal(t, rest, head.Value.rest.Load())
+	assert.Equal(t, int64(2+3+4+5), w.Sum(1100*ms, Pass), "served from the cache")
+
+	// A fill that saw a bucket not yet frozen stores nothing.
+	head.Value.rest.Store(sumUnknown)
+	c, ok := w.beginFill(head)
+	require.True(t, ok)
+	w.endFill(head, c, rest, false)
+	assert.Equal(t, int64(sumUnknown), head.Value.rest.Load())
+}

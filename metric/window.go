@@ -5,6 +5,8 @@ import (
 	"math"
 	"time"
 
+	"go.uber.org/atomic"
+
 	"github.com/leapflow/leapflow/leaparray"
 )
 
@@ -33,6 +35,8 @@ type Window struct {
 	// handover, if set, takes the counts of every bucket that retires, and
 	// corrections to them (see OnRetire).
 	handover func(start int64, c Counts)
+	// fills numbers the fills of the cached Sum (see beginFill).
+	fills atomic.Int64
 }
 
 // NewWindow returns a Window of sampleCount buckets over interval. It returns
@@ -266,7 +270,7 @@ func (w *Window) AdmitOn(p int, now, n, threshold int64) (Reservation, bool) {
 		// Fast path: the stripe's lease covers n. Admitted iff used stays
 		// within taken after our add and the bucket is still the newest (a
 		// rotation sums this bucket's passes after publishing the next).
-		// A retired bucket's used word is sealed, far above any lease.
+		// A frozen bucket's used word is sealed, far above any lease.
 		if used.Load()+n <= taken.Load() {
 			v := used.Add(n)
 			if v <= taken.Load() && a.Newest(b) {
@@ -381,23 +385,38 @@ func (w *Window) SumRange(lo, hi int64, e Event) int64 {
 	return sum
 }
 
-// The states of Bucket.rest besides a cached total.
-const (
-	sumUnknown = -1
-	sumFilling = -2
-)
+// sumUnknown is Bucket.rest when no total is cached; a fill in progress
+// holds a token below it, unique to the fill.
+const sumUnknown = -1
 
-// fillSum returns the passes of the whole window at now, a time in head's
-// span, and caches in head the passes of the other buckets if they are all
-// frozen (their counts are then final but for passes taken back, which
-// clear the cache: see backOut). Only one reader fills at a time; a clear
-// that races the fill makes the fill's store fail.
-func (w *Window) fillSum(head *leaparray.WindowWrap[Bucket], now int64) int64 {
-	v := &head.Value
-	filling := v.rest.CompareAndSwap(sumUnknown, sumFilling)
-	var rest int64
-	final := true
-	for x := range w.arr.Within(now, w.arr.Interval()) {
+// fillSum returns the passes of the whole window at a time in head's span
+// and caches in head the passes of the other buckets if they are all frozen
+// (their counts are then final but for passes taken back, which clear the
+// cache: see backOut).
+func (w *Window) fillSum(head *leaparray.WindowWrap[Bucket]) int64 {
+	token, filling := w.beginFill(head)
+	rest, final := w.restOf(head)
+	if filling {
+		w.endFill(head, token, rest, final)
+	}
+	return rest + head.Value.livePasses()
+}
+
+// beginFill claims head's cache for one fill, if no other fill holds it. The
+// token is unique: a fill whose claim a clear took away, and that another
+// fill then claimed again, cannot store over it.
+func (w *Window) beginFill(head *leaparray.WindowWrap[Bucket]) (int64, bool) {
+	token := sumUnknown - w.fills.Add(1)
+	return token, head.Value.rest.CompareAndSwap(sumUnknown, token)
+}
+
+// restOf sums the passes of the buckets of head's window other than head,
+// and says whether they were all frozen. Every time in head's span sees the
+// same buckets; head's start is used, so that a caller whose time is behind
+// head (a rotation raced it) still sums head's window.
+func (w *Window) restOf(head *leaparray.WindowWrap[Bucket]) (rest int64, final bool) {
+	final = true
+	for x := range w.arr.Within(head.Start(), w.arr.Interval()) {
 		switch {
 		case x == head:
 		case x.Value.frozen.Load():
@@ -407,14 +426,15 @@ func (w *Window) fillSum(head *leaparray.WindowWrap[Bucket], now int64) int64 {
 			rest += x.Value.livePasses()
 		}
 	}
-	if filling {
-		if final {
-			v.rest.CompareAndSwap(sumFilling, rest)
-		} else {
-			v.rest.CompareAndSwap(sumFilling, sumUnknown)
-		}
+	return rest, final
+}
+
+// endFill stores a fill's result, unless a clear took the claim since.
+func (w *Window) endFill(head *leaparray.WindowWrap[Bucket], token, rest int64, final bool) {
+	if !final {
+		rest = sumUnknown
 	}
-	return rest + v.livePasses()
+	head.Value.rest.CompareAndSwap(token, rest)
 }
 
 // passExcept sums Pass over the buckets valid at now, skipping b.
@@ -483,11 +503,13 @@ func (r *Reader) Sum(now int64, e Event) int64 {
 	if e == Pass { // the read admission depends on: keep it tight
 		// The whole window at a time in the newest bucket: that bucket's
 		// live passes plus the frozen rest, cached in it.
-		if h := a.Head(); r.span == a.Interval() && now-h.Start() < a.BucketLen() {
+		// (One unsigned compare: a head newer than now, made by a rotation
+		// that raced us, does not qualify.)
+		if h := a.Head(); r.span == a.Interval() && uint64(now-h.Start()) < uint64(a.BucketLen()) {
 			if rest := h.Value.rest.Load(); rest >= 0 {
 				return rest + h.Value.livePasses()
 			}
-			return r.w.fillSum(h, now)
+			return r.w.fillSum(h)
 		}
 		for b := range a.Within(now, r.span) {
 			// passes, by hand: the call would not inline.
