@@ -30,12 +30,14 @@ const (
 
 var stripeOf = [numEvents]int{Block: stripeBlock, Success: stripeSuccess, Exception: stripeException, RT: stripeRT}
 
-// sealBit marks a word of a retired bucket. When a rotation retires a
-// bucket it adds sealBit to every counter a writer may still be adding to,
-// and the values those adds return are the bucket's final counts, handed over
-// exactly. A writer that raced the rotation learns from the value its own add
-// returns whether it landed before the seal (it is in the hand-over) or after
-// (it is not, and the writer makes it again on the current bucket). A word
+// sealBit marks a word that no longer takes counts. When a bucket freezes
+// (a newer one was made) a rotation adds sealBit to every stripe word a
+// writer may still be adding to, and the values those adds return are what
+// the bucket counted, summed into its frozen words; when it retires (leaves
+// the ring) the frozen words are sealed the same way and handed over. A
+// writer that raced the rotation learns from the value its own add returns
+// whether it landed before the seal (it is counted there) or after (it is
+// not, and the writer makes it again on the newest bucket). A word
 // reads as sealed from sealBit/2 up, so counts may be anywhere in
 // (-sealBit/2, sealBit/2): a correction may take a word below zero.
 const sealBit = 1 << 62
