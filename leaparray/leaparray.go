@@ -206,8 +206,8 @@ func (a *LeapArray[T]) rotate(slot *atomic.Pointer[WindowWrap[T]], start int64) 
 // under the rotation lock and after the new newest bucket is visible (and
 // before that bucket's rotation retires anything). Every bucket is newest
 // when it is made, so fn sees each one once, before it retires: from then
-// on Current never hands it out, and only writers that loaded it earlier can
-// still reach it. Set it before the array is shared.
+// on only callers that raced the rotation (they loaded it, or clamped to it,
+// just before) can still reach it. Set it before the array is shared.
 func (a *LeapArray[T]) OnSupersede(fn func(prev *WindowWrap[T])) { a.superseded = fn }
 
 // OnRetire sets fn to run with every bucket a rotation replaces, under the
