@@ -86,7 +86,7 @@ func (st *Sentinel) Failover(t testing.TB) {
 		return err == nil && len(addr) == 2 && addr[1] == want &&
 			strings.Contains(info(st.Replica, "replication"), "role:master")
 	})
-	waitFor(t, 15*time.Second, "the old master to become a replica", func() bool {
+	waitFor(t, 30*time.Second, "the old master to become a replica", func() bool {
 		return strings.Contains(info(st.Master, "replication"), "role:slave")
 	})
 }
