@@ -76,15 +76,6 @@ func NewWindow(sampleCount int, interval time.Duration, opts ...Option) (*Window
 	return w, nil
 }
 
-// current is the ring's Current. The hot paths (AddOn, CompleteOn,
-// AdmitOn) spell its fast path out instead, since no call to it inlines:
-//
-//	b := w.arr.Head()
-//	if now >= b.Start()+w.arr.BucketLen() {
-//		b = w.current(now)
-//	}
-func (w *Window) current(now int64) *leaparray.WindowWrap[Bucket] { return w.arr.Current(now) }
-
 // Array exposes the underlying ring, read-only by convention (tests and
 // views use it).
 func (w *Window) Array() *leaparray.Occupiable[Bucket] { return &w.arr }
@@ -101,9 +92,11 @@ func (w *Window) Add(now int64, e Event, n int64) { w.AddOn(Pin(), now, e, n) }
 // AddOn is Add with a stripe hint from Pin.
 func (w *Window) AddOn(p int, now int64, e Event, n int64) {
 	for {
+		// The ring's Current, its fast path spelled out: the generic call
+		// does not inline (AddOn, CompleteOn and AdmitOn all do this).
 		b := w.arr.Head()
 		if now >= b.Start()+w.arr.BucketLen() {
-			b = w.current(now)
+			b = w.arr.Current(now)
 		}
 		v := b.Value.addOn(p, e, n)
 		if sealed(v) {
@@ -137,7 +130,7 @@ func (w *Window) backOut(b *leaparray.WindowWrap[Bucket], v, n int64) {
 // add adds n to word i of stripe p in the bucket holding now, again on the
 // current bucket for as long as it lands after a seal.
 func (w *Window) add(p int, now int64, i int, n int64) {
-	for sealed(w.current(now).Value.stripeOn(p).c[i].Add(n)) {
+	for sealed(w.arr.Current(now).Value.stripeOn(p).c[i].Add(n)) {
 	}
 }
 
@@ -152,7 +145,7 @@ func (w *Window) CompleteOn(p int, now, n, rt int64, failed bool) {
 	for {
 		b := w.arr.Head()
 		if now >= b.Start()+w.arr.BucketLen() {
-			b = w.current(now)
+			b = w.arr.Current(now)
 		}
 		// The min RT goes first: a seal reads it after sealing the success
 		// word, so a success add that lands before the seal brings it along.
@@ -179,7 +172,7 @@ func (w *Window) CompleteOn(p int, now, n, rt int64, failed bool) {
 func (w *Window) AddRT(now, rt int64) {
 	p := Pin()
 	for {
-		b := w.current(now)
+		b := w.arr.Current(now)
 		b.Value.UpdateMinRT(rt) // first, as in CompleteOn
 		if !sealed(b.Value.stripeOn(p).c[stripeRT].Add(rt)) {
 			return
@@ -189,7 +182,7 @@ func (w *Window) AddRT(now, rt int64) {
 
 // UpdateConcurrency records c as a concurrency seen at now.
 func (w *Window) UpdateConcurrency(now, c int64) {
-	w.current(now).Value.UpdateConcurrency(c)
+	w.arr.Current(now).Value.UpdateConcurrency(c)
 }
 
 // Reserve atomically admits n against threshold: it counts n as Pass in the
@@ -263,7 +256,7 @@ func (w *Window) AdmitOn(p int, now, n, threshold int64) (Reservation, bool) {
 	for {
 		b := a.Head()
 		if now >= b.Start()+w.arr.BucketLen() {
-			b = w.current(now)
+			b = w.arr.Current(now)
 		}
 		s := b.Value.stripeOn(p)
 		used, taken := &s.c[stripeUsed], &s.c[stripeTaken]
