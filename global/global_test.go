@@ -286,6 +286,50 @@ func TestExactMode(t *testing.T) {
 	}
 }
 
+// load is g goroutines entering and exiting "api" on an engine, a
+// millisecond apart, until Stop.
+type load struct {
+	slowest atomic.Int64
+	stop    chan struct{}
+	wg      sync.WaitGroup
+}
+
+// startLoad starts the goroutines; each gets every Entry's error.
+func startLoad(eng *flow.Engine, g int, each func(err error)) *load {
+	l := &load{stop: make(chan struct{})}
+	for range g {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			for {
+				select {
+				case <-l.stop:
+					return
+				default:
+				}
+				t0 := time.Now()
+				en, err := eng.Entry("api")
+				d := int64(time.Since(t0))
+				for s := l.slowest.Load(); d > s && !l.slowest.CompareAndSwap(s, d); s = l.slowest.Load() {
+				}
+				each(err)
+				en.Exit(nil)
+				time.Sleep(time.Millisecond)
+			}
+		}()
+	}
+	return l
+}
+
+// Stop ends the goroutines and waits for them.
+func (l *load) Stop() {
+	close(l.stop)
+	l.wg.Wait()
+}
+
+// Slowest returns the longest an Entry took.
+func (l *load) Slowest() time.Duration { return time.Duration(l.slowest.Load()) }
+
 // TestFaultsFallBackAndRecover kills the server under load, restarts it,
 // stalls it with DEBUG SLEEP: requests keep being answered within the
 // timeout by the fallback, nothing panics, no goroutine leaks, and global
@@ -299,39 +343,14 @@ func TestFaultsFallBackAndRecover(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, eng.LoadRules([]flow.Rule{{ID: "faults", Resource: "api", Threshold: 1000, Global: true, LocalShare: 0.5}}))
 
-	var slowest atomic.Int64
 	var globalBlocks, answered atomic.Int64
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				t0 := time.Now()
-				en, err := eng.Entry("api")
-				d := time.Since(t0)
-				for {
-					s := slowest.Load()
-					if int64(d) <= s || slowest.CompareAndSwap(s, int64(d)) {
-						break
-					}
-				}
-				answered.Inc()
-				var be *flow.BlockError
-				if errors.As(err, &be) && be.Reason == flow.ReasonGlobal {
-					globalBlocks.Inc()
-				}
-				en.Exit(nil)
-				time.Sleep(time.Millisecond)
-			}
-		}()
-	}
+	l := startLoad(eng, 8, func(err error) {
+		answered.Inc()
+		var be *flow.BlockError
+		if errors.As(err, &be) && be.Reason == flow.ReasonGlobal {
+			globalBlocks.Inc()
+		}
+	})
 	time.Sleep(200 * time.Millisecond)
 	srv.Stop()
 	time.Sleep(300 * time.Millisecond)
@@ -347,15 +366,14 @@ func TestFaultsFallBackAndRecover(t *testing.T) {
 	time.Sleep(900 * time.Millisecond)
 	globalBlocks.Store(0)
 	time.Sleep(1500 * time.Millisecond)
-	close(stop)
-	wg.Wait()
+	l.Stop()
 
 	snap, ok := eng.Snapshot("api")
 	require.True(t, ok)
 	st := src.Stats()
 	t.Logf("answered %d (%d while down), slowest %v, fallbacks %d, stats %+v, global blocks after recovery %d",
-		answered.Load(), downAnswers, time.Duration(slowest.Load()), snap.Fallbacks, st, globalBlocks.Load())
-	assert.Less(t, time.Duration(slowest.Load()), 500*time.Millisecond, "answered within the timeout (with room for the race detector)")
+		answered.Load(), downAnswers, l.Slowest(), snap.Fallbacks, st, globalBlocks.Load())
+	assert.Less(t, l.Slowest(), 500*time.Millisecond, "answered within the timeout (with room for the race detector)")
 	assert.Positive(t, snap.Fallbacks, "fallbacks recorded")
 	assert.Positive(t, st.Errors)
 	assert.Positive(t, st.Refused, "backed off instead of hammering")
@@ -416,33 +434,11 @@ func TestSentinelFailover(t *testing.T) {
 	const threshold = 200
 	require.NoError(t, eng.LoadRules([]flow.Rule{{ID: "failover", Resource: "api", Threshold: threshold, Global: true, LocalShare: 0.5}}))
 
-	var slowest atomic.Int64
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				t0 := time.Now()
-				en, err := eng.Entry("api")
-				if d := int64(time.Since(t0)); d > slowest.Load() {
-					slowest.Store(d) // racy max: close enough for a bound
-				}
-				if err != nil && !errors.Is(err, flow.ErrBlocked) {
-					t.Errorf("Entry: %v", err)
-					return
-				}
-				en.Exit(nil)
-				time.Sleep(time.Millisecond)
-			}
-		}()
-	}
+	l := startLoad(eng, 4, func(err error) {
+		if err != nil && !errors.Is(err, flow.ErrBlocked) {
+			t.Errorf("Entry: %v", err)
+		}
+	})
 	time.Sleep(time.Second)
 	// Once Failover returns, only the new master takes writes: what is
 	// admitted from then on is counted there, on top of what it had
@@ -450,17 +446,16 @@ func TestSentinelFailover(t *testing.T) {
 	st.Failover(t)
 	after.Store(true)
 	time.Sleep(2 * time.Second)
-	close(stop)
-	wg.Wait()
+	l.Stop()
 
 	snap, ok := eng.Snapshot("api")
 	require.True(t, ok)
 	t.Logf("admitted by Redis: %d before the failover, %d after; fallbacks %d; stats %+v; slowest %v",
-		before.Total(), since.Total(), snap.Fallbacks, src.Stats(), time.Duration(slowest.Load()))
+		before.Total(), since.Total(), snap.Fallbacks, src.Stats(), l.Slowest())
 	assert.Positive(t, before.Total(), "the old master served")
 	assert.Positive(t, since.Total(), "global limiting resumed on the new master")
 	assert.LessOrEqual(t, since.Fullest(time.Second), int64(threshold), "and holds the threshold there")
-	assert.Less(t, time.Duration(slowest.Load()), time.Second, "every request answered within the timeouts")
+	assert.Less(t, l.Slowest(), time.Second, "every request answered within the timeouts")
 	// The new master holds the limit's window.
 	keys, err := st.Replica.Client().Keys(context.Background(), "*failover*").Result()
 	require.NoError(t, err)
