@@ -255,8 +255,8 @@ func (w *Window) AdmitOn(p int, now, n, threshold int64) (Reservation, bool) {
 	a := &w.arr
 	for {
 		b := a.Head()
-		if now >= b.Start()+w.arr.BucketLen() {
-			b = w.arr.Current(now)
+		if now >= b.Start()+a.BucketLen() {
+			b = a.Current(now)
 		}
 		s := b.Value.stripeOn(p)
 		used, taken := &s.c[stripeUsed], &s.c[stripeTaken]
