@@ -7,6 +7,7 @@ import (
 
 	"go.uber.org/atomic"
 
+	"github.com/leapflow/leapflow/internal/cpu"
 	"github.com/leapflow/leapflow/metric"
 	"github.com/leapflow/leapflow/stat"
 )
@@ -178,7 +179,7 @@ func (e *Engine) enter(rr *resourceRules, node *stat.Node, opts []EntryOption) (
 	} else {
 		now = e.clock.Now()
 	}
-	p := metric.Pin()
+	p := cpu.Pin()
 	if rr == nil {
 		node.Second().AddOn(p, now, metric.Pass, n)
 		return Entry{eng: e, node: node, start: now, n: n, p: int32(p)}, nil

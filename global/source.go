@@ -13,7 +13,7 @@ import (
 	"go.uber.org/atomic"
 
 	"github.com/leapflow/leapflow/flow"
-	"github.com/leapflow/leapflow/metric"
+	"github.com/leapflow/leapflow/internal/cpu"
 	"github.com/leapflow/leapflow/stat"
 )
 
@@ -156,7 +156,7 @@ const initialBatch = 100
 
 type paddedLease struct {
 	atomic.Pointer[lease]
-	_ [metric.CacheLine - 8]byte
+	_ [cpu.CacheLine - 8]byte
 }
 
 // lease is a batch of tokens counted in one server bucket, to be spent
@@ -203,7 +203,7 @@ func (s *Source) limitFor(req flow.GlobalRequest) *limit {
 		exact:  exact,
 	}
 	nl.batch.Store(min(initialBatch, s.opts.MaxBatch))
-	stripes := metric.DefaultStripes()
+	stripes := cpu.Stripes()
 	nl.leases, nl.mask = make([]paddedLease, stripes), stripes-1
 	l, _ := s.limits.LoadOrStore(id, nl)
 	return l.(*limit)
@@ -290,7 +290,7 @@ func (b *bound) Acquire(ctx context.Context, n int64) (bool, error) {
 // acquire is Acquire for limit l; req is read only when Redis is asked.
 func (s *Source) acquire(ctx context.Context, l *limit, req *flow.GlobalRequest, n int64) (bool, error) {
 	now := s.opts.Clock.Now()
-	slot := &l.leases[metric.Pin()&l.mask]
+	slot := &l.leases[cpu.Pin()&l.mask]
 	if ls := slot.Load(); ls.take(now, n) {
 		s.admitted(ls.bucket, n)
 		if ls.left.Load() < l.batch.Load()/4 && l.prefetching.CompareAndSwap(false, true) {

@@ -7,6 +7,7 @@ import (
 
 	"go.uber.org/atomic"
 
+	"github.com/leapflow/leapflow/internal/cpu"
 	"github.com/leapflow/leapflow/internal/hammer"
 )
 
@@ -17,7 +18,7 @@ func BenchmarkAdd(b *testing.B) {
 	for _, tc := range []struct {
 		name    string
 		stripes int
-	}{{"striped", DefaultStripes()}, {"unstriped", 1}} {
+	}{{"striped", cpu.Stripes()}, {"unstriped", 1}} {
 		w := newWindow(b, 2, time.Second, WithStripes(tc.stripes))
 		w.Add(now, Success, 1)
 		b.Run("impl="+tc.name, func(b *testing.B) {
@@ -36,11 +37,11 @@ func BenchmarkAdd(b *testing.B) {
 			}
 		})
 	})
-	stripes := make([]stripe, MaxStripes)
+	stripes := make([]stripe, cpu.MaxStripes)
 	b.Run("impl=floor-striped-atomic", func(b *testing.B) {
 		hammer.Sweep(b, hammer.Goroutines, func(_, n int) {
 			for range n {
-				stripes[Pin()&(MaxStripes-1)].c[0].Inc()
+				stripes[cpu.Pin()&(cpu.MaxStripes-1)].c[0].Inc()
 			}
 		})
 	})
@@ -59,7 +60,7 @@ func BenchmarkComplete(b *testing.B) {
 // BenchmarkSum reads Pass over a 1 s window, single-threaded.
 func BenchmarkSum(b *testing.B) {
 	for _, n := range []int{2, 5, 10} {
-		sumBench(b, n, DefaultStripes(), "")
+		sumBench(b, n, cpu.Stripes(), "")
 	}
 	// The layout of a 16-core machine, whatever this one has.
 	sumBench(b, 10, 16, "/stripes=16")

@@ -1,16 +1,10 @@
 package metric
 
 import (
-	"math/bits"
-	"runtime"
-
 	"go.uber.org/atomic"
-)
 
-// CacheLine is the size hot counters are padded to: the line of x86-64 and
-// of most arm64 cores. Cores with 128-byte lines (Apple M-series) still keep
-// padded counters apart; only a pair of adjacent stripes may then share one.
-const CacheLine = 64
+	"github.com/leapflow/leapflow/internal/cpu"
+)
 
 // The words of a stripe.
 const (
@@ -56,25 +50,7 @@ func sealed(v int64) bool { return v >= sealBit/2 }
 // line: everything a request writes on its way in and out.
 type stripe struct {
 	c [stripeWords]atomic.Int64
-	_ [CacheLine - stripeWords*8]byte
-}
-
-// MaxStripes caps the stripes per bucket: beyond it, memory grows faster
-// than contention falls.
-const MaxStripes = 64
-
-// DefaultStripes returns the stripe count used when none is configured:
-// GOMAXPROCS rounded up to a power of two, at most MaxStripes.
-func DefaultStripes() int { return roundStripes(runtime.GOMAXPROCS(0)) }
-
-func roundStripes(n int) int {
-	if n <= 1 {
-		return 1
-	}
-	if n > MaxStripes {
-		return MaxStripes
-	}
-	return 1 << bits.Len(uint(n-1))
+	_ [cpu.CacheLine - stripeWords*8]byte
 }
 
 // Bucket holds the counts of one time bucket. Its zero value is not usable:
@@ -115,13 +91,13 @@ type Bucket struct {
 	// first completions), so it shares the read-mostly line that every
 	// completion reads anyway.
 	minRT atomic.Int64
-	_     [CacheLine]byte
+	_     [cpu.CacheLine]byte
 
 	// granted is the total leased to stripes (and folded in from borrows);
 	// occupied counts borrowed admissions folded in.
 	granted  atomic.Int64
 	occupied atomic.Int64
-	_        [CacheLine - 16]byte
+	_        [cpu.CacheLine - 16]byte
 
 	// maxConc is the largest concurrency seen: read on every update and
 	// written only when it improves.
@@ -133,7 +109,7 @@ type Bucket struct {
 	// improves, fz and frozen once.
 	fz     [RT + 1]atomic.Int64
 	frozen atomic.Bool
-	_      [CacheLine - 8 - (RT+1)*8 - 4]byte
+	_      [cpu.CacheLine - 8 - (RT+1)*8 - 4]byte
 }
 
 func (b *Bucket) init(stripes int) {

@@ -7,6 +7,7 @@ import (
 
 	"go.uber.org/atomic"
 
+	"github.com/leapflow/leapflow/internal/cpu"
 	"github.com/leapflow/leapflow/leaparray"
 )
 
@@ -19,7 +20,7 @@ type config struct {
 }
 
 // WithStripes sets how many stripes each bucket spreads its summed counters
-// over (rounded up to a power of two, at most MaxStripes). 1 turns striping
+// over (rounded up to a power of two, at most 64). 1 turns striping
 // off, which suits long windows of many buckets that are rarely hot (a
 // minute of 1 s buckets). The default is DefaultStripes.
 func WithStripes(n int) Option {
@@ -43,14 +44,14 @@ type Window struct {
 // an error naming the value when the pair is invalid (see leaparray.New) or
 // an option is out of range.
 func NewWindow(sampleCount int, interval time.Duration, opts ...Option) (*Window, error) {
-	c := config{stripes: DefaultStripes()}
+	c := config{stripes: cpu.Stripes()}
 	for _, o := range opts {
 		o(&c)
 	}
 	if c.stripes < 1 {
 		return nil, fmt.Errorf("metric: stripes must be >= 1, got %d", c.stripes)
 	}
-	stripes := roundStripes(c.stripes)
+	stripes := cpu.RoundStripes(c.stripes)
 	w := &Window{}
 	err := w.arr.Init(sampleCount, interval,
 		func(start int64, b *Bucket) {
@@ -87,7 +88,7 @@ func (w *Window) Array() *leaparray.Occupiable[Bucket] { return &w.arr }
 // A Pass added here is counted without admission (for windows that only
 // keep statistics); it must land in the newest bucket, or is moved there, and
 // later admissions on the same window count it, though one racing it may not.
-func (w *Window) Add(now int64, e Event, n int64) { w.AddOn(Pin(), now, e, n) }
+func (w *Window) Add(now int64, e Event, n int64) { w.AddOn(cpu.Pin(), now, e, n) }
 
 // AddOn is Add with a stripe hint from Pin.
 func (w *Window) AddOn(p int, now int64, e Event, n int64) {
@@ -137,7 +138,7 @@ func (w *Window) add(p int, now int64, i int, n int64) {
 // Complete records n completed requests with a total response time rt (and n
 // exceptions if failed) in one bucket visit: Success, RT, Exception and the
 // minimum RT share the caller's stripe.
-func (w *Window) Complete(now, n, rt int64, failed bool) { w.CompleteOn(Pin(), now, n, rt, failed) }
+func (w *Window) Complete(now, n, rt int64, failed bool) { w.CompleteOn(cpu.Pin(), now, n, rt, failed) }
 
 // CompleteOn is Complete with a stripe hint from Pin.
 func (w *Window) CompleteOn(p int, now, n, rt int64, failed bool) {
@@ -170,7 +171,7 @@ func (w *Window) CompleteOn(p int, now, n, rt int64, failed bool) {
 
 // AddRT adds rt to the RT sum and updates the minimum RT.
 func (w *Window) AddRT(now, rt int64) {
-	p := Pin()
+	p := cpu.Pin()
 	for {
 		b := w.arr.Current(now)
 		b.Value.UpdateMinRT(rt) // first, as in CompleteOn
@@ -191,7 +192,7 @@ func (w *Window) UpdateConcurrency(now, c int64) {
 // lets any window exceed threshold, at any concurrency; under a race it can
 // only err towards refusing. The refused path writes nothing shared.
 func (w *Window) Reserve(now, n, threshold int64) bool {
-	_, ok := w.AdmitOn(Pin(), now, n, threshold)
+	_, ok := w.AdmitOn(cpu.Pin(), now, n, threshold)
 	return ok
 }
 
@@ -236,7 +237,7 @@ func (r Reservation) Cancel() {
 
 // Admit is Reserve returning the admission, so it can be cancelled exactly.
 func (w *Window) Admit(now, n, threshold int64) (Reservation, bool) {
-	return w.AdmitOn(Pin(), now, n, threshold)
+	return w.AdmitOn(cpu.Pin(), now, n, threshold)
 }
 
 // maxLease caps one lease; leases are also at most 1/(leaseShare x stripes)
@@ -357,7 +358,7 @@ func (w *Window) Absorb(start int64, c Counts) {
 		}
 		b.UpdateConcurrency(c.MaxConcurrency)
 	}
-	p := Pin()
+	p := cpu.Pin()
 	for _, x := range [...]struct {
 		e Event
 		n int64

@@ -12,6 +12,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/atomic"
+
+	"github.com/leapflow/leapflow/internal/cpu"
 )
 
 const ms = int64(time.Millisecond)
@@ -24,23 +26,17 @@ func newWindow(t testing.TB, n int, interval time.Duration, opts ...Option) *Win
 }
 
 func TestPadding(t *testing.T) {
-	assert.Equal(t, uintptr(CacheLine), unsafe.Sizeof(stripe{}))
+	assert.Equal(t, uintptr(cpu.CacheLine), unsafe.Sizeof(stripe{}))
 	var b Bucket
 	readMostlyEnd := unsafe.Offsetof(b.minRT) + unsafe.Sizeof(b.minRT)
-	assert.LessOrEqual(t, readMostlyEnd, uintptr(CacheLine), "the header with min RT fits one line")
-	assert.GreaterOrEqual(t, unsafe.Offsetof(b.granted)-readMostlyEnd, uintptr(CacheLine),
+	assert.LessOrEqual(t, readMostlyEnd, uintptr(cpu.CacheLine), "the header with min RT fits one line")
+	assert.GreaterOrEqual(t, unsafe.Offsetof(b.granted)-readMostlyEnd, uintptr(cpu.CacheLine),
 		"granted must not share a line with the read-mostly header")
-	assert.GreaterOrEqual(t, unsafe.Offsetof(b.maxConc)-unsafe.Offsetof(b.granted), uintptr(CacheLine),
+	assert.GreaterOrEqual(t, unsafe.Offsetof(b.maxConc)-unsafe.Offsetof(b.granted), uintptr(cpu.CacheLine),
 		"maxConc must not share a line with granted")
-	assert.GreaterOrEqual(t, unsafe.Sizeof(b)-unsafe.Offsetof(b.maxConc), uintptr(CacheLine-8))
-	assert.Less(t, unsafe.Offsetof(b.frozen)-unsafe.Offsetof(b.maxConc), uintptr(CacheLine),
+	assert.GreaterOrEqual(t, unsafe.Sizeof(b)-unsafe.Offsetof(b.maxConc), uintptr(cpu.CacheLine-8))
+	assert.Less(t, unsafe.Offsetof(b.frozen)-unsafe.Offsetof(b.maxConc), uintptr(cpu.CacheLine),
 		"a frozen read touches one line past the header")
-}
-
-func TestRoundStripes(t *testing.T) {
-	for in, want := range map[int]int{-1: 1, 0: 1, 1: 1, 2: 2, 3: 4, 16: 16, 17: 32, 1000: MaxStripes} {
-		assert.Equal(t, want, roundStripes(in), "roundStripes(%d)", in)
-	}
 }
 
 func TestNewWindowErrors(t *testing.T) {
@@ -257,7 +253,7 @@ func TestReserveNeverExceedsThreshold(t *testing.T) {
 	// Small thresholds admit one token at a time; large ones lease many to
 	// each stripe, and the run is squeezed into fewer windows so that
 	// demand still exceeds the threshold.
-	shapes := []shape{{50, DefaultStripes(), 300}, {5000, 16, 50}}
+	shapes := []shape{{50, cpu.Stripes(), 300}, {5000, 16, 50}}
 	for _, g := range gs {
 		for i, borrow := range []bool{false, true, false, true} {
 			sh := shapes[i/2]

@@ -8,6 +8,7 @@ import (
 
 	"go.uber.org/atomic"
 
+	"github.com/leapflow/leapflow/internal/cpu"
 	"github.com/leapflow/leapflow/metric"
 )
 
@@ -56,9 +57,9 @@ type Node struct {
 	// concurrency is the exact in-flight count of requests admitted by
 	// concurrency rules; unlike Inflight it is one shared word, because
 	// admission against it must be a single atomic step.
-	_           [metric.CacheLine]byte
+	_           [cpu.CacheLine]byte
 	concurrency atomic.Int64
-	_           [metric.CacheLine - 8]byte
+	_           [cpu.CacheLine - 8]byte
 
 	// fallbacks counts requests a global rule decided locally because its
 	// token source failed.

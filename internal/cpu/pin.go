@@ -1,4 +1,4 @@
-package metric
+package cpu
 
 import _ "unsafe" // for go:linkname
 
