@@ -5,12 +5,14 @@ import (
 	"time"
 
 	"go.uber.org/atomic"
+
+	"github.com/leapflow/leapflow/internal/cpu"
 )
 
 // Clock is the time source of an engine: Now returns nanoseconds from an
-// origin of the clock's choosing and must not go backwards by much (metric
-// clamps small steps back; see leaparray). Implementations must be safe for
-// simultaneous use.
+// origin of the clock's choosing. Implementations must be safe for
+// simultaneous use. Engines keep their own time moving forward when a clock
+// steps back (see flow.WithClock).
 type Clock interface {
 	Now() int64
 }
@@ -24,24 +26,72 @@ func NewMonotonic() Clock { return monotonic{origin: time.Now()} }
 
 func (m monotonic) Now() int64 { return int64(time.Since(m.origin)) }
 
-// Coarse is a Clock that a background goroutine advances every resolution;
-// Now is a single atomic load. Call Stop to end the goroutine.
+// Coarse is a Clock that serves a cached reading of Go's monotonic clock,
+// refreshed every resolution by a background goroutine and by its readers:
+// Now is an atomic load and a count on the caller's P, and every
+// RefreshEvery-th read on a P reads the monotonic clock and moves the cached
+// value forward if it is a resolution or more behind.
 //
-// Its readings are multiples of the tick (give or take scheduling), so RTs
-// measured with it have that resolution, and a bucket edge may be seen up to
-// a tick late; admission stays exact against the clock's own readings.
+// The readers' share matters when the CPU is saturated: a goroutine woken by
+// a ticker then waits behind every runnable goroutine (measured on 2 cores
+// with 1024 busy goroutines: seconds), and a clock advanced only by it falls
+// that far behind, so limits stop limiting. With readers refreshing, a read
+// is behind the monotonic clock by at most
+//
+//   - a resolution, while the ticker keeps up (an idle or lightly loaded
+//     process), or
+//   - the time its P takes for RefreshEvery reads, plus a resolution, when
+//     the ticker is late: microseconds when the readers are what saturates
+//     the CPU.
+//
+// A P whose refresh finds the value two resolutions or more behind (the
+// ticker is late and reads are sparse) refreshes on every read until a
+// refresh finds it fresh, so only the reads before that first refresh can
+// lag more. The clock never goes backwards: every store is a
+// compare-and-swap maximum.
+//
+// Readings step by about the resolution, so RTs measured with it have that
+// resolution, and a bucket edge may be seen up to a resolution late;
+// admission stays exact against the clock's own readings.
 type Coarse struct {
-	now    atomic.Int64
-	origin time.Time
-	stop   chan struct{}
-	done   chan struct{}
-	once   sync.Once
+	now atomic.Int64
+	_   [cpu.CacheLine - 8]byte // read by every Now; written about once a resolution
+
+	origin  time.Time
+	res     int64
+	readers []reader
+	mask    int
+	stop    chan struct{}
+	done    chan struct{}
+	once    sync.Once
 }
 
-// NewCoarse starts a Coarse clock with the given resolution (at least 100µs).
+// RefreshEvery is how many reads on one P a Coarse clock serves between two
+// reads of the monotonic clock on that P.
+const RefreshEvery = 16
+
+// reader is one P's read count, alone on its cache line.
+type reader struct {
+	reads atomic.Uint32
+	// eager is set while this P refreshes on every read: its last refresh
+	// found the cached value two resolutions or more behind.
+	eager atomic.Bool
+	_     [cpu.CacheLine - 8]byte
+}
+
+// NewCoarse starts a Coarse clock with the given resolution (at least
+// 100µs).
 func NewCoarse(resolution time.Duration) *Coarse {
 	resolution = max(resolution, 100*time.Microsecond)
-	c := &Coarse{origin: time.Now(), stop: make(chan struct{}), done: make(chan struct{})}
+	stripes := cpu.Stripes()
+	c := &Coarse{
+		origin:  time.Now(),
+		res:     int64(resolution),
+		readers: make([]reader, stripes),
+		mask:    stripes - 1,
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
+	}
 	go c.run(resolution)
 	return c
 }
@@ -56,9 +106,9 @@ var (
 
 // DefaultClock returns the clock engines use when given none: one Coarse
 // clock of DefaultResolution per process, started on first use and never
-// stopped (one goroutine waking every millisecond). A read costs an atomic
-// load instead of the 25-45 ns of time.Since measured on the dev machine;
-// the price is millisecond RTs. Pass NewMonotonic to an engine for
+// stopped (one goroutine waking every millisecond). A read costs a few
+// nanoseconds instead of the 20-45 ns of time.Since measured on the dev
+// machine; the price is millisecond RTs. Pass NewMonotonic to an engine for
 // nanosecond RTs.
 func DefaultClock() Clock {
 	sharedOnce.Do(func() { sharedClock = NewCoarse(DefaultResolution) })
@@ -74,16 +124,61 @@ func (c *Coarse) run(resolution time.Duration) {
 		case <-c.stop:
 			return
 		case <-t.C:
-			c.now.Store(int64(time.Since(c.origin)))
+			c.advance(int64(time.Since(c.origin)))
 		}
 	}
 }
 
-// Now returns the time of the latest tick.
-func (c *Coarse) Now() int64 { return c.now.Load() }
+// Now returns the cached time.
+func (c *Coarse) Now() int64 { return c.NowOn(cpu.Pin()) }
 
-// Stop ends the background goroutine and waits for it; Now then stays where
-// it was.
+// NowOn is Now with the caller's stripe hint (its P, which flow has already
+// looked up); any value is correct.
+func (c *Coarse) NowOn(p int) int64 {
+	v := c.now.Load()
+	r := &c.readers[p&c.mask]
+	// A plain load and store: only this P counts here, and a count lost to
+	// a goroutine that moved only delays one refresh.
+	n := r.reads.Load() + 1
+	r.reads.Store(n)
+	if n%RefreshEvery != 0 && !r.eager.Load() {
+		return v
+	}
+	return c.refresh(r, v)
+}
+
+// refresh reads the monotonic clock for reader r, which saw v.
+func (c *Coarse) refresh(r *reader, v int64) int64 {
+	t := int64(time.Since(c.origin))
+	lag := t - v
+	if eager := lag >= 2*c.res; eager != r.eager.Load() {
+		r.eager.Store(eager)
+	}
+	if lag < c.res {
+		// Fresh enough: leave the shared line alone (a store would take it
+		// from every reader's cache).
+		return v
+	}
+	return c.advance(t)
+}
+
+// advance moves the cached time forward to t, never back, and returns the
+// time it holds then.
+func (c *Coarse) advance(t int64) int64 {
+	for {
+		cur := c.now.Load()
+		if cur >= t {
+			return cur // another refresh got there first
+		}
+		if c.now.CompareAndSwap(cur, t) {
+			return t
+		}
+	}
+}
+
+// Stop ends the background goroutine and waits for it. Reads keep the
+// clock moving on their own (see Coarse), a resolution behind at most while
+// reads are frequent.
 func (c *Coarse) Stop() {
 	c.once.Do(func() { close(c.stop) })
 	<-c.done

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/atomic"
 
+	"github.com/leapflow/leapflow/internal/admit"
 	"github.com/leapflow/leapflow/metric"
 	"github.com/leapflow/leapflow/stat/stattest"
 )
@@ -34,9 +36,84 @@ func TestCoarseAdvancesAndStops(t *testing.T) {
 	require.Eventually(t, func() bool { return c.Now() > first }, 2*time.Second, time.Millisecond)
 	c.Stop()
 	c.Stop() // idempotent
-	stopped := c.Now()
-	time.Sleep(10 * time.Millisecond)
-	assert.Equal(t, stopped, c.Now())
+	select {
+	case <-c.done:
+	default:
+		t.Fatal("Stop returned with the ticker goroutine running")
+	}
+}
+
+// With the ticker stopped, reads alone keep the clock near the monotonic
+// clock: every RefreshEvery-th read on a P refreshes it.
+func TestCoarseReadsAdvanceTheClock(t *testing.T) {
+	c := NewCoarse(time.Millisecond)
+	c.Stop()
+	before := c.Now()
+	time.Sleep(20 * time.Millisecond)
+	// Enough reads that some P serves RefreshEvery of them in a row, even
+	// if the goroutine moves between Ps.
+	var last int64
+	for range 2 * RefreshEvery * len(c.readers) {
+		now := c.Now()
+		require.GreaterOrEqual(t, now, last, "never backwards")
+		last = now
+	}
+	assert.GreaterOrEqual(t, last-before, int64(20*time.Millisecond), "the reads moved the clock")
+	assert.LessOrEqual(t, int64(time.Since(c.origin))-last, int64(time.Second), "and near the monotonic clock")
+}
+
+// A P whose refresh finds the value two resolutions behind refreshes on
+// every read until a refresh finds it fresh.
+func TestCoarseEagerWhileBehind(t *testing.T) {
+	c := NewCoarse(time.Millisecond)
+	c.Stop()
+	r := &c.readers[0]
+	time.Sleep(5 * time.Millisecond)
+	c.refresh(r, c.now.Load())
+	require.True(t, r.eager.Load(), "5 ms behind a 1 ms clock")
+	time.Sleep(5 * time.Millisecond)
+	before := c.now.Load()
+	got := c.NowOn(0) // not a RefreshEvery-th read, but eager
+	assert.GreaterOrEqual(t, got-before, int64(5*time.Millisecond))
+	c.NowOn(0) // fresh now: back to every RefreshEvery-th read
+	assert.False(t, r.eager.Load())
+}
+
+// A saturated CPU can starve the ticker goroutine (measured: seconds behind
+// with 1024 busy goroutines and one sleeper on 2 cores, in some runs);
+// reads keep the clock up.
+func TestCoarseKeepsUpUnderSaturation(t *testing.T) {
+	c := NewCoarse(time.Millisecond)
+	defer c.Stop()
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	for range 256 {
+		wg.Go(func() {
+			for !stop.Load() {
+				for range 100 {
+					c.Now()
+				}
+			}
+		})
+	}
+	wg.Go(func() { // a goroutine on timers, as every service has
+		for !stop.Load() {
+			time.Sleep(5 * time.Millisecond)
+		}
+	})
+	var maxLag int64
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); {
+		for range 100 {
+			maxLag = max(maxLag, int64(time.Since(c.origin))-c.Now())
+		}
+		runtime.Gosched()
+	}
+	stop.Store(true)
+	wg.Wait()
+	// Far looser than the bound (a resolution plus 16 reads), for a loaded
+	// CI machine: the test goroutine itself can be preempted between its
+	// two reads.
+	assert.Less(t, time.Duration(maxLag), 300*time.Millisecond, "the clock fell behind")
 }
 
 func TestManualClock(t *testing.T) {
@@ -50,7 +127,7 @@ func TestManualClock(t *testing.T) {
 func TestNodeConfigErrors(t *testing.T) {
 	_, err := NewNode("x", NodeConfig{SampleCount: 7})
 	assert.ErrorContains(t, err, "SampleCount must divide 1s into whole nanoseconds, got 7")
-	_, err = NewRegistry(-1, NodeConfig{})
+	_, err = NewRegistry(-1, NodeConfig{}, nil)
 	assert.ErrorContains(t, err, "max resources must be >= 0, got -1")
 }
 
@@ -148,7 +225,7 @@ func TestInflightExactUnderRotation(t *testing.T) {
 				}
 				switch (i + k) % 4 {
 				case 0:
-					r.Cancel()
+					r.Cancel(admit.Token{})
 				case 1:
 					open.Add(1) // admitted, never completed
 					passed.Add(1)
@@ -165,7 +242,7 @@ func TestInflightExactUnderRotation(t *testing.T) {
 }
 
 func TestRegistryCapAndSharing(t *testing.T) {
-	r, err := NewRegistry(50, NodeConfig{})
+	r, err := NewRegistry(50, NodeConfig{}, nil)
 	require.NoError(t, err)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
