@@ -146,6 +146,9 @@ func (a *LeapArray[T]) Clamp(now int64) int64 {
 // slot is empty or holds an older bucket. Exactly one bucket is ever
 // published for a given slot and start.
 func (a *LeapArray[T]) Current(now int64) *WindowWrap[T] {
+	// Below 0 nothing maps (the placeholder's start is far below 0, and a
+	// time below it would reach the placeholder).
+	now = max(now, 0)
 	// Fast path: now is in the newest bucket, or behind it (clamped to it).
 	if w := a.newest.Load(); now < w.start+a.bucketLen {
 		return w

@@ -86,8 +86,8 @@ func checkAgainstOracle(t *testing.T, n int, data []byte) {
 			if len(held) > 0 {
 				r := held[0]
 				held = held[1:]
-				r.Cancel()
 				o.adds = append(o.adds, oracleAdd{r.Start(), Pass, -r.n})
+				r.cancel()
 			}
 		default:
 			e := Event(op)

@@ -9,6 +9,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/atomic"
+
+	"github.com/leapflow/leapflow/internal/admit"
 )
 
 func TestLoadAndSealedAcrossTheRange(t *testing.T) {
@@ -62,7 +64,7 @@ func TestFreezeAndSealStep(t *testing.T) {
 	assert.True(t, sealed(old.Value.addOn(1, Success, 1)))
 	assert.Equal(t, int64(4), old.Value.Get(Success))
 	// A cancel takes its passes back from the frozen count.
-	early.Cancel()
+	early.cancel()
 	assert.Equal(t, int64(5), old.Value.Get(Pass))
 	assert.Equal(t, int64(5), w.Sum(999*ms, Pass))
 	assert.Empty(t, got)
@@ -75,7 +77,7 @@ func TestFreezeAndSealStep(t *testing.T) {
 
 	// Cancelling an admission whose bucket was handed over corrects the
 	// hand-over, once.
-	late.Cancel()
+	late.cancel()
 	require.Len(t, got, 2)
 	assert.Equal(t, Counts{Pass: -3, MinRT: -1}, got[1])
 	assert.Equal(t, int64(0), starts[1])
@@ -111,7 +113,7 @@ func TestHandOverIsExactUnderRotation(t *testing.T) {
 					w.Complete(now, 1, 3, k%2 == 0)
 					if r, ok := w.Admit(now, 1, math.MaxInt32); ok {
 						if (i+k)%3 == 0 {
-							r.Cancel()
+							r.cancel()
 						} else {
 							admitted.Add(1)
 						}
@@ -171,7 +173,7 @@ func TestCachedSumUnderRacingCancels(t *testing.T) {
 					// bucket or two back, frozen but in the window.
 					if len(held) > 8 {
 						if k%2 == 0 {
-							held[0].Cancel()
+							held[0].cancel()
 						}
 						held = held[1:]
 					}
@@ -190,7 +192,7 @@ func TestCachedSumUnderRacingCancels(t *testing.T) {
 		require.GreaterOrEqual(t, w.arr.Head().Value.rest.Load(), int64(0), "cached")
 		for _, held := range left {
 			for _, r := range held {
-				r.Cancel()
+				r.cancel()
 			}
 		}
 		var walk int64
@@ -240,4 +242,18 @@ func TestSumCacheFillSteps(t *testing.T) {
 	require.True(t, ok)
 	w.endFill(head, c, rest, false)
 	assert.Equal(t, int64(sumUnknown), head.Value.rest.Load())
+}
+
+// Cancel gives an admission back once: it clears the Reservation.
+func TestCancelClearsTheReservation(t *testing.T) {
+	w, err := NewWindow(4, time.Second)
+	require.NoError(t, err)
+	r, ok := w.Admit(0, 3, 3)
+	require.True(t, ok)
+	r.Cancel(admit.Token{})
+	r.Cancel(admit.Token{})
+	_, ok = w.Admit(0, 3, 3)
+	assert.True(t, ok, "the 3 came back")
+	_, ok = w.Admit(0, 1, 3)
+	assert.False(t, ok, "once, not twice")
 }

@@ -7,6 +7,7 @@ import (
 
 	"go.uber.org/atomic"
 
+	"github.com/leapflow/leapflow/internal/admit"
 	"github.com/leapflow/leapflow/internal/cpu"
 	"github.com/leapflow/leapflow/leaparray"
 )
@@ -92,6 +93,7 @@ func (w *Window) Add(now int64, e Event, n int64) { w.AddOn(cpu.Pin(), now, e, n
 
 // AddOn is Add with a stripe hint from Pin.
 func (w *Window) AddOn(p int, now int64, e Event, n int64) {
+	now = max(now, 0) // see leaparray.Clamp: nothing maps below 0
 	for {
 		// The ring's Current, its fast path spelled out: the generic call
 		// does not inline (AddOn, CompleteOn and AdmitOn all do this).
@@ -142,6 +144,7 @@ func (w *Window) Complete(now, n, rt int64, failed bool) { w.CompleteOn(cpu.Pin(
 
 // CompleteOn is Complete with a stripe hint from Pin.
 func (w *Window) CompleteOn(p int, now, n, rt int64, failed bool) {
+	now = max(now, 0)
 	var s *stripe
 	for {
 		b := w.arr.Head()
@@ -196,8 +199,8 @@ func (w *Window) Reserve(now, n, threshold int64) bool {
 	return ok
 }
 
-// Reservation is an admission made by Admit, which can be cancelled, or,
-// when refused, what the window held.
+// Reservation is an admission made by Admit, or, when refused, what the
+// window held.
 type Reservation struct {
 	w *Window
 	b *leaparray.WindowWrap[Bucket] // nil when refused
@@ -228,14 +231,21 @@ func (r Reservation) Seen() int64 {
 }
 
 // Cancel gives the admission back to the lease it came from (a later check
-// refused the request). Cancelling the zero Reservation does nothing.
-func (r Reservation) Cancel() {
+// refused the request) and clears r; cancelling the zero Reservation does
+// nothing. Only leapflow's own packages can call it (they hold an
+// admit.Token): a copy cancelled again would give the admission back
+// twice, and flow, which never copies one, is the only user that needs it.
+func (r *Reservation) Cancel(admit.Token) { r.cancel() }
+
+func (r *Reservation) cancel() {
 	if r.b != nil {
 		r.w.backOut(r.b, r.s.c[stripeUsed].Add(-r.n), r.n)
+		*r = Reservation{}
 	}
 }
 
-// Admit is Reserve returning the admission, so it can be cancelled exactly.
+// Admit is Reserve returning the admission: the bucket it was counted in,
+// or for a refusal what the window held.
 func (w *Window) Admit(now, n, threshold int64) (Reservation, bool) {
 	return w.AdmitOn(cpu.Pin(), now, n, threshold)
 }
@@ -253,6 +263,7 @@ func (w *Window) AdmitOn(p int, now, n, threshold int64) (Reservation, bool) {
 	if n <= 0 || n > threshold {
 		return Reservation{}, false
 	}
+	now = max(now, 0)
 	a := &w.arr
 	for {
 		b := a.Head()

@@ -1,6 +1,7 @@
 package metric
 
 import (
+	"math"
 	"math/rand/v2"
 	"slices"
 	"sort"
@@ -372,4 +373,23 @@ func TestHotPathsAllocateNothing(t *testing.T) {
 	} {
 		assert.Zero(t, testing.AllocsPerRun(1000, fn), name)
 	}
+}
+
+// Times far below 0 (a clock built on an unset time.Time reads about
+// -9.2e18) count at 0 instead of reaching the ring's placeholder.
+func TestFarNegativeTimes(t *testing.T) {
+	w, err := NewWindow(4, time.Second)
+	require.NoError(t, err)
+	for _, now := range []int64{math.MinInt64, math.MinInt64 / 2, -5e18, -1} {
+		assert.NotPanics(t, func() {
+			w.Add(now, Block, 1)
+			w.Complete(now, 1, 5, false)
+			_, ok := w.Admit(now, 1, 100)
+			assert.True(t, ok)
+			w.AddRT(now, 1)
+			w.UpdateConcurrency(now, 1)
+		}, "now %d", now)
+	}
+	assert.Equal(t, int64(4), w.Sum(0, Pass))
+	assert.Equal(t, int64(4), w.Sum(math.MinInt64, Block))
 }
