@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/leapflow/leapflow/stat"
 )
 
 // Metric is what a rule limits.
@@ -93,8 +95,8 @@ type Rule struct {
 	// Metric is QPS (default) or Concurrency.
 	Metric Metric
 	// Threshold is the limit: admissions per second for QPS, requests in
-	// flight for Concurrency. 0 blocks everything. Per window, a QPS rule
-	// admits floor(Threshold * StatInterval / 1s).
+	// flight for Concurrency, from 0 (blocks everything) to MaxThreshold.
+	// Per window, a QPS rule admits floor(Threshold * StatInterval / 1s).
 	Threshold float64
 	// StatInterval is the window a QPS rule counts in (default 1 s; a
 	// positive whole number of milliseconds). Rules on 1 s share the
@@ -124,9 +126,20 @@ type Rule struct {
 	// Fallback is what a Global rule does when the TokenSource fails.
 	Fallback Fallback
 	// LocalShare is the part of Threshold a Global rule enforces locally
-	// under FallbackLocal (default 1, in (0, 1]).
+	// under FallbackLocal (default 1, in (0, 1]; left zero otherwise).
 	LocalShare float64
 }
+
+// MaxThreshold is the largest Threshold a rule accepts: a trillion a second
+// (or in flight) is beyond any real limit, and keeps every counter of an
+// hour-long window far from the top of its 64-bit word.
+const MaxThreshold = 1e12
+
+// Warm-up bounds keep the token counts of the warm-up model within range.
+const (
+	maxWarmUpPeriod = 24 * time.Hour
+	maxColdFactor   = 1e6
+)
 
 // DefaultStatInterval is the window of a QPS rule with no StatInterval.
 const DefaultStatInterval = time.Second
@@ -150,23 +163,36 @@ func (r Rule) withDefaults() Rule {
 	if (r.Behavior == WarmUp || r.Behavior == WarmUpThrottle) && r.ColdFactor == 0 {
 		r.ColdFactor = DefaultColdFactor
 	}
-	if r.Global && r.LocalShare == 0 {
+	if r.Global && r.Fallback == FallbackLocal && r.LocalShare == 0 {
 		r.LocalShare = 1
 	}
 	return r
 }
 
-// RuleError reports an invalid rule: which rule, which field, what value.
+// RuleError reports an invalid rule: which rule, which field, what value,
+// and for a rule that is valid but could not be applied (a registry with no
+// room) the cause, which it unwraps to.
 type RuleError struct {
 	Rule   string // the rule's ID, or its resource
 	Index  int    // its position in the loaded slice
 	Field  string
 	Value  any
 	Reason string
+	Err    error // the cause, if any
 }
 
+// Error names the rule, field and value; long names and values are cut, so
+// the message stays short whatever the input.
 func (e *RuleError) Error() string {
-	return fmt.Sprintf("flow: rule %q (#%d): %s %s, got %v", e.Rule, e.Index, e.Field, e.Reason, e.Value)
+	return fmt.Sprintf("flow: rule %s (#%d): %s %s, got %s", stat.Abbrev(e.Rule), e.Index, e.Field, e.Reason, abbrevValue(e.Value))
+}
+
+func abbrevValue(v any) string {
+	s := fmt.Sprint(v)
+	if len(s) <= 64 {
+		return s
+	}
+	return fmt.Sprintf("%s... (%d bytes)", s[:64], len(s))
 }
 
 // ErrInvalidRule matches every RuleError with errors.Is.
@@ -175,16 +201,33 @@ var ErrInvalidRule = errors.New("flow: invalid rule")
 // Is makes errors.Is(err, ErrInvalidRule) true.
 func (e *RuleError) Is(target error) bool { return target == ErrInvalidRule }
 
+// Unwrap returns the cause, if any.
+func (e *RuleError) Unwrap() error { return e.Err }
+
+// errorf returns a RuleError for rule i.
+func (r *Rule) errorf(i int, field string, value any, reason string, args ...any) *RuleError {
+	if len(args) > 0 {
+		reason = fmt.Sprintf(reason, args...)
+	}
+	return &RuleError{Rule: r.name(), Index: i, Field: field, Value: value, Reason: reason}
+}
+
 // validate checks a rule with defaults applied.
 func (r *Rule) validate(i int) error {
-	bad := func(field string, value any, reason string) error {
-		return &RuleError{Rule: r.name(), Index: i, Field: field, Value: value, Reason: reason}
-	}
+	bad := func(field string, value any, reason string) error { return r.errorf(i, field, value, reason) }
 	switch {
 	case r.Resource == "":
 		return bad("Resource", `""`, "must not be empty")
+	case len(r.Resource) > stat.MaxNameLen:
+		return bad("Resource", stat.Abbrev(r.Resource), fmt.Sprintf("must be at most %d bytes", stat.MaxNameLen))
+	case len(r.ID) > stat.MaxNameLen:
+		return bad("ID", stat.Abbrev(r.ID), fmt.Sprintf("must be at most %d bytes", stat.MaxNameLen))
+	case len(r.RelatedResource) > stat.MaxNameLen:
+		return bad("RelatedResource", stat.Abbrev(r.RelatedResource), fmt.Sprintf("must be at most %d bytes", stat.MaxNameLen))
 	case math.IsNaN(r.Threshold) || math.IsInf(r.Threshold, 0) || r.Threshold < 0:
 		return bad("Threshold", r.Threshold, "must be a finite number >= 0")
+	case r.Threshold > MaxThreshold:
+		return bad("Threshold", r.Threshold, fmt.Sprintf("must be at most MaxThreshold (%g)", float64(MaxThreshold)))
 	case r.Metric > Concurrency:
 		return bad("Metric", r.Metric, "must be QPS or Concurrency")
 	case r.Behavior > WarmUpThrottle:
@@ -205,7 +248,7 @@ func (r *Rule) validate(i int) error {
 		return bad("Global", r.Global, "is not supported for Concurrency rules")
 	case r.Fallback > FallbackClosed:
 		return bad("Fallback", r.Fallback, "must be Local, Open or Closed")
-	case r.Global && (math.IsNaN(r.LocalShare) || r.LocalShare <= 0 || r.LocalShare > 1):
+	case r.Global && r.Fallback == FallbackLocal && (math.IsNaN(r.LocalShare) || r.LocalShare <= 0 || r.LocalShare > 1):
 		return bad("LocalShare", r.LocalShare, "must be in (0, 1]")
 	case r.Global && r.RelatedResource != "":
 		return bad("RelatedResource", r.RelatedResource, "cannot be combined with Global")
@@ -218,8 +261,36 @@ func (r *Rule) validate(i int) error {
 		switch {
 		case r.WarmUpPeriod <= 0:
 			return bad("WarmUpPeriod", r.WarmUpPeriod, "must be > 0 for "+r.Behavior.String())
-		case math.IsNaN(r.ColdFactor) || r.ColdFactor <= 1:
-			return bad("ColdFactor", r.ColdFactor, "must be > 1")
+		case r.WarmUpPeriod > maxWarmUpPeriod:
+			return bad("WarmUpPeriod", r.WarmUpPeriod, "must be at most 24h")
+		case math.IsNaN(r.ColdFactor) || r.ColdFactor <= 1 || r.ColdFactor > maxColdFactor:
+			return bad("ColdFactor", r.ColdFactor, "must be > 1 and at most 1e6")
+		}
+	}
+	return r.validateUnused(i)
+}
+
+// validateUnused refuses a value in a field that does nothing for the
+// rule's metric and behaviour: it is a misconfiguration (a MaxQueueing meant
+// for a Throttle rule set on a Reject one), better caught at load. Fields
+// that withDefaults fills in are set only where they apply.
+func (r *Rule) validateUnused(i int) error {
+	warm := r.Behavior == WarmUp || r.Behavior == WarmUpThrottle
+	for _, f := range [...]struct {
+		name  string
+		value any
+		set   bool
+		used  bool
+		where string
+	}{
+		{"WarmUpPeriod", r.WarmUpPeriod, r.WarmUpPeriod != 0, warm, "WarmUp and WarmUpThrottle rules"},
+		{"ColdFactor", r.ColdFactor, r.ColdFactor != 0, warm, "WarmUp and WarmUpThrottle rules"},
+		{"MaxQueueing", r.MaxQueueing, r.MaxQueueing != 0, r.Behavior == Throttle || r.Behavior == WarmUpThrottle, "Throttle and WarmUpThrottle rules"},
+		{"Fallback", r.Fallback, r.Fallback != FallbackLocal, r.Global, "Global rules"},
+		{"LocalShare", r.LocalShare, r.LocalShare != 0, r.Global && r.Fallback == FallbackLocal, "Global rules with Fallback Local"},
+	} {
+		if f.set && !f.used {
+			return r.errorf(i, f.name, f.value, "is used only by "+f.where+" and must be left zero here")
 		}
 	}
 	return nil

@@ -99,13 +99,23 @@ func newPacer(maxQueue time.Duration) *pacer {
 	return p
 }
 
+// maxCost bounds one request's cost on the timeline, so that the head plus
+// a cost never overflows.
+const maxCost = int64(1) << 61
+
 // reserve claims a slot for n at rate. It returns how long to wait and the
 // cost to give back if the request is abandoned.
 func (p *pacer) reserve(now, n int64, rate float64) (wait, cost int64, ok bool) {
 	if rate <= 0 {
 		return 0, 0, false
 	}
-	cost = int64(math.Ceil(float64(n) * nsPerSecond / rate))
+	c := math.Ceil(float64(n) * nsPerSecond / rate)
+	if c > float64(maxCost) {
+		// Longer than any wait allowed (and than int64 can hold for the
+		// tiniest rates): never admitted.
+		return 0, 0, false
+	}
+	cost = int64(c)
 	for {
 		last := p.latest.Load()
 		expected := last + cost

@@ -67,17 +67,45 @@ type Node struct {
 
 	mu      sync.Mutex // guards adding to windows; reads go through the pointer
 	windows atomic.Pointer[map[time.Duration]*metric.Window]
+
+	// pinned is set while a rule names the resource (guarded by the
+	// registry's mu); dropped once the registry has let the node go.
+	pinned  bool
+	dropped atomic.Bool
+	// created is the registry clock's reading when the node was made.
+	created int64
 }
 
-func newNode(resource string, cfg NodeConfig) (*Node, error) {
+// Dropped reports whether the registry let the node go to make room (see
+// Registry): a writer that finds it set after counting counts again on the
+// resource's current node.
+func (n *Node) Dropped() bool { return n.dropped.Load() }
+
+// idle reports whether the node holds nothing a drop would lose: it is a
+// minute old or more, with nothing in flight, nothing borrowed, and no
+// event in the last minute.
+func (n *Node) idle(now int64) bool {
+	if now-n.created < minute || n.Concurrency() != 0 || n.Inflight() != 0 || n.second.Borrowed() != 0 {
+		return false
+	}
+	for _, e := range [...]metric.Event{metric.Pass, metric.Block, metric.Success, metric.Exception, metric.OccupiedPass} {
+		if n.Minute(now, e) != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// newNode makes the node of resource; cfg must be valid.
+func newNode(resource string, cfg NodeConfig) *Node {
 	sec, err := metric.NewWindow(cfg.SampleCount, time.Second)
 	if err != nil {
-		return nil, err
+		panic(err) // cfg was validated
 	}
 	// Written only by the second window's retirements: no striping needed.
 	mins, err := metric.NewWindow(60, time.Minute, metric.WithStripes(1))
 	if err != nil {
-		return nil, err
+		panic(err)
 	}
 	n := &Node{resource: resource, second: sec, minute: mins}
 	// Retirements run one at a time, corrections at any time: Absorb and
@@ -88,17 +116,20 @@ func newNode(resource string, cfg NodeConfig) (*Node, error) {
 		n.retiredSuccess.Add(c.Success)
 	})
 	n.windows.Store(&map[time.Duration]*metric.Window{})
-	return n, nil
+	return n
 }
 
 // NewNode returns a standalone Node (engines make theirs through a
 // Registry).
 func NewNode(resource string, cfg NodeConfig) (*Node, error) {
+	if err := CheckName(resource); err != nil {
+		return nil, err
+	}
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return newNode(resource, cfg)
+	return newNode(resource, cfg), nil
 }
 
 // Resource returns the resource name.
@@ -119,8 +150,33 @@ func (n *Node) Inflight() int64 {
 	return max(0, pass-done)
 }
 
-// Concurrency returns the exact in-flight count used by concurrency rules.
-func (n *Node) Concurrency() *atomic.Int64 { return &n.concurrency }
+// Concurrency returns the exact in-flight count that concurrency rules
+// admit against.
+func (n *Node) Concurrency() int64 { return n.concurrency.Load() }
+
+// AcquireConcurrency counts n more requests in flight if that keeps the
+// count at or below limit, in one atomic step; otherwise it reports false
+// and the count it saw.
+func (n *Node) AcquireConcurrency(k, limit int64) (seen int64, ok bool) {
+	for {
+		cur := n.concurrency.Load()
+		if cur+k > limit {
+			return cur, false
+		}
+		if n.concurrency.CompareAndSwap(cur, cur+k) {
+			return cur + k, true
+		}
+		// Another request moved the count; check again.
+	}
+}
+
+// ReleaseConcurrency ends n requests that AcquireConcurrency counted (or
+// that TrackConcurrency added).
+func (n *Node) ReleaseConcurrency(k int64) { n.concurrency.Sub(k) }
+
+// TrackConcurrency counts n requests in flight without a limit: requests
+// admitted before the resource had a concurrency rule, when one is loaded.
+func (n *Node) TrackConcurrency(k int64) { n.concurrency.Add(k) }
 
 // Window returns the window of the given interval used by rules with a stat
 // interval other than 1 s, creating it (sampleCount buckets) the first time.

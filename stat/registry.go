@@ -4,47 +4,93 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"go.uber.org/atomic"
 )
 
 // ErrTooManyResources is the error (wrapped with the cap) returned for a new
-// resource once a Registry holds its maximum.
+// resource once a Registry holds its maximum and none can be let go.
 var ErrTooManyResources = errors.New("stat: too many resources")
+
+// ErrInvalidName is the error (wrapped with the reason) returned for a
+// resource name that is empty or longer than MaxNameLen.
+var ErrInvalidName = errors.New("stat: invalid resource name")
 
 // DefaultMaxResources is the cap of a Registry made with max 0.
 const DefaultMaxResources = 10000
 
-// Registry maps resource names to Nodes. Past its cap it refuses new
-// resources, so an unbounded, user-supplied key space cannot exhaust memory.
-// It is safe for simultaneous use.
+// MaxNameLen is the longest resource name, in bytes: names end up in error
+// messages, logs and metric labels, which must stay bounded.
+const MaxNameLen = 1024
+
+// CheckName returns an error matching ErrInvalidName if name is empty or
+// longer than MaxNameLen, and nil otherwise.
+func CheckName(name string) error {
+	switch {
+	case name == "":
+		return fmt.Errorf("%w: must not be empty", ErrInvalidName)
+	case len(name) > MaxNameLen:
+		return fmt.Errorf("%w: %d bytes, more than %d (%s)", ErrInvalidName, len(name), MaxNameLen, Abbrev(name))
+	}
+	return nil
+}
+
+// Abbrev quotes s for a message, cut to its first 64 bytes if longer.
+func Abbrev(s string) string {
+	if len(s) <= 64 {
+		return fmt.Sprintf("%q", s)
+	}
+	return fmt.Sprintf("%q... (%d bytes)", s[:64], len(s))
+}
+
+// reclaimEvery is how often, at most, a full Registry walks its nodes for
+// idle ones to let go: the walk is linear, and a full registry of busy
+// resources must not turn every refused name into one.
+const reclaimEvery = int64(time.Second)
+
+// Registry maps resource names to Nodes. It holds at most a cap of them, so
+// an unbounded, user-supplied key space cannot exhaust memory: at the cap
+// it lets go of resources that are not pinned (flow pins those its rules
+// name) and have been idle for a minute (nothing in flight, no event in the
+// last 60 s: nothing is lost), and refuses new ones only if none is. A
+// writer holding a node that was let go sees Node.Dropped and moves to the
+// resource's new node. It is safe for simultaneous use.
 type Registry struct {
-	nodes   sync.Map // string -> *Node
-	count   atomic.Int64
-	max     int64
-	cfg     NodeConfig
-	mu      sync.Mutex // serialises creation, so no node is built twice
-	errFull error      // built once: refusals allocate nothing
+	nodes       sync.Map // string -> *Node
+	count       atomic.Int64
+	max         int64
+	cfg         NodeConfig
+	clock       Clock
+	mu          sync.Mutex // serialises creation, pinning and reclaiming
+	lastReclaim int64      // guarded by mu
+	errFull     error      // built once: refusals allocate nothing
 }
 
 // NewRegistry returns a Registry holding at most max resources (0 means
-// DefaultMaxResources), each with windows shaped by cfg. It returns an error
-// naming the field and value when either is invalid.
-func NewRegistry(max int, cfg NodeConfig) (*Registry, error) {
+// DefaultMaxResources), each with windows shaped by cfg; clock (nil: the
+// DefaultClock) times idleness. It returns an error naming the field and
+// value when one is invalid.
+func NewRegistry(max int, cfg NodeConfig, clock Clock) (*Registry, error) {
 	if max < 0 {
 		return nil, fmt.Errorf("stat: max resources must be >= 0, got %d", max)
 	}
 	if max == 0 {
 		max = DefaultMaxResources
 	}
+	if clock == nil {
+		clock = DefaultClock()
+	}
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	return &Registry{
-		max:     int64(max),
-		cfg:     cfg,
-		errFull: fmt.Errorf("%w (cap %d)", ErrTooManyResources, max),
+		max:         int64(max),
+		cfg:         cfg,
+		clock:       clock,
+		lastReclaim: -reclaimEvery,
+		errFull:     fmt.Errorf("%w (cap %d)", ErrTooManyResources, max),
 	}, nil
 }
 
@@ -56,27 +102,103 @@ func (r *Registry) Lookup(resource string) *Node {
 	return nil
 }
 
-// Node returns the node of resource, creating it if needed. Past the cap it
-// returns an error that matches ErrTooManyResources.
+// Node returns the node of resource, creating it if needed. It returns an
+// error matching ErrInvalidName for a bad name and one matching
+// ErrTooManyResources past the cap.
 func (r *Registry) Node(resource string) (*Node, error) {
 	if n := r.Lookup(resource); n != nil {
 		return n, nil
+	}
+	if err := CheckName(resource); err != nil {
+		return nil, err
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if n := r.Lookup(resource); n != nil {
 		return n, nil
 	}
-	if r.count.Load() >= r.max {
+	if !r.room(1) {
 		return nil, r.errFull
 	}
-	n, err := newNode(resource, r.cfg)
-	if err != nil {
-		return nil, err
+	return r.create(resource), nil
+}
+
+// Pin returns the nodes of resources, creating those missing, and pins
+// them all, so that the registry never lets them go; or, if the cap leaves
+// no room for the missing ones, it changes nothing and returns an error
+// matching ErrTooManyResources. Names must have passed CheckName.
+func (r *Registry) Pin(resources []string) ([]*Node, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	missing := map[string]bool{}
+	for _, name := range resources {
+		if r.Lookup(name) == nil {
+			missing[name] = true
+		}
 	}
+	if !r.room(int64(len(missing))) {
+		return nil, r.errFull
+	}
+	nodes := make([]*Node, len(resources))
+	for i, name := range resources {
+		n := r.Lookup(name)
+		if n == nil {
+			n = r.create(name)
+		}
+		n.pinned = true
+		nodes[i] = n
+	}
+	return nodes, nil
+}
+
+// Unpin lets the registry drop the nodes of resources again once idle.
+func (r *Registry) Unpin(resources []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, name := range resources {
+		if n := r.Lookup(name); n != nil {
+			n.pinned = false
+		}
+	}
+}
+
+// create makes and stores the node of resource. Called with mu held.
+func (r *Registry) create(resource string) *Node {
+	n := newNode(resource, r.cfg) // cfg was validated: cannot fail
+	n.created = r.clock.Now()
 	r.nodes.Store(resource, n)
 	r.count.Inc()
-	return n, nil
+	return n
+}
+
+// room reports whether k more nodes fit, letting idle ones go if needed.
+// Called with mu held.
+func (r *Registry) room(k int64) bool {
+	if r.count.Load()+k <= r.max {
+		return true
+	}
+	now := r.clock.Now()
+	if now-r.lastReclaim < reclaimEvery {
+		return false
+	}
+	r.lastReclaim = now
+	r.nodes.Range(func(_, v any) bool {
+		if n := v.(*Node); !n.pinned && n.idle(now) {
+			// Mark first, then look again: a writer that counted after the
+			// first look sees the mark after its write (every access here
+			// is sequentially consistent) and moves to a new node; one that
+			// counted before the mark is seen by the second look.
+			n.dropped.Store(true)
+			if !n.idle(now) {
+				n.dropped.Store(false)
+				return true
+			}
+			r.nodes.Delete(n.resource)
+			r.count.Dec()
+		}
+		return true
+	})
+	return r.count.Load()+k <= r.max
 }
 
 // Len returns the number of resources.

@@ -1,0 +1,241 @@
+package flow
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/leapflow/leapflow/internal/admit"
+	"github.com/leapflow/leapflow/metric"
+	"github.com/leapflow/leapflow/stat"
+)
+
+// enter checks a request against rr (nil: no rules) and counts it on node.
+func (e *Engine) enter(rr *resourceRules, node *stat.Node, opts []EntryOption) (Entry, error) {
+	n, priority, ctx := int64(1), false, context.Context(nil)
+	if len(opts) > 0 {
+		var err error
+		if n, priority, ctx, err = parseOptions(opts); err != nil {
+			return Entry{}, err
+		}
+	}
+	p, now := e.pinNow()
+	if rr == nil {
+		node.Second().AddOn(p, now, metric.Pass, n)
+		if node.Dropped() {
+			node = e.recount(node, p, now, metric.Pass, n)
+		}
+		return e.admitted(node, p, now, n, false), nil
+	}
+	if w := rr.single; w != nil && !priority {
+		// The common shape, one Reject limit on the node's window: one
+		// admission, nothing to give back.
+		r, ok := w.AdmitOn(p, now, n, rr.singleLimit)
+		if !ok {
+			w.AddOn(p, now, metric.Block, n)
+			return blocked(float64(r.Seen())), rr.singleBE
+		}
+		// A now behind the newest bucket was counted in it: start there.
+		return e.admitted(node, p, max(now, r.Start()), n, false), nil
+	}
+	return e.check(rr, p, now, n, priority, ctx)
+}
+
+// admitted records an admission in a slot and returns its Entry.
+func (e *Engine) admitted(node *stat.Node, p int, start, n int64, conc bool) Entry {
+	sl, gen := e.slots.claim(p)
+	return Entry{eng: e, node: node, slot: sl, gen: gen, start: start, n: n, p: int32(p), conc: conc}
+}
+
+// recount counts event ev again on the live node of a resource whose node
+// the registry let go while the request counted on it (see stat.Registry):
+// the first count went to a node no one reads.
+func (e *Engine) recount(node *stat.Node, p int, now int64, ev metric.Event, n int64) *stat.Node {
+	for node.Dropped() {
+		live, err := e.registry.Node(node.Resource())
+		if err != nil {
+			return node // no room: the request goes on, counted where it was
+		}
+		live.Second().AddOn(p, now, ev, n)
+		node = live
+	}
+	return node
+}
+
+// held is what a request has taken so far, to give back if a later check
+// blocks it or its wait is cancelled. It lives on the stack; only a
+// resource with more than two windows spills into more.
+type held struct {
+	conc  bool
+	nres  int
+	res   [2]metric.Reservation
+	more  []metric.Reservation
+	paced [maxPacedRules]int64 // costs, by index into rr.paced
+	gres  [maxGlobalRules]metric.Reservation
+}
+
+func (h *held) addRes(r metric.Reservation) {
+	if h.nres < len(h.res) {
+		h.res[h.nres] = r
+	} else {
+		h.more = append(h.more, r)
+	}
+	h.nres++
+}
+
+func (e *Engine) release(rr *resourceRules, h *held, n int64) {
+	if h.conc {
+		rr.node.ReleaseConcurrency(n)
+	}
+	for i := range min(h.nres, len(h.res)) {
+		h.res[i].Cancel(admit.Token{})
+	}
+	for i := range h.more {
+		h.more[i].Cancel(admit.Token{})
+	}
+	for i := range rr.paced {
+		if cost := h.paced[i]; cost != 0 {
+			rr.paced[i].p.giveBack(cost)
+		}
+	}
+	for i := range rr.globals {
+		h.gres[i].Cancel(admit.Token{})
+	}
+}
+
+func (e *Engine) block(rr *resourceRules, h *held, p int, now, n int64, be *BlockError, seen float64) (Entry, error) {
+	e.release(rr, h, n)
+	rr.node.Second().AddOn(p, now, metric.Block, n)
+	return blocked(seen), be
+}
+
+// check runs every rule of a resource: concurrency, global, windows,
+// related resources, then pacing, and waits last if any of them queued the
+// request.
+func (e *Engine) check(rr *resourceRules, p int, now, n int64, priority bool, ctx context.Context) (Entry, error) {
+	var h held
+	node := rr.node
+	if rr.concLimit >= 0 {
+		seen, ok := node.AcquireConcurrency(n, rr.concLimit)
+		if !ok {
+			return e.block(rr, &h, p, now, n, rr.concBE, float64(seen))
+		}
+		h.conc = true
+	}
+	for i := range rr.globals {
+		g := &rr.globals[i]
+		if be := e.global(rr.node, g, &h, i, p, now, n, ctx); be != nil {
+			return e.block(rr, &h, p, now, n, be, 0)
+		}
+	}
+	var wait int64
+	for i := range rr.groups {
+		g := &rr.groups[i]
+		limit, be := g.static, g.staticBE
+		for _, wr := range g.warm {
+			if l := int64(wr.w.rate(now, node) * g.intervalS); l < limit {
+				limit, be = l, wr.be
+			}
+		}
+		r, ok := g.w.AdmitOn(p, now, n, limit)
+		if ok {
+			h.addRes(r)
+			now = max(now, r.Start())
+			continue
+		}
+		if priority && g.borrowable && e.occupyTimeout > 0 {
+			if d, ok := g.w.Borrow(now, n, limit, time.Duration(e.occupyTimeout)); ok {
+				// Counted as Pass and OccupiedPass when its bucket starts.
+				wait = max(wait, int64(d))
+				continue
+			}
+		}
+		return e.block(rr, &h, p, now, n, be, float64(r.Seen()))
+	}
+	for _, rel := range rr.related {
+		if seen := rel.node.Rate(now, metric.Pass); seen+float64(n) > rel.threshold {
+			return e.block(rr, &h, p, now, n, rel.be, seen)
+		}
+	}
+	for i := range rr.paced {
+		pr := &rr.paced[i]
+		rate := pr.rate
+		if pr.warm != nil {
+			rate = pr.warm.rate(now, node)
+		}
+		d, cost, ok := pr.p.reserve(now, n, rate)
+		if !ok {
+			return e.block(rr, &h, p, now, n, pr.be, rate)
+		}
+		h.paced[i] = cost
+		wait = max(wait, d)
+	}
+	if wait > 0 {
+		if ctx == nil {
+			ctx = context.Background()
+		}
+		if err := e.wait(ctx, time.Duration(wait)); err != nil {
+			e.release(rr, &h, n)
+			return Entry{}, err
+		}
+		now += wait
+	}
+	if !rr.countsNode {
+		node.Second().AddOn(p, now, metric.Pass, n)
+	}
+	return e.admitted(node, p, now, n, h.conc), nil
+}
+
+// wait runs the engine's sleep, turning a panic in it into an error.
+func (e *Engine) wait(ctx context.Context, d time.Duration) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("flow: the engine's sleep function panicked: %v", v)
+		}
+	}()
+	return e.sleep(ctx, d)
+}
+
+// global asks the token source for rule g and applies its fallback when the
+// source fails. It returns the error to block with, or nil.
+func (e *Engine) global(node *stat.Node, g *globalRule, h *held, i, p int, now, n int64, ctx context.Context) *BlockError {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	ok, err := e.acquire(ctx, g, n)
+	if err == nil {
+		if ok {
+			return nil
+		}
+		return g.be
+	}
+	node.AddFallback()
+	switch g.fallback {
+	case FallbackOpen:
+		return nil
+	case FallbackClosed:
+		return g.be
+	}
+	r, ok := g.local.AdmitOn(p, now, n, g.localLimit)
+	if !ok {
+		return g.beLocal
+	}
+	h.gres[i] = r
+	return nil
+}
+
+// acquire asks the token source; a panic in it counts as a failure of the
+// source, so the rule's fallback applies.
+func (e *Engine) acquire(ctx context.Context, g *globalRule, n int64) (ok bool, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			ok, err = false, fmt.Errorf("flow: the token source panicked: %v", v)
+		}
+	}()
+	if g.bound != nil {
+		return g.bound.Acquire(ctx, n)
+	}
+	req := g.req
+	req.Count = n
+	return e.source.Acquire(ctx, req)
+}

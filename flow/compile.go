@@ -1,0 +1,220 @@
+package flow
+
+import (
+	"math"
+	"time"
+
+	"github.com/leapflow/leapflow/metric"
+	"github.com/leapflow/leapflow/stat"
+)
+
+// ruleSet is an immutable compiled rule set, swapped in whole.
+type ruleSet struct {
+	rules      []Rule
+	byResource map[string]*resourceRules
+	// states holds shaping state by rule, so a reload that keeps a rule
+	// keeps its warm-up tokens and throttle timeline.
+	warm   map[Rule]*warmUp
+	pacers map[Rule]*pacer
+	locals map[Rule]*metric.Window
+}
+
+// resourceRules is everything Entry needs for one resource with rules.
+type resourceRules struct {
+	// single is set when the resource's only rules are Reject QPS rules on
+	// its second window: Entry then takes a short path, reading the window,
+	// limit and error copied here (no further pointer to chase), first in
+	// the struct so that the short path reads one cache line of it.
+	single      *metric.Window
+	singleLimit int64
+	singleBE    *BlockError
+	node        *stat.Node
+	concLimit   int64 // -1: no concurrency rule
+	concBE      *BlockError
+	groups      []windowGroup
+	countsNode  bool // a group admits on the node's second window
+	paced       []pacedRule
+	related     []relatedRule
+	globals     []globalRule
+}
+
+// windowGroup is every Reject and WarmUp rule that counts in one window:
+// they admit together, with one Admit at the smallest of their limits, so a
+// pass is counted once.
+type windowGroup struct {
+	w          *metric.Window
+	intervalS  float64
+	static     int64 // smallest Reject limit; MaxInt64 if none
+	staticBE   *BlockError
+	borrowable bool // only Reject rules: priority requests may borrow
+	warm       []warmRule
+}
+
+type warmRule struct {
+	w  *warmUp
+	be *BlockError
+}
+
+type pacedRule struct {
+	p    *pacer
+	rate float64 // Throttle
+	warm *warmUp // WarmUpThrottle
+	be   *BlockError
+}
+
+type relatedRule struct {
+	node      *stat.Node
+	threshold float64
+	be        *BlockError
+}
+
+type globalRule struct {
+	req        GlobalRequest
+	bound      BoundSource // set when the source is a Binder
+	fallback   Fallback
+	local      *metric.Window
+	localLimit int64
+	be         *BlockError // refused globally
+	beLocal    *BlockError // refused by the local fallback
+}
+
+// A resource's throttling and global rules are held on the stack during
+// Entry, so their number per resource is bounded.
+const (
+	maxPacedRules  = 4
+	maxGlobalRules = 4
+)
+
+// compile builds the rule set of valid rules norm, whose resources' nodes
+// are in nodes. It cannot fail: everything that could was checked first.
+func compile(e *Engine, norm []Rule, nodes map[string]*stat.Node, old *ruleSet) *ruleSet {
+	next := &ruleSet{
+		rules:      norm,
+		byResource: map[string]*resourceRules{},
+		warm:       map[Rule]*warmUp{},
+		pacers:     map[Rule]*pacer{},
+		locals:     map[Rule]*metric.Window{},
+	}
+	for i := range norm {
+		e.add(next, old, &norm[i], nodes)
+	}
+	for _, rr := range next.byResource {
+		if len(rr.groups) == 1 && rr.countsNode && len(rr.groups[0].warm) == 0 && rr.concLimit < 0 &&
+			len(rr.globals) == 0 && len(rr.related) == 0 && len(rr.paced) == 0 {
+			g := &rr.groups[0]
+			rr.single, rr.singleLimit, rr.singleBE = g.w, g.static, g.staticBE
+		}
+	}
+	return next
+}
+
+// add adds rule r to the set being built.
+func (e *Engine) add(next, old *ruleSet, r *Rule, nodes map[string]*stat.Node) {
+	rr := next.byResource[r.Resource]
+	if rr == nil {
+		rr = &resourceRules{node: nodes[r.Resource], concLimit: -1}
+		next.byResource[r.Resource] = rr
+	}
+	switch {
+	case r.Metric == Concurrency:
+		limit := int64(r.Threshold) // at most MaxThreshold: no overflow
+		if rr.concLimit < 0 || limit < rr.concLimit {
+			rr.concLimit, rr.concBE = limit, newBlockError(r, ReasonConcurrency)
+		}
+	case r.RelatedResource != "":
+		rr.related = append(rr.related, relatedRule{node: nodes[r.RelatedResource], threshold: r.Threshold, be: newBlockError(r, ReasonFlow)})
+	case r.Global:
+		local := reuse(old.locals, *r, func() *metric.Window {
+			w, err := metric.NewWindow(e.buckets(r.StatInterval), r.StatInterval)
+			if err != nil {
+				panic(err) // validated
+			}
+			return w
+		})
+		next.locals[*r] = local
+		req := GlobalRequest{Key: r.name(), Resource: r.Resource, Threshold: r.Threshold, Interval: r.StatInterval}
+		var bound BoundSource
+		if b, ok := e.source.(Binder); ok {
+			bound = b.Bind(req)
+		}
+		rr.globals = append(rr.globals, globalRule{
+			req:        req,
+			bound:      bound,
+			fallback:   r.Fallback,
+			local:      local,
+			localLimit: perWindow(r.Threshold*r.LocalShare, r.StatInterval),
+			be:         newBlockError(r, ReasonGlobal),
+			beLocal:    newBlockError(r, ReasonFlow),
+		})
+	case r.Behavior == Throttle || r.Behavior == WarmUpThrottle:
+		p := reuse(old.pacers, *r, func() *pacer { return newPacer(r.MaxQueueing) })
+		next.pacers[*r] = p
+		pr := pacedRule{p: p, rate: r.Threshold, be: newBlockError(r, ReasonQueue)}
+		if r.Behavior == WarmUpThrottle {
+			pr.warm = reuse(old.warm, *r, func() *warmUp { return newWarmUp(r) })
+			next.warm[*r] = pr.warm
+		}
+		rr.paced = append(rr.paced, pr)
+	default: // Reject or WarmUp, counted in a window
+		w := e.window(rr.node, r.StatInterval)
+		g := rr.group(w, r.StatInterval)
+		if w == rr.node.Second() {
+			rr.countsNode = true
+		}
+		if r.Behavior == WarmUp {
+			wu := reuse(old.warm, *r, func() *warmUp { return newWarmUp(r) })
+			next.warm[*r] = wu
+			g.warm = append(g.warm, warmRule{w: wu, be: newBlockError(r, ReasonFlow)})
+			g.borrowable = false
+		} else if limit := perWindow(r.Threshold, r.StatInterval); limit < g.static {
+			g.static, g.staticBE = limit, newBlockError(r, ReasonFlow)
+		}
+	}
+}
+
+// window returns the node window a rule with this interval counts in.
+func (e *Engine) window(n *stat.Node, interval time.Duration) *metric.Window {
+	if interval == time.Second {
+		return n.Second()
+	}
+	w, err := n.Window(interval, e.buckets(interval))
+	if err != nil {
+		panic(err) // a validated interval (whole ms, at most 1h) cannot fail
+	}
+	return w
+}
+
+// buckets is the bucket count for a window of interval: the engine's sample
+// count if it divides the interval, else 1.
+func (e *Engine) buckets(interval time.Duration) int {
+	if int64(interval)%int64(e.sampleCount) != 0 {
+		return 1
+	}
+	return e.sampleCount
+}
+
+// group returns the group of window w, adding one if needed; the node's
+// second window goes first.
+func (rr *resourceRules) group(w *metric.Window, interval time.Duration) *windowGroup {
+	for i := range rr.groups {
+		if rr.groups[i].w == w {
+			return &rr.groups[i]
+		}
+	}
+	rr.groups = append(rr.groups, windowGroup{w: w, intervalS: interval.Seconds(), static: math.MaxInt64, borrowable: true})
+	return &rr.groups[len(rr.groups)-1]
+}
+
+// perWindow is a per-second threshold as a count per window of interval.
+// Thresholds are at most MaxThreshold and intervals at most an hour, so the
+// count stays far below the counters' headroom.
+func perWindow(threshold float64, interval time.Duration) int64 {
+	return int64(math.Floor(threshold * interval.Seconds()))
+}
+
+func reuse[V any](old map[Rule]V, r Rule, make func() V) V {
+	if v, ok := old[r]; ok {
+		return v
+	}
+	return make()
+}

@@ -1,0 +1,105 @@
+package flow
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/leapflow/leapflow/stat"
+)
+
+// Option configures an Engine.
+type Option func(*config)
+
+// config is every engine setting: defaults are set in defaultConfig and
+// checked in validate, and nowhere else.
+type config struct {
+	clock         stat.Clock
+	clockSet      bool
+	maxResources  int
+	sampleCount   int
+	source        TokenSource
+	occupyTimeout time.Duration
+	sleep         sleepFunc
+}
+
+// sleepFunc waits for d or until ctx ends.
+type sleepFunc func(ctx context.Context, d time.Duration) error
+
+func defaultConfig() config {
+	return config{
+		clock:         stat.DefaultClock(),
+		maxResources:  stat.DefaultMaxResources,
+		sampleCount:   stat.DefaultSampleCount,
+		occupyTimeout: DefaultOccupyTimeout,
+		sleep:         sleep,
+	}
+}
+
+// validate names the option and value that is out of range.
+func (c *config) validate() error {
+	switch {
+	case c.clock == nil:
+		return fmt.Errorf("flow: WithClock: clock must not be nil")
+	case c.maxResources < 1:
+		return fmt.Errorf("flow: WithMaxResources must be >= 1, got %d", c.maxResources)
+	case c.sampleCount < 1 || int64(time.Second)%int64(c.sampleCount) != 0:
+		return fmt.Errorf("flow: WithSampleCount must divide 1s into whole nanoseconds, got %d", c.sampleCount)
+	case c.occupyTimeout < 0:
+		return fmt.Errorf("flow: WithOccupyTimeout must be >= 0, got %v", c.occupyTimeout)
+	case c.sleep == nil:
+		return fmt.Errorf("flow: WithSleep: function must not be nil")
+	}
+	return nil
+}
+
+// WithClock sets the engine's clock (default stat.DefaultClock(): a shared
+// 1 ms coarse clock; stat.NewMonotonic() gives nanosecond RTs at the price
+// of a clock read per Entry and per Exit). The engine keeps its own time
+// moving forward over a clock that steps back: a step back of more than a
+// millisecond is absorbed into an offset, so engine time continues from
+// where it was and admission neither stalls for the size of the step nor
+// reopens a full window (readings below 0 start the engine at 0).
+func WithClock(c stat.Clock) Option {
+	return func(cfg *config) { cfg.clock, cfg.clockSet = c, true }
+}
+
+// WithMaxResources caps the resources the engine keeps statistics for
+// (default stat.DefaultMaxResources). At the cap, resources that no rule
+// names and that have been idle for a minute make room; past that, Entry on
+// a new resource returns an error matching stat.ErrTooManyResources.
+func WithMaxResources(n int) Option { return func(cfg *config) { cfg.maxResources = n } }
+
+// WithSampleCount sets the bucket count of every resource's 1 s window
+// (default stat.DefaultSampleCount); it must divide one second into whole
+// nanoseconds.
+func WithSampleCount(n int) Option { return func(cfg *config) { cfg.sampleCount = n } }
+
+// WithTokenSource sets the source that global rules consult.
+func WithTokenSource(s TokenSource) Option { return func(cfg *config) { cfg.source = s } }
+
+// WithOccupyTimeout sets how long a priority request may wait for a future
+// window (default 500 ms; 0 disables borrowing).
+func WithOccupyTimeout(d time.Duration) Option { return func(cfg *config) { cfg.occupyTimeout = d } }
+
+// WithSleep replaces how the engine waits (throttling, borrowing); tests
+// pass one that moves a manual clock. It must return ctx.Err() if ctx ends
+// first.
+func WithSleep(fn func(ctx context.Context, d time.Duration) error) Option {
+	return func(cfg *config) { cfg.sleep = fn }
+}
+
+// DefaultOccupyTimeout is how long priority requests may wait by default.
+const DefaultOccupyTimeout = 500 * time.Millisecond
+
+// sleep is the default wait: a timer, cut short by ctx.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
