@@ -26,7 +26,7 @@ type impl struct {
 }
 
 // hugeLimit never blocks within a run.
-const hugeLimit = 1e15
+const hugeLimit = 1e12
 
 // logLimit caps the sliding log: it keeps every admission of the last
 // window, so with no cap its memory grows with the rate.

@@ -14,7 +14,7 @@ func benchEngine(b *testing.B, clock stat.Clock) *Engine {
 		b.Fatal(err)
 	}
 	if err := e.LoadRules([]Rule{
-		{Resource: "pass", Threshold: 1e15},
+		{Resource: "pass", Threshold: 1e12},
 		{Resource: "block", Threshold: 10},
 	}); err != nil {
 		b.Fatal(err)

@@ -32,9 +32,12 @@ type steady struct {
 // are rarely monotonic to the nanosecond.
 const stepSlack = int64(time.Millisecond)
 
-// readingLimit bounds clock readings, so that no offset or sum of them
-// overflows and engine time stays far from the top of int64.
-const readingLimit = int64(1) << 60
+// engineLimit bounds engine time far below the top of int64, where the
+// windows' arithmetic would overflow: a reading that would pass it is a
+// step, like a step back. Readings and offsets may wrap around int64 (a
+// clock built on an unset time.Time reads near its bottom); their sum is
+// what counts, and modular arithmetic keeps it right.
+const engineLimit = int64(1) << 60
 
 func (s *steady) Now() int64 {
 	for {
@@ -43,15 +46,15 @@ func (s *steady) Now() int64 {
 		// descheduled between its reading and its check.
 		o := s.off.Load()
 		h := s.hi.Load()
-		r := min(max(s.c.Now(), -readingLimit), readingLimit)
+		r := s.c.Now()
 		t := r + o
-		if t >= h-stepSlack {
+		if t >= h-stepSlack && t <= engineLimit {
 			if t >= h+stepSlack {
 				s.hi.CompareAndSwap(h, t) // another reader may publish first
 			}
 			return max(t, 0)
 		}
-		// A step back: continue from hi.
+		// A step back (or past the limit): continue from hi.
 		if s.off.CompareAndSwap(o, h-r) {
 			return h
 		}

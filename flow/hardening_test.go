@@ -1,0 +1,357 @@
+package flow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/leapflow/leapflow/stat"
+	"github.com/leapflow/leapflow/stat/stattest"
+)
+
+func TestBadOptionsAreErrorsFromNew(t *testing.T) {
+	for _, tc := range []struct {
+		opt  Option
+		want string
+	}{
+		{WithSampleCount(0), "WithSampleCount must divide 1s into whole nanoseconds, got 0"},
+		{WithSampleCount(7), "WithSampleCount must divide 1s into whole nanoseconds, got 7"},
+		{WithSampleCount(-4), "got -4"},
+		{WithSleep(nil), "WithSleep: function must not be nil"},
+		{WithClock(nil), "WithClock: clock must not be nil"},
+		{WithMaxResources(-1), "WithMaxResources must be >= 1, got -1"},
+		{WithOccupyTimeout(-time.Second), "WithOccupyTimeout must be >= 0, got -1s"},
+	} {
+		e, err := New(tc.opt)
+		assert.Nil(t, e)
+		assert.ErrorContains(t, err, tc.want)
+	}
+	e, err := New(nil, WithSampleCount(5), WithTokenSource(&fakeSource{}))
+	require.NoError(t, err, "a nil option is ignored")
+	// Rules on windows other than 1 s divide by the sample count.
+	load(t, e, Rule{Resource: "a", Threshold: 10, StatInterval: 3 * time.Second}, Rule{Resource: "b", Threshold: 10, Global: true},
+		Rule{Resource: "b", Threshold: 5})
+}
+
+func TestThresholdAndCountBounds(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(0))
+	load(t, e, Rule{Resource: "conc", Metric: Concurrency, Threshold: 5})
+	for _, th := range []float64{1e19, math.MaxFloat64, float64(math.MaxInt64), MaxThreshold * 2} {
+		for _, m := range []Metric{QPS, Concurrency} {
+			err := e.LoadRules([]Rule{{Resource: "conc", Metric: Concurrency, Threshold: 5}, {Resource: "conc", Metric: m, Threshold: th}})
+			var re *RuleError
+			require.ErrorAs(t, err, &re, "%v %g", m, th)
+			assert.Equal(t, "Threshold", re.Field)
+			assert.Equal(t, 1, re.Index)
+		}
+	}
+	load(t, e, Rule{Resource: "max", Threshold: MaxThreshold, StatInterval: time.Hour}, Rule{Resource: "conc", Metric: Concurrency, Threshold: 5})
+	for range 2 {
+		en, err := e.Entry("max", WithCount(MaxCount))
+		require.NoError(t, err, "the largest threshold is no limit to the largest batch")
+		en.Exit(nil)
+	}
+	for range 2 {
+		en, err := e.Entry("free", WithCount(MaxCount))
+		require.NoError(t, err)
+		en.Exit(nil)
+	}
+	snap, _ := e.Snapshot("free")
+	assert.Equal(t, float64(2*MaxCount), snap.PassQPS, "no counter wraps")
+	assert.Equal(t, int64(0), snap.Inflight)
+
+	for _, n := range []int{0, -1, MaxCount + 1, math.MaxInt, math.MinInt} {
+		en, err := e.Entry("conc", WithCount(n))
+		assert.ErrorIs(t, err, ErrInvalidCount, "count %d", n)
+		assert.ErrorContains(t, err, fmt.Sprintf("got %d", n))
+		en.Exit(nil)
+	}
+	snap, _ = e.Snapshot("conc")
+	assert.Zero(t, snap.BlockQPS, "a bad count is not a block")
+	assert.Zero(t, e.Registry().Lookup("conc").Concurrency())
+	for i := range 6 {
+		_, err := e.Entry("conc")
+		if i < 5 {
+			assert.NoError(t, err)
+		} else {
+			assert.ErrorIs(t, err, ErrBlocked, "the Concurrency 5 rule still holds")
+		}
+	}
+}
+
+func TestThrottleRefusesBatchesItCannotPace(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(time.Hour))
+	load(t, e, Rule{Resource: "slow", Threshold: 1e-9, Behavior: Throttle, MaxQueueing: time.Hour})
+	_, err := e.Entry("slow", WithCount(MaxCount))
+	assert.ErrorIs(t, err, ErrBlocked, "its cost overflows int64")
+	load(t, e, Rule{Resource: "fast", Threshold: 10, Behavior: Throttle})
+	_, err = e.Entry("fast", WithCount(MaxCount))
+	assert.NoError(t, err, "an idle pacer starts any batch")
+	_, err = e.Entry("fast")
+	assert.ErrorIs(t, err, ErrBlocked, "and then owes its whole cost")
+}
+
+// An Entry copied and exited twice releases its admission once.
+func TestCopiesOfAnEntryExitOnce(t *testing.T) {
+	clock := stattest.NewClock(0)
+	e, _ := newEngine(t, clock)
+	load(t, e, Rule{Resource: "api", Metric: Concurrency, Threshold: 1})
+	en, err := e.Entry("api")
+	require.NoError(t, err)
+	cp := en
+	en.Exit(nil)
+	cp.Exit(nil)
+	cp.Exit(errors.New("again"))
+	assert.Zero(t, e.Registry().Lookup("api").Concurrency())
+	a, err := e.Entry("api")
+	require.NoError(t, err)
+	_, err = e.Entry("api")
+	assert.ErrorIs(t, err, ErrBlocked, "Concurrency 1 admits one")
+	cp.Exit(nil) // a stale copy of an earlier admission
+	_, err = e.Entry("api")
+	assert.ErrorIs(t, err, ErrBlocked, "a stale copy releases nothing")
+	a.Exit(nil)
+	snap, _ := e.Snapshot("api")
+	assert.InDelta(t, 2.0, snap.SuccessQPS, 1e-9)
+	assert.Zero(t, snap.ExceptionQPS)
+	assert.Zero(t, snap.Inflight)
+}
+
+// Copies exited at once from several goroutines, with more admissions in
+// flight than the slot rings hold (they overflow to the shared list).
+func TestCopiesExitOnceUnderHammer(t *testing.T) {
+	e, _ := newEngine(t, stat.NewMonotonic())
+	load(t, e, Rule{Resource: "api", Metric: Concurrency, Threshold: 1e6})
+	const goroutines, held, rounds = 8, 200, 5
+	var wg sync.WaitGroup
+	for range goroutines {
+		wg.Go(func() {
+			for range rounds {
+				ens := make([]Entry, held)
+				for i := range ens {
+					ens[i], _ = e.Entry("api")
+				}
+				var inner sync.WaitGroup
+				for _, en := range ens {
+					a, b := en, en // copies, each exited on its own goroutine
+					inner.Go(func() { a.Exit(nil) })
+					inner.Go(func() { b.Exit(nil) })
+				}
+				inner.Wait()
+				for i := range ens {
+					ens[i].Exit(nil)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	n := e.Registry().Lookup("api")
+	assert.Zero(t, n.Concurrency(), "every admission released once")
+	total := int64(goroutines * held * rounds)
+	now := e.Clock().Now()
+	assert.Equal(t, total, n.Minute(now, 0), "passes")
+	snap := n.Snapshot(now)
+	assert.Equal(t, total, snap.MinuteSuccess, "one success each")
+	assert.Zero(t, snap.Inflight)
+}
+
+func TestFailedLoadCreatesNothing(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(0), WithMaxResources(4))
+	load(t, e, Rule{Resource: "a", Threshold: 1})
+	err := e.LoadRules([]Rule{{Resource: "a", Threshold: 2}, {Resource: "b", Threshold: 1}, {Resource: "c", Threshold: 1},
+		{Resource: "d", Threshold: 1}, {Resource: "e", Threshold: 1}})
+	assert.ErrorIs(t, err, stat.ErrTooManyResources)
+	assert.ErrorIs(t, err, ErrInvalidRule)
+	var re *RuleError
+	require.ErrorAs(t, err, &re)
+	assert.Equal(t, 1, re.Index, "the first rule that needed room")
+	assert.Equal(t, 1, e.Registry().Len(), "nothing created")
+	assert.Equal(t, []Rule{{Resource: "a", Threshold: 1, StatInterval: time.Second}}, e.Rules())
+
+	paced := []Rule{{Resource: "a", Threshold: 1}}
+	for range maxPacedRules + 1 {
+		paced = append(paced, Rule{Resource: "new", Threshold: float64(len(paced)), Behavior: Throttle})
+	}
+	assert.ErrorContains(t, e.LoadRules(paced), "exceeds 4 throttling rules")
+	assert.Nil(t, e.Registry().Lookup("new"), "a rule set refused for its shape creates nothing either")
+	load(t, e, Rule{Resource: "b", Threshold: 1}, Rule{Resource: "c", Threshold: 1, RelatedResource: "d"})
+	assert.Equal(t, 4, e.Registry().Len(), "room was left for a load that fits")
+}
+
+func TestRegistryLetsIdleResourcesGo(t *testing.T) {
+	clock := stattest.NewClock(0)
+	e, _ := newEngine(t, clock, WithMaxResources(3))
+	load(t, e, Rule{Resource: "ruled", Threshold: 100})
+	h, err := e.Resource("junk-0")
+	require.NoError(t, err)
+	en, err := h.Entry()
+	require.NoError(t, err)
+	en.Exit(nil)
+	open, err := e.Entry("junk-1")
+	require.NoError(t, err, "left in flight")
+	_, err = e.Entry("junk-2")
+	assert.ErrorIs(t, err, stat.ErrTooManyResources, "full, and nothing idle for a minute")
+
+	clock.Advance(61 * time.Second)
+	_, err = e.Entry("junk-2")
+	require.NoError(t, err, "junk-0 was idle for a minute: it made room")
+	assert.Nil(t, e.Registry().Lookup("junk-0"))
+	assert.NotNil(t, e.Registry().Lookup("junk-1"), "in flight: kept")
+	assert.NotNil(t, e.Registry().Lookup("ruled"), "named by a rule: kept")
+
+	clock.Advance(2 * time.Second) // the reclaim walk runs at most once a second
+	_, err = e.Entry("junk-3")
+	assert.ErrorIs(t, err, stat.ErrTooManyResources, "junk-2 is new, junk-1 busy")
+	open.Exit(nil)
+	clock.Advance(61 * time.Second)
+	en, err = h.Entry()
+	require.NoError(t, err, "the handle registers its resource again")
+	en.Exit(nil)
+	snap, ok := e.Snapshot("junk-0")
+	require.True(t, ok)
+	assert.Equal(t, 1.0, snap.PassQPS, "and counts on the new node")
+}
+
+func TestNamesAreBounded(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(0))
+	huge := strings.Repeat("x", 10<<20)
+	for _, name := range []string{"", huge, strings.Repeat("y", stat.MaxNameLen+1)} {
+		_, err := e.Entry(name)
+		assert.ErrorIs(t, err, stat.ErrInvalidName)
+		assert.Less(t, len(err.Error()), 300)
+		_, err = e.Resource(name)
+		assert.ErrorIs(t, err, stat.ErrInvalidName)
+		err = e.LoadRules([]Rule{{Resource: name, Threshold: 1}})
+		assert.ErrorIs(t, err, ErrInvalidRule)
+		assert.Less(t, len(err.Error()), 300)
+		if name != "" {
+			err = e.LoadRules([]Rule{{ID: name + "id", Resource: "api", Threshold: 1, RelatedResource: name + "rel"}})
+			assert.ErrorIs(t, err, ErrInvalidRule)
+			assert.Less(t, len(err.Error()), 300)
+		}
+	}
+	assert.Zero(t, e.Registry().Len())
+	long := strings.Repeat("z", stat.MaxNameLen)
+	load(t, e, Rule{Resource: long})
+	_, err := e.Entry(long)
+	var be *BlockError
+	require.ErrorAs(t, err, &be)
+	assert.Less(t, len(be.Error()), 3*stat.MaxNameLen)
+}
+
+func TestFieldsThatDoNothingAreRefused(t *testing.T) {
+	for _, tc := range []struct {
+		rule  Rule
+		field string
+	}{
+		{Rule{Resource: "a", MaxQueueing: ms}, "MaxQueueing"},
+		{Rule{Resource: "a", WarmUpPeriod: time.Second}, "WarmUpPeriod"},
+		{Rule{Resource: "a", ColdFactor: 2}, "ColdFactor"},
+		{Rule{Resource: "a", Behavior: Throttle, WarmUpPeriod: time.Second}, "WarmUpPeriod"},
+		{Rule{Resource: "a", Behavior: WarmUp, WarmUpPeriod: time.Second, MaxQueueing: ms}, "MaxQueueing"},
+		{Rule{Resource: "a", Metric: Concurrency, MaxQueueing: ms}, "MaxQueueing"},
+		{Rule{Resource: "a", Fallback: FallbackOpen}, "Fallback"},
+		{Rule{Resource: "a", LocalShare: 0.5}, "LocalShare"},
+		{Rule{Resource: "a", Global: true, Fallback: FallbackClosed, LocalShare: 0.5}, "LocalShare"},
+	} {
+		e, _ := newEngine(t, stattest.NewClock(0), WithTokenSource(&fakeSource{}))
+		var re *RuleError
+		require.ErrorAs(t, e.LoadRules([]Rule{tc.rule}), &re, "%+v", tc.rule)
+		assert.Equal(t, tc.field, re.Field, "%+v", tc.rule)
+	}
+	// What the engine fills in itself loads again unchanged.
+	e, _ := newEngine(t, stattest.NewClock(0), WithTokenSource(&fakeSource{}))
+	load(t, e,
+		Rule{Resource: "a", Threshold: 1},
+		Rule{Resource: "a", Threshold: 1, Behavior: WarmUp, WarmUpPeriod: time.Second},
+		Rule{Resource: "a", Threshold: 1, Behavior: WarmUpThrottle, WarmUpPeriod: time.Second, MaxQueueing: ms},
+		Rule{Resource: "a", Threshold: 1, Behavior: Throttle, MaxQueueing: ms},
+		Rule{Resource: "a", Metric: Concurrency, Threshold: 1},
+		Rule{Resource: "b", Threshold: 1, Global: true},
+		Rule{Resource: "b", Threshold: 1, Global: true, Fallback: FallbackOpen},
+		Rule{Resource: "c", Threshold: 1, RelatedResource: "a"},
+	)
+	rules := e.Rules()
+	require.NoError(t, e.LoadRules(rules))
+	assert.Equal(t, rules, e.Rules())
+}
+
+// A clock stepped back continues from where engine time was: admission
+// neither stalls for the step nor gets a fresh window.
+func TestClockStepsBackUnderLoad(t *testing.T) {
+	clock := stattest.NewClock(5 * time.Second)
+	e, _ := newEngine(t, clock)
+	load(t, e, Rule{Resource: "api", Threshold: 10})
+	count := func() (n int) {
+		for range 20 {
+			if en, err := e.Entry("api"); err == nil {
+				n++
+				en.Exit(nil)
+			}
+		}
+		return n
+	}
+	require.Equal(t, 10, count())
+	clock.Advance(-3 * time.Second)
+	assert.Zero(t, count(), "no window holds more than the threshold")
+	clock.Advance(time.Second)
+	assert.Equal(t, 10, count(), "a second later the next window opens, not 4 s later")
+
+	clock.Advance(10 * time.Second)
+	assert.Equal(t, 10, count())
+	clock.Advance(-10 * time.Second)
+	assert.Zero(t, count())
+	clock.Advance(time.Second)
+	assert.Equal(t, 10, count(), "forward and back: one second, not eleven")
+}
+
+func TestClockReadingsFarBelowZero(t *testing.T) {
+	for _, start := range []int64{math.MinInt64, -5e18, -time.Hour.Nanoseconds()} {
+		clock := stattest.NewClock(time.Duration(start))
+		e, _ := newEngine(t, clock)
+		load(t, e, Rule{Resource: "api", Threshold: 2})
+		for i := range 3 {
+			_, err := e.Entry("api")
+			assert.Equal(t, i < 2, err == nil, "start %d, request %d", start, i)
+		}
+		clock.Advance(time.Second)
+		_, err := e.Entry("api")
+		assert.NoError(t, err, "start %d: time moves on from 0", start)
+	}
+}
+
+type panicSource struct{}
+
+func (panicSource) Acquire(context.Context, GlobalRequest) (bool, error) { panic("source bug") }
+
+func TestPanickingCallbacksDoNotCrash(t *testing.T) {
+	e, err := New(WithClock(stattest.NewClock(0)), WithTokenSource(panicSource{}),
+		WithSleep(func(context.Context, time.Duration) error { panic("sleep bug") }))
+	require.NoError(t, err)
+	load(t, e,
+		Rule{Resource: "open", Threshold: 10, Global: true, Fallback: FallbackOpen},
+		Rule{Resource: "closed", Threshold: 10, Global: true, Fallback: FallbackClosed},
+		Rule{Resource: "paced", Threshold: 10, Behavior: Throttle, MaxQueueing: time.Second},
+	)
+	_, err = e.Entry("open")
+	assert.NoError(t, err, "a panic is a failure of the source: the fallback applies")
+	_, err = e.Entry("closed")
+	assert.ErrorIs(t, err, ErrBlocked)
+	snap, _ := e.Snapshot("open")
+	assert.Equal(t, int64(1), snap.Fallbacks)
+
+	_, err = e.Entry("paced")
+	require.NoError(t, err, "the first needs no wait")
+	_, err = e.Entry("paced")
+	assert.ErrorContains(t, err, "sleep function panicked")
+	_, err = e.Entry("paced")
+	assert.ErrorContains(t, err, "sleep function panicked", "the slot was given back: the next waits as long")
+}
