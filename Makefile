@@ -2,11 +2,11 @@ GO ?= go
 # Root installs directly; anyone else goes through sudo.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: test deps vet fmt-check bench
+.PHONY: test deps vet fmt-check tidy-check bench
 
 # test is the one command CI runs (.ci/run): it installs what the tests
 # need, runs the static checks, then every test with the race detector.
-test: deps vet fmt-check
+test: deps vet fmt-check tidy-check
 	$(GO) test -race -count=1 ./...
 
 # deps installs redis-server (and redis-cli) from Debian's packages when
@@ -25,6 +25,10 @@ vet:
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
+
+# tidy-check fails when go.mod or go.sum is not what go mod tidy makes.
+tidy-check:
+	$(GO) mod tidy -diff
 
 # bench runs the benchmarks of every package, 5 times each, for benchstat.
 bench: deps
