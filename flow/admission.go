@@ -6,23 +6,46 @@ import (
 	"go.uber.org/atomic"
 
 	"github.com/leapflow/leapflow/internal/cpu"
+	"github.com/leapflow/leapflow/stat"
 )
 
 // An admission is recorded in a slot so that Exit releases it at most once,
 // however many copies of its Entry exit: the Entry carries the slot and the
-// generation it claimed, and Exit releases only if it moves the slot from
+// word it claimed it with, and Exit releases only if it moves the slot from
 // that generation to the next. A stale copy finds a later generation and
 // does nothing. Slots are claimed from a small ring per P, so the pass path
 // allocates nothing and touches a line its P owns; when every slot near the
 // ring's cursor is held (many long admissions), one comes from a shared
 // overflow list.
+//
+// The slot also says whether the admission is counted in its node's
+// concurrency, which Exit then gives back: counted at admission by a
+// Concurrency rule, or later, when a rule set that adds one is loaded while
+// the admission is in flight (see Engine.track).
 type slot struct {
-	// word is twice the slot's generation, plus one while an admission
-	// holds it.
+	// word is the slot's generation times slotGen plus the flags.
 	word atomic.Uint64
+	// node and n are the holder's, for Engine.track. The holder stores
+	// them after claiming, and only when they differ from the last
+	// holder's (the usual case is the same hot resource), so they can be
+	// stale for a moment: see track.
+	node atomic.Pointer[stat.Node]
+	n    atomic.Int64
+	// walkedNode and walkedN are what track counted the admission as;
+	// written before slotWalked is set, and never while it is.
+	walkedNode atomic.Pointer[stat.Node]
+	walkedN    atomic.Int64
 	// overflow is set on slots of the overflow list, which go back to it.
 	overflow bool
 }
+
+const (
+	slotHeld    = 1 << iota // an admission holds the slot
+	slotCounted             // counted in the holder's node's concurrency
+	slotWalked              // counted in walkedNode's concurrency by track
+	slotGen                 // one generation
+	slotFlags   = slotGen - 1
+)
 
 // ringSize is the slots per P: an admission that outlives ringSize later
 // admissions on its P only makes claims probe past it, and ringProbe held
@@ -45,6 +68,7 @@ type slots struct {
 
 	mu   sync.Mutex // guards the overflow list: the rare path
 	free []*slot
+	all  []*slot
 }
 
 func newSlots() *slots {
@@ -52,43 +76,85 @@ func newSlots() *slots {
 	return &slots{rings: make([]ring, n), mask: n - 1}
 }
 
-// claim takes a free slot on stripe p for a new admission and returns it
-// with the generation to release it with.
-func (s *slots) claim(p int) (*slot, uint64) {
+// claim takes a free slot on stripe p for an admission of n on node
+// (counted in its concurrency if counted) and returns it with the word to
+// release it with.
+func (s *slots) claim(p int, node *stat.Node, n int64, counted bool) (*slot, uint64) {
+	flags := uint64(slotHeld)
+	if counted {
+		flags |= slotCounted
+	}
 	r := &s.rings[p&s.mask]
 	// A plain load and store: only this P moves its cursor, and a move lost
 	// to a goroutine that changed P only makes two claims probe one slot,
 	// which the compare-and-swap settles.
 	i := r.next.Load()
 	r.next.Store(i + 1)
+	var sl *slot
+	var w uint64
 	for k := range uint32(ringProbe) {
-		sl := &r.slots[(i+k)%ringSize]
-		if w := sl.word.Load(); w&1 == 0 && sl.word.CompareAndSwap(w, w+1) {
-			return sl, w + 1
+		c := &r.slots[(i+k)%ringSize]
+		if w = c.word.Load(); w&slotHeld == 0 && c.word.CompareAndSwap(w, w|flags) {
+			sl = c
+			break
 		}
 	}
-	return s.claimOverflow()
+	if sl == nil {
+		sl, w = s.claimOverflow(flags)
+	}
+	if sl.node.Load() != node {
+		sl.node.Store(node)
+	}
+	if sl.n.Load() != n {
+		sl.n.Store(n)
+	}
+	return sl, w | flags
 }
 
-func (s *slots) claimOverflow() (*slot, uint64) {
+func (s *slots) claimOverflow(flags uint64) (*slot, uint64) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	var sl *slot
 	if k := len(s.free); k > 0 {
 		sl, s.free = s.free[k-1], s.free[:k-1]
 	} else {
 		sl = &slot{overflow: true} // kept for reuse: at most the peak of overflowing admissions
+		s.all = append(s.all, sl)
 	}
-	s.mu.Unlock()
 	// A free slot is not held: only its claimer moves the word now (a stale
 	// Entry's release finds another generation).
-	return sl, sl.word.Add(1)
+	w := sl.word.Load()
+	sl.word.Store(w | flags)
+	return sl, w
 }
 
-// release ends the admission of generation gen and reports whether it was
-// still held (false for a copy of an Entry that exited already).
-func (s *slots) release(sl *slot, gen uint64) bool {
-	if !sl.word.CompareAndSwap(gen, gen+1) {
-		return false
+// release ends the admission that claimed sl with word w and gives back
+// the concurrency it was counted in. It reports false for a copy of an
+// Entry that exited already.
+func (s *slots) release(sl *slot, w uint64, node *stat.Node, n int64) bool {
+	cur := w
+	for {
+		var walked *stat.Node
+		var walkedN int64
+		if cur&slotWalked != 0 {
+			// Read before the release: written before the mark, and not
+			// again while it stays, which is until this release.
+			walked, walkedN = sl.walkedNode.Load(), sl.walkedN.Load()
+		}
+		if sl.word.CompareAndSwap(cur, cur&^slotFlags+slotGen) {
+			if cur&slotCounted != 0 {
+				node.ReleaseConcurrency(n)
+			}
+			if walked != nil {
+				walked.ReleaseConcurrency(walkedN)
+			}
+			break
+		}
+		// Marked since the claim (see track), or released already.
+		cur = sl.word.Load()
+		if cur&^slotFlags != w&^slotFlags || cur&slotHeld == 0 {
+			return false
+		}
 	}
 	if sl.overflow {
 		s.mu.Lock()
@@ -96,4 +162,60 @@ func (s *slots) release(sl *slot, gen uint64) bool {
 		s.mu.Unlock()
 	}
 	return true
+}
+
+// count counts the admission of word w in sl in node's concurrency, unless
+// track did first. It returns the word to release with.
+func (s *slots) count(sl *slot, w uint64, node *stat.Node, n int64) uint64 {
+	// Counted first, so a concurrent check never sees too few.
+	node.TrackConcurrency(n)
+	if sl.word.CompareAndSwap(w, w|slotCounted) {
+		return w | slotCounted
+	}
+	node.ReleaseConcurrency(n) // track marked it: counted there
+	return w
+}
+
+// each calls fn with every slot, ring and overflow.
+func (s *slots) each(fn func(sl *slot)) {
+	for i := range s.rings {
+		for j := range s.rings[i].slots {
+			fn(&s.rings[i].slots[j])
+		}
+	}
+	s.mu.Lock()
+	all := s.all
+	s.mu.Unlock()
+	for _, sl := range all {
+		fn(sl)
+	}
+}
+
+// track counts in their node's concurrency the admissions in flight on the
+// nodes of targets that no concurrency rule counted: a rule set that adds a
+// Concurrency rule to a resource runs it after it is published, so that the
+// rule sees every request in flight, including those admitted before it
+// existed. Admissions made under the old rule set but recorded after the
+// walk passed their slot count themselves (Engine.admitted sees the new
+// set). A slot whose holder has not yet stored its node may be counted on
+// the previous holder's node instead: that node is stricter until the
+// admission exits, when the slot gives back exactly what was counted.
+func (s *slots) track(targets map[*stat.Node]bool) {
+	s.each(func(sl *slot) {
+		w := sl.word.Load()
+		if w&slotHeld == 0 || w&(slotCounted|slotWalked) != 0 {
+			return
+		}
+		node := sl.node.Load()
+		if !targets[node] {
+			return
+		}
+		n := sl.n.Load()
+		sl.walkedNode.Store(node)
+		sl.walkedN.Store(n)
+		node.TrackConcurrency(n)
+		if !sl.word.CompareAndSwap(w, w|slotWalked) {
+			node.ReleaseConcurrency(n) // released, or counted by its holder
+		}
+	})
 }

@@ -10,8 +10,9 @@ import (
 	"github.com/leapflow/leapflow/stat"
 )
 
-// enter checks a request against rr (nil: no rules) and counts it on node.
-func (e *Engine) enter(rr *resourceRules, node *stat.Node, opts []EntryOption) (Entry, error) {
+// enter checks a request against rr (nil: no rules), from rule set set,
+// and counts it on node.
+func (e *Engine) enter(set *ruleSet, rr *resourceRules, node *stat.Node, opts []EntryOption) (Entry, error) {
 	n, priority, ctx := int64(1), false, context.Context(nil)
 	if len(opts) > 0 {
 		var err error
@@ -25,7 +26,7 @@ func (e *Engine) enter(rr *resourceRules, node *stat.Node, opts []EntryOption) (
 		if node.Dropped() {
 			node = e.recount(node, p, now, metric.Pass, n)
 		}
-		return e.admitted(node, p, now, n, false), nil
+		return e.admitted(set, node, p, now, n, false), nil
 	}
 	if w := rr.single; w != nil && !priority {
 		// The common shape, one Reject limit on the node's window: one
@@ -36,15 +37,24 @@ func (e *Engine) enter(rr *resourceRules, node *stat.Node, opts []EntryOption) (
 			return blocked(float64(r.Seen())), rr.singleBE
 		}
 		// A now behind the newest bucket was counted in it: start there.
-		return e.admitted(node, p, max(now, r.Start()), n, false), nil
+		return e.admitted(set, node, p, max(now, r.Start()), n, false), nil
 	}
-	return e.check(rr, p, now, n, priority, ctx)
+	return e.check(set, rr, p, now, n, priority, ctx)
 }
 
-// admitted records an admission in a slot and returns its Entry.
-func (e *Engine) admitted(node *stat.Node, p int, start, n int64, conc bool) Entry {
-	sl, gen := e.slots.claim(p)
-	return Entry{eng: e, node: node, slot: sl, gen: gen, start: start, n: n, p: int32(p), conc: conc}
+// admitted records an admission in a slot and returns its Entry; counted
+// says whether a concurrency rule counted it.
+func (e *Engine) admitted(set *ruleSet, node *stat.Node, p int, start, n int64, counted bool) Entry {
+	sl, w := e.slots.claim(p, node, n, counted)
+	if !counted && e.rules.Load() != set {
+		// Rules were loaded since this request read them: if they add a
+		// concurrency rule, their walk may have passed this slot (see
+		// slots.track).
+		if rr := e.rules.Load().byResource[node.Resource()]; rr != nil && rr.concLimit >= 0 {
+			w = e.slots.count(sl, w, node, n)
+		}
+	}
+	return Entry{eng: e, node: node, slot: sl, word: w, start: start, n: n, p: int32(p)}
 }
 
 // recount counts event ev again on the live node of a resource whose node
@@ -112,7 +122,7 @@ func (e *Engine) block(rr *resourceRules, h *held, p int, now, n int64, be *Bloc
 // check runs every rule of a resource: concurrency, global, windows,
 // related resources, then pacing, and waits last if any of them queued the
 // request.
-func (e *Engine) check(rr *resourceRules, p int, now, n int64, priority bool, ctx context.Context) (Entry, error) {
+func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now, n int64, priority bool, ctx context.Context) (Entry, error) {
 	var h held
 	node := rr.node
 	if rr.concLimit >= 0 {
@@ -183,7 +193,7 @@ func (e *Engine) check(rr *resourceRules, p int, now, n int64, priority bool, ct
 	if !rr.countsNode {
 		node.Second().AddOn(p, now, metric.Pass, n)
 	}
-	return e.admitted(node, p, now, n, h.conc), nil
+	return e.admitted(set, node, p, now, n, h.conc), nil
 }
 
 // wait runs the engine's sleep, turning a panic in it into an error.

@@ -154,6 +154,17 @@ func (e *Engine) LoadRules(rules []Rule) error {
 	old := e.rules.Load()
 	next := compile(e, norm, byName, old)
 	e.rules.Store(next)
+	// Requests in flight that a new concurrency rule did not admit count
+	// against it from now on.
+	targets := map[*stat.Node]bool{}
+	for name, rr := range next.byResource {
+		if was := old.byResource[name]; rr.concLimit >= 0 && (was == nil || was.concLimit < 0) {
+			targets[rr.node] = true
+		}
+	}
+	if len(targets) > 0 {
+		e.slots.track(targets)
+	}
 	var dropped []string
 	for _, name := range resourcesOf(old.rules) {
 		if byName[name] == nil {

@@ -49,15 +49,14 @@ type Entry struct {
 	eng  *Engine
 	node *stat.Node // nil: blocked, or nothing held
 	slot *slot      // the admission's record; nil once this copy exited
-	gen  uint64
+	word uint64     // what the admission claimed slot with
 	// start is the admission time; for a blocked request it holds the bits
 	// of the value the rule saw.
 	start int64
 	n     int64
 	// p is the stripe hint taken at Entry and reused by Exit: if the
 	// goroutine moved since, only locality suffers.
-	p    int32
-	conc bool
+	p int32
 }
 
 func blocked(seen float64) Entry { return Entry{start: int64(math.Float64bits(seen))} }
@@ -95,11 +94,8 @@ func (en *Entry) Exit(err error) {
 	}
 	en.slot = nil
 	e := en.eng
-	if !e.slots.release(sl, en.gen) {
+	if !e.slots.release(sl, en.word, en.node, en.n) {
 		return // a copy exited first
-	}
-	if en.conc {
-		en.node.ReleaseConcurrency(en.n)
 	}
 	var now int64
 	if c := e.coarse; c != nil {
@@ -119,15 +115,16 @@ func (en *Entry) Exit(err error) {
 // stat.ErrTooManyResources; in every error case nothing is held and Exit on
 // the Entry does nothing.
 func (e *Engine) Entry(resource string, opts ...EntryOption) (Entry, error) {
-	rr := e.rules.Load().byResource[resource]
+	set := e.rules.Load()
+	rr := set.byResource[resource]
 	if rr != nil {
-		return e.enter(rr, rr.node, opts)
+		return e.enter(set, rr, rr.node, opts)
 	}
 	node, err := e.registry.Node(resource)
 	if err != nil {
 		return Entry{}, err
 	}
-	return e.enter(nil, node, opts)
+	return e.enter(set, nil, node, opts)
 }
 
 // Resource is a handle on one resource of an engine. Entry through it skips
@@ -175,7 +172,7 @@ func (r *Resource) Entry(opts ...EntryOption) (Entry, error) {
 		r.rules.Store(c)
 	}
 	if c.rr != nil {
-		return r.eng.enter(c.rr, c.rr.node, opts)
+		return r.eng.enter(set, c.rr, c.rr.node, opts)
 	}
 	node := r.node.Load()
 	if node.Dropped() {
@@ -186,7 +183,7 @@ func (r *Resource) Entry(opts ...EntryOption) (Entry, error) {
 		r.node.Store(n)
 		node = n
 	}
-	return r.eng.enter(nil, node, opts)
+	return r.eng.enter(set, nil, node, opts)
 }
 
 // parseOptions reads a request's options.

@@ -355,3 +355,84 @@ func TestPanickingCallbacksDoNotCrash(t *testing.T) {
 	_, err = e.Entry("paced")
 	assert.ErrorContains(t, err, "sleep function panicked", "the slot was given back: the next waits as long")
 }
+
+// A Concurrency rule loaded while requests are in flight counts them.
+func TestConcurrencyRuleCountsWhatIsInFlight(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(0))
+	load(t, e, Rule{Resource: "api", Threshold: 100})
+	open := make([]Entry, 5)
+	for i := range open {
+		var err error
+		open[i], err = e.Entry("api")
+		require.NoError(t, err)
+	}
+	stale := open[0] // a copy: exits nothing once open[0] has
+	load(t, e, Rule{Resource: "api", Threshold: 100}, Rule{Resource: "api", Metric: Concurrency, Threshold: 2})
+	assert.Equal(t, int64(5), e.Registry().Lookup("api").Concurrency())
+	_, err := e.Entry("api")
+	assert.ErrorIs(t, err, ErrBlocked, "5 in flight, limit 2")
+	for i := range 3 {
+		open[i].Exit(nil)
+		stale.Exit(nil)
+	}
+	_, err = e.Entry("api")
+	assert.ErrorIs(t, err, ErrBlocked, "2 in flight")
+	open[3].Exit(nil)
+	en, err := e.Entry("api")
+	require.NoError(t, err, "1 in flight")
+	_, err = e.Entry("api")
+	assert.ErrorIs(t, err, ErrBlocked)
+	// Removed and added again while requests are in flight: each is
+	// counted once, and released once.
+	load(t, e)
+	load(t, e, Rule{Resource: "api", Metric: Concurrency, Threshold: 2})
+	assert.Equal(t, int64(2), e.Registry().Lookup("api").Concurrency())
+	open[4].Exit(nil)
+	en.Exit(nil)
+	assert.Zero(t, e.Registry().Lookup("api").Concurrency())
+}
+
+// Rule loads that add and remove a Concurrency rule race requests that
+// enter under either rule set: every admission is counted at most once and
+// released exactly once.
+func TestConcurrencyReloadHammer(t *testing.T) {
+	e, _ := newEngine(t, stat.NewMonotonic())
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	for range 8 {
+		wg.Go(func() {
+			held := make([]Entry, 0, 100)
+			for i := 0; ; i++ {
+				select {
+				case <-done:
+					for _, en := range held {
+						en.Exit(nil)
+					}
+					return
+				default:
+				}
+				if en, err := e.Entry("api"); err == nil {
+					held = append(held, en)
+				}
+				if len(held) == cap(held) || i%7 == 0 {
+					for _, en := range held {
+						en.Exit(nil)
+					}
+					held = held[:0]
+				}
+			}
+		})
+	}
+	for i := range 200 {
+		if i%2 == 0 {
+			load(t, e, Rule{Resource: "api", Metric: Concurrency, Threshold: 50})
+		} else {
+			load(t, e)
+		}
+	}
+	close(done)
+	wg.Wait()
+	n := e.Registry().Lookup("api")
+	assert.Zero(t, n.Concurrency(), "released exactly what was counted")
+	assert.Zero(t, n.Inflight())
+}
