@@ -105,8 +105,11 @@ func TestWindowSlidesAndServerTimeBackwards(t *testing.T) {
 	c := srv.Client()
 	s := newSource(t, c, Options{Buckets: 4, MaxBatch: 1})
 	ctx := context.Background()
-	r := req("slide", 20, 200*time.Millisecond, 1) // 4 per 200ms
-	admit := func() int {
+	// 4 per second: admit's round trips to Redis stay inside one window
+	// even on a loaded machine.
+	const window, bucket = time.Second, 250 * time.Millisecond
+	r := req("slide", 4, window, 1)
+	admit := func(r flow.GlobalRequest) int {
 		n := 0
 		for range 10 {
 			if ok, err := s.Acquire(ctx, r); err == nil && ok {
@@ -115,19 +118,27 @@ func TestWindowSlidesAndServerTimeBackwards(t *testing.T) {
 		}
 		return n
 	}
-	assert.Equal(t, 4, admit())
-	time.Sleep(250 * time.Millisecond)
-	assert.Equal(t, 4, admit(), "the window slid")
+	assert.Equal(t, 4, admit(r))
+	// Every admission so far is in a bucket that started before now, and
+	// such a bucket has left the window a window and a bucket later.
+	time.Sleep(window + bucket)
+	assert.Equal(t, 4, admit(r), "the window slid")
 
 	// As if the server clock had been 10 s ahead before a failover: the
-	// newest bucket is in the "future", and full.
-	key := keysFor("leapflow", "slide", "4/200ms/4").window
+	// newest bucket is in the "future", with 3 of the 4. A limit of its
+	// own, so that only that bucket can shut the gate.
+	back := req("slide-back", 4, window, 1)
+	key := keysFor("leapflow", "slide-back", "4/1000ms/4").window
 	now, err := c.Time(ctx).Result()
 	require.NoError(t, err)
 	future := now.Add(10 * time.Second).UnixMicro()
-	future -= future % 50000
-	require.NoError(t, c.HSet(ctx, key, "latest", future, fmt.Sprint(future), 4).Err())
-	assert.Equal(t, 0, admit(), "time behind the newest bucket counts there: the gate stays shut")
+	future -= future % bucket.Microseconds()
+	require.NoError(t, c.HSet(ctx, key, "latest", future, fmt.Sprint(future), 3).Err())
+	assert.Equal(t, 1, admit(back), "time behind the newest bucket counts there: one more fits, then the gate stays shut")
+	held, err := c.HGetAll(ctx, key).Result()
+	require.NoError(t, err)
+	assert.Equal(t, map[string]string{"latest": fmt.Sprint(future), fmt.Sprint(future): "4"}, held,
+		"the admission was counted in the newest bucket, not in one behind it")
 }
 
 // TestManyEnginesHoldTheGlobalLimit runs several engines, each with its own
