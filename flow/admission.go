@@ -1,6 +1,7 @@
 package flow
 
 import (
+	"math"
 	"sync"
 
 	"go.uber.org/atomic"
@@ -168,7 +169,7 @@ func (s *slots) release(sl *slot, w uint64, node *stat.Node, n int64) bool {
 // track did first. It returns the word to release with.
 func (s *slots) count(sl *slot, w uint64, node *stat.Node, n int64) uint64 {
 	// Counted first, so a concurrent check never sees too few.
-	node.TrackConcurrency(n)
+	node.AcquireConcurrency(n, math.MaxInt64)
 	if sl.word.CompareAndSwap(w, w|slotCounted) {
 		return w | slotCounted
 	}
@@ -213,7 +214,7 @@ func (s *slots) track(targets map[*stat.Node]bool) {
 		n := sl.n.Load()
 		sl.walkedNode.Store(node)
 		sl.walkedN.Store(n)
-		node.TrackConcurrency(n)
+		node.AcquireConcurrency(n, math.MaxInt64)
 		if !sl.word.CompareAndSwap(w, w|slotWalked) {
 			node.ReleaseConcurrency(n) // released, or counted by its holder
 		}

@@ -5,6 +5,7 @@ import (
 
 	"go.uber.org/atomic"
 
+	"github.com/leapflow/leapflow/internal/names"
 	"github.com/leapflow/leapflow/stat"
 )
 
@@ -91,9 +92,6 @@ func LoadRules(rules []Rule) error { return Default().LoadRules(rules) }
 func Enter(resource string, opts ...EntryOption) (Entry, error) {
 	return Default().Entry(resource, opts...)
 }
-
-// Registry returns the engine's resource statistics.
-func (e *Engine) Registry() *stat.Registry { return e.registry }
 
 // Clock returns the engine's clock: the one it was given, kept from
 // stepping back (see WithClock).
@@ -193,11 +191,11 @@ func (e *Engine) normalise(rules []Rule) ([]Rule, error) {
 		switch {
 		case r.Global:
 			if globals[r.Resource]++; globals[r.Resource] > maxGlobalRules {
-				return nil, r.errorf(i, "Global", true, "exceeds %d global rules for resource %s", maxGlobalRules, stat.Abbrev(r.Resource))
+				return nil, r.errorf(i, "Global", true, "exceeds %d global rules for resource %s", maxGlobalRules, names.Abbrev(r.Resource))
 			}
 		case r.Behavior == Throttle || r.Behavior == WarmUpThrottle:
 			if paced[r.Resource]++; paced[r.Resource] > maxPacedRules {
-				return nil, r.errorf(i, "Behavior", r.Behavior, "exceeds %d throttling rules for resource %s", maxPacedRules, stat.Abbrev(r.Resource))
+				return nil, r.errorf(i, "Behavior", r.Behavior, "exceeds %d throttling rules for resource %s", maxPacedRules, names.Abbrev(r.Resource))
 			}
 		}
 		norm[i] = r

@@ -195,7 +195,7 @@ func TestExitRecordsAndIsIdempotent(t *testing.T) {
 	assert.Equal(t, int64(0), snap.Inflight)
 	assert.Equal(t, 10*ms, snap.MinRT)
 	assert.Equal(t, (30*ms+40*ms+10*ms)/3, snap.AvgRT)
-	assert.Zero(t, e.Registry().Lookup("api").Concurrency())
+	assert.Zero(t, e.registry.Lookup("api").Concurrency())
 }
 
 func TestNoRulePassesAndCounts(t *testing.T) {
@@ -274,7 +274,7 @@ func TestLaterBlockGivesBackEarlierGrants(t *testing.T) {
 		_, err := e.Entry("api")
 		require.ErrorIs(t, err, ErrBlocked, "db is busy")
 	}
-	n := e.Registry().Lookup("api")
+	n := e.registry.Lookup("api")
 	assert.Zero(t, n.Concurrency(), "concurrency slots given back")
 	assert.Zero(t, n.Second().Sum(clock.Now(), metric.Pass), "window admissions given back")
 	assert.Equal(t, int64(3), n.Second().Sum(clock.Now(), metric.Block))
@@ -383,7 +383,7 @@ func TestPriorityBorrowsTheNextWindow(t *testing.T) {
 	// starts at 1500ms.
 	assert.Equal(t, []time.Duration{900 * ms}, s.waits)
 	en.Exit(nil)
-	n := e.Registry().Lookup("api")
+	n := e.registry.Lookup("api")
 	assert.Equal(t, int64(1), n.Second().Borrowed())
 	clock.Set(1500 * ms)
 	assert.Equal(t, int64(1), n.Second().Sum(clock.Now(), metric.Pass)+n.Second().Borrowed(), "not yet folded or folded once")

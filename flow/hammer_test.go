@@ -111,7 +111,7 @@ func TestConcurrencyNeverExceedsAndEveryExitReleases(t *testing.T) {
 			require.NoError(t, errors.Join(wrong...), "Entry fails only with ErrBlocked")
 			assert.LessOrEqual(t, worst.Load(), int64(limit))
 			assert.Positive(t, admitted.Load())
-			n := e.Registry().Lookup("api")
+			n := e.registry.Lookup("api")
 			assert.Zero(t, n.Concurrency(), "every slot released")
 			assert.Zero(t, n.Inflight())
 		})
@@ -176,7 +176,7 @@ func TestReloadUnderLoad(t *testing.T) {
 	t.Logf("%d rule swaps during the load", swaps)
 	assert.LessOrEqual(t, admitted.Load(), int64(30), "one instant: one window")
 	assert.LessOrEqual(t, worst.Load(), int64(5))
-	assert.Zero(t, e.Registry().Lookup("api").Concurrency())
+	assert.Zero(t, e.registry.Lookup("api").Concurrency())
 }
 
 func TestHotPathsAllocateNothing(t *testing.T) {

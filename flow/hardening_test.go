@@ -76,7 +76,7 @@ func TestThresholdAndCountBounds(t *testing.T) {
 	}
 	snap, _ = e.Snapshot("conc")
 	assert.Zero(t, snap.BlockQPS, "a bad count is not a block")
-	assert.Zero(t, e.Registry().Lookup("conc").Concurrency())
+	assert.Zero(t, e.registry.Lookup("conc").Concurrency())
 	for i := range 6 {
 		_, err := e.Entry("conc")
 		if i < 5 {
@@ -110,7 +110,7 @@ func TestCopiesOfAnEntryExitOnce(t *testing.T) {
 	en.Exit(nil)
 	cp.Exit(nil)
 	cp.Exit(errors.New("again"))
-	assert.Zero(t, e.Registry().Lookup("api").Concurrency())
+	assert.Zero(t, e.registry.Lookup("api").Concurrency())
 	a, err := e.Entry("api")
 	require.NoError(t, err)
 	_, err = e.Entry("api")
@@ -153,7 +153,7 @@ func TestCopiesExitOnceUnderHammer(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	n := e.Registry().Lookup("api")
+	n := e.registry.Lookup("api")
 	assert.Zero(t, n.Concurrency(), "every admission released once")
 	total := int64(goroutines * held * rounds)
 	now := e.Clock().Now()
@@ -173,7 +173,7 @@ func TestFailedLoadCreatesNothing(t *testing.T) {
 	var re *RuleError
 	require.ErrorAs(t, err, &re)
 	assert.Equal(t, 1, re.Index, "the first rule that needed room")
-	assert.Equal(t, 1, e.Registry().Len(), "nothing created")
+	assert.Equal(t, 1, e.registry.Len(), "nothing created")
 	assert.Equal(t, []Rule{{Resource: "a", Threshold: 1, StatInterval: time.Second}}, e.Rules())
 
 	paced := []Rule{{Resource: "a", Threshold: 1}}
@@ -181,9 +181,9 @@ func TestFailedLoadCreatesNothing(t *testing.T) {
 		paced = append(paced, Rule{Resource: "new", Threshold: float64(len(paced)), Behavior: Throttle})
 	}
 	assert.ErrorContains(t, e.LoadRules(paced), "exceeds 4 throttling rules")
-	assert.Nil(t, e.Registry().Lookup("new"), "a rule set refused for its shape creates nothing either")
+	assert.Nil(t, e.registry.Lookup("new"), "a rule set refused for its shape creates nothing either")
 	load(t, e, Rule{Resource: "b", Threshold: 1}, Rule{Resource: "c", Threshold: 1, RelatedResource: "d"})
-	assert.Equal(t, 4, e.Registry().Len(), "room was left for a load that fits")
+	assert.Equal(t, 4, e.registry.Len(), "room was left for a load that fits")
 }
 
 func TestRegistryLetsIdleResourcesGo(t *testing.T) {
@@ -203,9 +203,9 @@ func TestRegistryLetsIdleResourcesGo(t *testing.T) {
 	clock.Advance(61 * time.Second)
 	_, err = e.Entry("junk-2")
 	require.NoError(t, err, "junk-0 was idle for a minute: it made room")
-	assert.Nil(t, e.Registry().Lookup("junk-0"))
-	assert.NotNil(t, e.Registry().Lookup("junk-1"), "in flight: kept")
-	assert.NotNil(t, e.Registry().Lookup("ruled"), "named by a rule: kept")
+	assert.Nil(t, e.registry.Lookup("junk-0"))
+	assert.NotNil(t, e.registry.Lookup("junk-1"), "in flight: kept")
+	assert.NotNil(t, e.registry.Lookup("ruled"), "named by a rule: kept")
 
 	clock.Advance(2 * time.Second) // the reclaim walk runs at most once a second
 	_, err = e.Entry("junk-3")
@@ -238,7 +238,7 @@ func TestNamesAreBounded(t *testing.T) {
 			assert.Less(t, len(err.Error()), 300)
 		}
 	}
-	assert.Zero(t, e.Registry().Len())
+	assert.Zero(t, e.registry.Len())
 	long := strings.Repeat("z", stat.MaxNameLen)
 	load(t, e, Rule{Resource: long})
 	_, err := e.Entry(long)
@@ -368,7 +368,7 @@ func TestConcurrencyRuleCountsWhatIsInFlight(t *testing.T) {
 	}
 	stale := open[0] // a copy: exits nothing once open[0] has
 	load(t, e, Rule{Resource: "api", Threshold: 100}, Rule{Resource: "api", Metric: Concurrency, Threshold: 2})
-	assert.Equal(t, int64(5), e.Registry().Lookup("api").Concurrency())
+	assert.Equal(t, int64(5), e.registry.Lookup("api").Concurrency())
 	_, err := e.Entry("api")
 	assert.ErrorIs(t, err, ErrBlocked, "5 in flight, limit 2")
 	for i := range 3 {
@@ -386,10 +386,10 @@ func TestConcurrencyRuleCountsWhatIsInFlight(t *testing.T) {
 	// counted once, and released once.
 	load(t, e)
 	load(t, e, Rule{Resource: "api", Metric: Concurrency, Threshold: 2})
-	assert.Equal(t, int64(2), e.Registry().Lookup("api").Concurrency())
+	assert.Equal(t, int64(2), e.registry.Lookup("api").Concurrency())
 	open[4].Exit(nil)
 	en.Exit(nil)
-	assert.Zero(t, e.Registry().Lookup("api").Concurrency())
+	assert.Zero(t, e.registry.Lookup("api").Concurrency())
 }
 
 // Rule loads that add and remove a Concurrency rule race requests that
@@ -432,7 +432,7 @@ func TestConcurrencyReloadHammer(t *testing.T) {
 	}
 	close(done)
 	wg.Wait()
-	n := e.Registry().Lookup("api")
+	n := e.registry.Lookup("api")
 	assert.Zero(t, n.Concurrency(), "released exactly what was counted")
 	assert.Zero(t, n.Inflight())
 }

@@ -6,6 +6,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/leapflow/leapflow/internal/names"
 	"github.com/leapflow/leapflow/stat"
 )
 
@@ -184,15 +185,7 @@ type RuleError struct {
 // Error names the rule, field and value; long names and values are cut, so
 // the message stays short whatever the input.
 func (e *RuleError) Error() string {
-	return fmt.Sprintf("flow: rule %s (#%d): %s %s, got %s", stat.Abbrev(e.Rule), e.Index, e.Field, e.Reason, abbrevValue(e.Value))
-}
-
-func abbrevValue(v any) string {
-	s := fmt.Sprint(v)
-	if len(s) <= 64 {
-		return s
-	}
-	return fmt.Sprintf("%s... (%d bytes)", s[:64], len(s))
+	return fmt.Sprintf("flow: rule %s (#%d): %s %s, got %s", names.Abbrev(e.Rule), e.Index, e.Field, e.Reason, names.Value(e.Value))
 }
 
 // ErrInvalidRule matches every RuleError with errors.Is.
@@ -219,11 +212,11 @@ func (r *Rule) validate(i int) error {
 	case r.Resource == "":
 		return bad("Resource", `""`, "must not be empty")
 	case len(r.Resource) > stat.MaxNameLen:
-		return bad("Resource", stat.Abbrev(r.Resource), fmt.Sprintf("must be at most %d bytes", stat.MaxNameLen))
+		return bad("Resource", names.Abbrev(r.Resource), fmt.Sprintf("must be at most %d bytes", stat.MaxNameLen))
 	case len(r.ID) > stat.MaxNameLen:
-		return bad("ID", stat.Abbrev(r.ID), fmt.Sprintf("must be at most %d bytes", stat.MaxNameLen))
+		return bad("ID", names.Abbrev(r.ID), fmt.Sprintf("must be at most %d bytes", stat.MaxNameLen))
 	case len(r.RelatedResource) > stat.MaxNameLen:
-		return bad("RelatedResource", stat.Abbrev(r.RelatedResource), fmt.Sprintf("must be at most %d bytes", stat.MaxNameLen))
+		return bad("RelatedResource", names.Abbrev(r.RelatedResource), fmt.Sprintf("must be at most %d bytes", stat.MaxNameLen))
 	case math.IsNaN(r.Threshold) || math.IsInf(r.Threshold, 0) || r.Threshold < 0:
 		return bad("Threshold", r.Threshold, "must be a finite number >= 0")
 	case r.Threshold > MaxThreshold:

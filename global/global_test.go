@@ -39,8 +39,8 @@ func req(key string, perSecond float64, interval time.Duration, n int64) flow.Gl
 }
 
 func TestHashTagAndKeys(t *testing.T) {
-	assert.Equal(t, "{api}", HashTag("api"))
-	assert.Equal(t, "{a%7Bb%7Dc%25}", HashTag("a{b}c%"))
+	assert.Equal(t, "{api}", hashTag("api"))
+	assert.Equal(t, "{a%7Bb%7Dc%25}", hashTag("a{b}c%"))
 	k := keysFor("leapflow", "we{ird}", "5/1000ms")
 	for _, key := range []string{k.window, k.log, k.meta} {
 		assert.Equal(t, 1, strings.Count(key, "{"), key)
@@ -73,13 +73,13 @@ func TestDecision(t *testing.T) {
 	ctx := context.Background()
 	r := req("decide", 5, time.Second, 1)
 	for i := range 5 {
-		d, err := s.Take(ctx, r, 1)
+		d, err := s.takeFor(ctx, r, 1)
 		require.NoError(t, err)
 		require.True(t, d.Allowed, "request %d", i)
 		assert.Equal(t, int64(i+1), d.Count)
 		assert.Equal(t, int64(4-i), d.Remaining)
 	}
-	d, err := s.Take(ctx, r, 1)
+	d, err := s.takeFor(ctx, r, 1)
 	require.NoError(t, err)
 	assert.False(t, d.Allowed)
 	assert.Equal(t, int64(5), d.Count)
@@ -88,7 +88,7 @@ func TestDecision(t *testing.T) {
 	assert.LessOrEqual(t, d.RetryAfter, time.Second)
 	assert.WithinDuration(t, time.Now(), d.ServerTime, 2*time.Second, "server time, same machine")
 	assert.Equal(t, 250*time.Millisecond, d.BucketLen)
-	big, err := s.Take(ctx, req("decide", 5, time.Second, 6), 6)
+	big, err := s.takeFor(ctx, req("decide", 5, time.Second, 6), 6)
 	require.NoError(t, err)
 	assert.False(t, big.Allowed)
 	assert.Equal(t, time.Duration(-1), big.RetryAfter, "a batch above the threshold never fits")
@@ -153,14 +153,14 @@ func TestManyEnginesHoldTheGlobalLimit(t *testing.T) {
 			audit := NewAudit()
 			var admitted, globalBlocks atomic.Int64
 			var wg sync.WaitGroup
-			var nodes []*stat.Node
+			var engs []*flow.Engine
 			deadline := time.Now().Add(2500 * time.Millisecond)
 			for range engines {
 				src := newSource(t, srv.Client(), Options{Buckets: 10, MaxBatch: batch, OnAdmit: audit.Record})
 				eng, err := flow.New(flow.WithTokenSource(src))
 				require.NoError(t, err)
 				require.NoError(t, eng.LoadRules([]flow.Rule{{ID: key, Resource: "api", Threshold: threshold, Global: true, Fallback: flow.FallbackClosed}}))
-				nodes = append(nodes, eng.Registry().Lookup("api"))
+				engs = append(engs, eng)
 				for range perEngine {
 					wg.Add(1)
 					go func() {
@@ -183,8 +183,9 @@ func TestManyEnginesHoldTheGlobalLimit(t *testing.T) {
 			wg.Wait()
 			// The rule fails closed: a failed call blocks too, as a fallback.
 			var fallbacks int64
-			for _, n := range nodes {
-				fallbacks += n.Fallbacks()
+			for _, eng := range engs {
+				snap, _ := eng.Snapshot("api")
+				fallbacks += snap.Fallbacks
 			}
 			refused := globalBlocks.Load() - fallbacks
 			total := audit.Total()
@@ -322,10 +323,10 @@ func TestExactMode(t *testing.T) {
 
 	// A refusal says when the log has room again: one per 10s.
 	once := req("exact-once", 0.1, 10*time.Second, 1)
-	d, err := s.Take(ctx, once, 1)
+	d, err := s.takeFor(ctx, once, 1)
 	require.NoError(t, err)
 	require.True(t, d.Allowed)
-	d, err = s.Take(ctx, once, 1)
+	d, err = s.takeFor(ctx, once, 1)
 	require.NoError(t, err)
 	assert.False(t, d.Allowed)
 	assert.Equal(t, int64(1), d.Count)
@@ -398,8 +399,9 @@ func TestFaultsFallBackAndRecover(t *testing.T) {
 	// share: every request goes to Redis (MaxBatch 1, never refused), and
 	// every one is admitted, by Redis or by the fallback.
 	require.NoError(t, eng.LoadRules([]flow.Rule{{ID: "faults", Resource: "api", Threshold: 1e6, Global: true, LocalShare: 0.5}}))
-	node := eng.Registry().Lookup("api")
-	require.NotNil(t, node)
+	_, err = eng.Entry("api")
+	require.NoError(t, err)
+	fallbacks := func() int64 { snap, _ := eng.Snapshot("api"); return snap.Fallbacks }
 
 	var answered, blocked atomic.Int64
 	l := startLoad(eng, 8, func(err error) {
@@ -412,9 +414,9 @@ func TestFaultsFallBackAndRecover(t *testing.T) {
 	require.Eventually(t, func() bool { return served.Load() > 0 }, long, 5*time.Millisecond, "Redis decides while up")
 
 	srv.Stop()
-	downFrom, refusedFrom := node.Fallbacks(), src.Stats().Refused
+	downFrom, refusedFrom := fallbacks(), src.Stats().Refused
 	require.Eventually(t, func() bool {
-		return node.Fallbacks() >= downFrom+100 && src.Stats().Refused > refusedFrom
+		return fallbacks() >= downFrom+100 && src.Stats().Refused > refusedFrom
 	}, long, 5*time.Millisecond, "while down, the fallback answers and the Source backs off")
 
 	require.NoError(t, srv.Restart())
@@ -424,11 +426,11 @@ func TestFaultsFallBackAndRecover(t *testing.T) {
 
 	// Stall the server for 600ms (12 timeouts): calls in flight time out,
 	// and the fallback answers until it wakes.
-	stallFrom, errsFrom := node.Fallbacks(), src.Stats().Errors
+	stallFrom, errsFrom := fallbacks(), src.Stats().Errors
 	stall := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	require.NoError(t, stall.Do(context.Background(), "DEBUG", "SLEEP", "0.6").Err())
 	stall.Close()
-	stallFallbacks, stallErrs := node.Fallbacks()-stallFrom, src.Stats().Errors-errsFrom
+	stallFallbacks, stallErrs := fallbacks()-stallFrom, src.Stats().Errors-errsFrom
 	upFrom = served.Load()
 	require.Eventually(t, func() bool { return served.Load() > upFrom }, long, 5*time.Millisecond,
 		"Redis decides again after the stall")
@@ -436,7 +438,7 @@ func TestFaultsFallBackAndRecover(t *testing.T) {
 
 	st := src.Stats()
 	t.Logf("answered %d, blocked %d, slowest %v, fallbacks %d (%d in the stall, %d timeouts), stats %+v",
-		answered.Load(), blocked.Load(), l.Slowest(), node.Fallbacks(), stallFallbacks, stallErrs, st)
+		answered.Load(), blocked.Load(), l.Slowest(), fallbacks(), stallFallbacks, stallErrs, st)
 	assert.Positive(t, stallErrs, "calls to the stalled server time out")
 	assert.Positive(t, stallFallbacks, "the fallback answers while the server is stalled")
 	assert.Zero(t, blocked.Load(), "every request admitted: by Redis or, while it fails, by the fallback")

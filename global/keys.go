@@ -7,10 +7,10 @@ import (
 // tagEscaper escapes the characters that would end or confuse a hash tag.
 var tagEscaper = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
 
-// HashTag returns the Redis Cluster hash tag of a limit key: the key, with
+// hashTag returns the Redis Cluster hash tag of a limit key: the key, with
 // '%', '{' and '}' escaped, in braces. Every Redis key of the limit contains
 // it, so they all hash to one slot.
-func HashTag(key string) string { return "{" + tagEscaper.Replace(key) + "}" }
+func hashTag(key string) string { return "{" + tagEscaper.Replace(key) + "}" }
 
 // keys are the Redis keys of one limit.
 type keys struct {
@@ -20,6 +20,6 @@ type keys struct {
 }
 
 func keysFor(prefix, key, shape string) keys {
-	base := prefix + ":" + HashTag(key) + ":" + shape
+	base := prefix + ":" + hashTag(key) + ":" + shape
 	return keys{window: base + ":w", log: base + ":log", meta: base + ":meta"}
 }

@@ -209,8 +209,8 @@ func (s *Source) limitFor(req flow.GlobalRequest) *limit {
 	return l.(*limit)
 }
 
-// Decision is one answer of the Redis script.
-type Decision struct {
+// decision is one answer of the Redis script.
+type decision struct {
 	Allowed    bool
 	Granted    int64         // tokens counted for the caller (>= the request when allowed)
 	Count      int64         // in the window after the call
@@ -223,13 +223,13 @@ type Decision struct {
 	BucketLen   time.Duration
 }
 
-// Take asks Redis once, with no leasing, for n admissions of the limit of
+// takeFor asks Redis once, with no leasing, for n admissions of the limit of
 // req (maxLease tokens at most, at least n).
-func (s *Source) Take(ctx context.Context, req flow.GlobalRequest, maxLease int64) (Decision, error) {
+func (s *Source) takeFor(ctx context.Context, req flow.GlobalRequest, maxLease int64) (decision, error) {
 	return s.take(ctx, s.limitFor(req), perWindow(req), req.Count, max(maxLease, req.Count))
 }
 
-func (s *Source) take(ctx context.Context, l *limit, threshold, n, maxLease int64) (Decision, error) {
+func (s *Source) take(ctx context.Context, l *limit, threshold, n, maxLease int64) (decision, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
 	s.calls.Inc()
@@ -242,12 +242,12 @@ func (s *Source) take(ctx context.Context, l *limit, threshold, n, maxLease int6
 	}
 	vals, err := cmd.Int64Slice()
 	if err != nil {
-		return Decision{}, fmt.Errorf("global: %w", err)
+		return decision{}, fmt.Errorf("global: %w", err)
 	}
 	if len(vals) != 7 {
-		return Decision{}, fmt.Errorf("global: script returned %d values, want 7", len(vals))
+		return decision{}, fmt.Errorf("global: script returned %d values, want 7", len(vals))
 	}
-	d := Decision{
+	d := decision{
 		Allowed:     vals[0] > 0,
 		Granted:     vals[0],
 		Count:       vals[1],
@@ -373,7 +373,7 @@ func (s *Source) prefetch(l *limit, slot *paddedLease, req flow.GlobalRequest) {
 // after that). Tokens of the bucket the current lease is in join it. The
 // batch doubles when a whole lease was spent within one bucket and halves
 // when a bucket ended with most of one unspent.
-func (s *Source) install(l *limit, slot *paddedLease, d Decision, extra, sent int64) {
+func (s *Source) install(l *limit, slot *paddedLease, d decision, extra, sent int64) {
 	if extra <= 0 {
 		return
 	}

@@ -35,7 +35,7 @@
 // # Reads
 //
 // A bucket is valid at now iff start <= now and now-start < interval
-// (half-open); ForEach and Previous visit only valid buckets, allocate
+// (half-open); Within and Previous visit only valid buckets, allocate
 // nothing, and never create or revive one.
 //
 // # Borrowing

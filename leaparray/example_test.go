@@ -11,7 +11,7 @@ import (
 
 // A ring of four 250 ms buckets counting events; times are plain numbers.
 func Example() {
-	a, err := leaparray.New[atomic.Int64](4, time.Second, nil)
+	a, err := leaparray.New(4, time.Second, leaparray.Hooks[atomic.Int64]{})
 	if err != nil {
 		panic(err)
 	}
@@ -20,10 +20,9 @@ func Example() {
 		a.Current(t * ms).Value.Inc()
 	}
 	var sum int64
-	a.ForEach(1100*ms, func(w *leaparray.WindowWrap[atomic.Int64]) bool {
+	for w := range a.Within(1100*ms, a.Interval()) {
 		sum += w.Value.Load()
-		return true
-	})
+	}
 	fmt.Println("last second at 1.1s:", sum) // the 0-250ms bucket has left
 	// A time behind the newest bucket counts in it.
 	fmt.Println(a.Current(500*ms).Start() / ms)

@@ -47,13 +47,10 @@ type LeapArray[T any] struct {
 	// published runs under mu right after a new bucket is visible
 	// (Occupiable uses it to retire the borrowed counts it folded in).
 	published func()
-	// superseded, if set, runs under mu with each real bucket that stops
-	// being the newest, after the new one is visible.
+	// superseded and retired are Hooks.Supersede and Hooks.Retire.
 	superseded func(prev *WindowWrap[T])
-	// retired, if set, runs under mu with each real bucket a rotation
-	// replaced, after the replacement is visible.
-	retired func(old *WindowWrap[T])
-	slots   []atomic.Pointer[WindowWrap[T]]
+	retired    func(old *WindowWrap[T])
+	slots      []atomic.Pointer[WindowWrap[T]]
 
 	// mu serialises rotations: at most one fresh bucket is built per slot and
 	// time, and Occupiable folds borrowed counts under it. Never taken by
@@ -61,21 +58,44 @@ type LeapArray[T any] struct {
 	mu sync.Mutex
 }
 
-// New returns a LeapArray of sampleCount buckets covering interval. init, if
-// not nil, prepares each freshly allocated bucket's value before it is
-// published (the zero value is used as is otherwise). It returns an error
-// naming the value when sampleCount or interval is not positive or interval
-// does not split into sampleCount equal whole-nanosecond buckets.
-func New[T any](sampleCount int, interval time.Duration, init func(start int64, v *T)) (*LeapArray[T], error) {
+// Hooks are the functions a LeapArray runs as it rotates, fixed when it is
+// made; each may be nil. They run under the rotation lock, one rotation at
+// a time.
+type Hooks[T any] struct {
+	// Init prepares each freshly allocated bucket's value before it is
+	// published (the zero value is used as is otherwise).
+	Init func(start int64, v *T)
+	// Supersede runs with every bucket that stops being the newest, after
+	// the new newest bucket is visible (and before that bucket's rotation
+	// retires anything). Every bucket is newest when it is made, so it sees
+	// each one once, before it retires: from then on only callers that
+	// raced the rotation (they loaded it, or clamped to it, just before)
+	// can still reach it.
+	Supersede func(prev *WindowWrap[T])
+	// Retire runs with every bucket a rotation replaces, after the
+	// replacement is visible: the last chance to read a bucket's final
+	// counts (stat folds them into longer windows). A writer that raced
+	// the rotation and redoes its write on the new bucket may also have
+	// landed before Retire read the old one; a value type that must hand
+	// over exactly marks its counters here so writers can tell (metric
+	// seals them).
+	Retire func(old *WindowWrap[T])
+}
+
+// New returns a LeapArray of sampleCount buckets covering interval, running
+// hooks as it rotates. It returns an error naming the value when
+// sampleCount or interval is not positive or interval does not split into
+// sampleCount equal whole-nanosecond buckets.
+func New[T any](sampleCount int, interval time.Duration, hooks Hooks[T]) (*LeapArray[T], error) {
 	a := &LeapArray[T]{}
-	if err := a.setup(sampleCount, interval, init); err != nil {
+	if err := a.setup(sampleCount, interval, hooks); err != nil {
 		return nil, err
 	}
 	return a, nil
 }
 
 // setup prepares a zero LeapArray in place (see New).
-func (a *LeapArray[T]) setup(sampleCount int, interval time.Duration, init func(start int64, v *T)) error {
+func (a *LeapArray[T]) setup(sampleCount int, interval time.Duration, hooks Hooks[T]) error {
 	if sampleCount <= 0 {
 		return fmt.Errorf("leaparray: sampleCount must be > 0, got %d", sampleCount)
 	}
@@ -88,7 +108,7 @@ func (a *LeapArray[T]) setup(sampleCount int, interval time.Duration, init func(
 	a.bucketLen = int64(interval) / int64(sampleCount)
 	a.interval = int64(interval)
 	a.n = int64(sampleCount)
-	a.init = init
+	a.init, a.superseded, a.retired = hooks.Init, hooks.Supersede, hooks.Retire
 	a.slots = make([]atomic.Pointer[WindowWrap[T]], sampleCount)
 	// Every slot starts with a placeholder that is never valid and is older
 	// than any real bucket, so no path needs a nil check.
@@ -118,8 +138,8 @@ func placeholder[T any]() *WindowWrap[T] {
 	return p.(*WindowWrap[T])
 }
 
-// SampleCount returns the number of buckets in the ring.
-func (a *LeapArray[T]) SampleCount() int { return int(a.n) }
+// sampleCount returns the number of buckets in the ring.
+func (a *LeapArray[T]) sampleCount() int { return int(a.n) }
 
 // BucketLen returns the span of one bucket in nanoseconds.
 func (a *LeapArray[T]) BucketLen() int64 { return a.bucketLen }
@@ -127,11 +147,11 @@ func (a *LeapArray[T]) BucketLen() int64 { return a.bucketLen }
 // Interval returns the span of the whole ring in nanoseconds.
 func (a *LeapArray[T]) Interval() int64 { return a.interval }
 
-// StartOf returns the start of the bucket that holds now: now - now%len.
-func (a *LeapArray[T]) StartOf(now int64) int64 { return now - now%a.bucketLen }
+// startOf returns the start of the bucket that holds now: now - now%len.
+func (a *LeapArray[T]) startOf(now int64) int64 { return now - now%a.bucketLen }
 
-// IndexOf returns the slot that holds now: (now/len) % n.
-func (a *LeapArray[T]) IndexOf(now int64) int { return int((now / a.bucketLen) % a.n) }
+// indexOf returns the slot that holds now: (now/len) % n.
+func (a *LeapArray[T]) indexOf(now int64) int { return int((now / a.bucketLen) % a.n) }
 
 // Clamp returns now, or the start of the newest bucket if now is behind it.
 // Negative times clamp to 0.
@@ -205,23 +225,6 @@ func (a *LeapArray[T]) rotate(slot *atomic.Pointer[WindowWrap[T]], start int64) 
 	}
 }
 
-// OnSupersede sets fn to run with every bucket that stops being the newest,
-// under the rotation lock and after the new newest bucket is visible (and
-// before that bucket's rotation retires anything). Every bucket is newest
-// when it is made, so fn sees each one once, before it retires: from then
-// on only callers that raced the rotation (they loaded it, or clamped to it,
-// just before) can still reach it. Set it before the array is shared.
-func (a *LeapArray[T]) OnSupersede(fn func(prev *WindowWrap[T])) { a.superseded = fn }
-
-// OnRetire sets fn to run with every bucket a rotation replaces, under the
-// rotation lock and after the replacement is visible: the last chance to
-// read a bucket's final counts (stat folds them into longer windows). A
-// writer that raced the rotation and redoes its write on the new bucket may
-// also have landed before fn read the old one; a value type that must hand
-// over exactly marks its counters in fn so writers can tell (metric seals
-// them). Set it before the array is shared.
-func (a *LeapArray[T]) OnRetire(fn func(old *WindowWrap[T])) { a.retired = fn }
-
 // Buckets yields every real bucket in the ring whose start is in [lo, hi),
 // valid or not, in slot order. It never creates a bucket.
 func (a *LeapArray[T]) Buckets(lo, hi int64) iter.Seq[*WindowWrap[T]] {
@@ -235,10 +238,10 @@ func (a *LeapArray[T]) Buckets(lo, hi int64) iter.Seq[*WindowWrap[T]] {
 	}
 }
 
-// Valid reports whether w is valid at now over the trailing span:
+// valid reports whether w is valid at now over the trailing span:
 // start <= now and now-start < span (half-open: a bucket is stale exactly
 // when now-start >= span).
-func Valid[T any](w *WindowWrap[T], now, span int64) bool {
+func valid[T any](w *WindowWrap[T], now, span int64) bool {
 	// One unsigned compare covers both bounds: a start after now wraps to a
 	// huge difference.
 	return uint64(now-w.start) < uint64(span)
@@ -250,19 +253,9 @@ func Valid[T any](w *WindowWrap[T], now, span int64) bool {
 func (a *LeapArray[T]) Within(now, span int64) iter.Seq[*WindowWrap[T]] {
 	return func(yield func(*WindowWrap[T]) bool) {
 		for i := range a.slots {
-			if w := a.slots[i].Load(); Valid(w, now, span) && !yield(w) {
+			if w := a.slots[i].Load(); valid(w, now, span) && !yield(w) {
 				return
 			}
-		}
-	}
-}
-
-// ForEach calls fn for every bucket valid at now over the whole interval,
-// in slot order, until fn returns false. It never creates a bucket.
-func (a *LeapArray[T]) ForEach(now int64, fn func(w *WindowWrap[T]) bool) {
-	for w := range a.Within(a.Clamp(now), a.interval) {
-		if !fn(w) {
-			return
 		}
 	}
 }
@@ -275,14 +268,14 @@ func (a *LeapArray[T]) Previous(now int64) *WindowWrap[T] {
 	if prev < 0 {
 		return nil
 	}
-	w := a.slots[a.IndexOf(prev)].Load()
-	if w.start != a.StartOf(prev) {
+	w := a.slots[a.indexOf(prev)].Load()
+	if w.start != a.startOf(prev) {
 		return nil
 	}
 	return w
 }
 
-// Retired reports whether w has been replaced in its slot by a newer bucket.
+// retiredFrom reports whether w has been replaced in its slot by a newer bucket.
 // A writer that raced a rotation checks it after writing and redoes the write
 // on Current if it is true.
 //
@@ -291,7 +284,7 @@ func (a *LeapArray[T]) Previous(now int64) *WindowWrap[T] {
 // already hands out a bucket its slot does not hold yet. That bucket is not
 // retired; a pointer test would say it is and send its writers round a redo
 // loop, writing again on every turn, until the slot store lands.
-func (a *LeapArray[T]) Retired(w *WindowWrap[T]) bool {
+func (a *LeapArray[T]) retiredFrom(w *WindowWrap[T]) bool {
 	s := a.slots[w.slot].Load()
 	return s != w && s.start > w.start
 }

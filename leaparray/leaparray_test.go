@@ -15,7 +15,7 @@ type counter struct{ n atomic.Int64 }
 
 func newArray(t testing.TB, n int, interval time.Duration) *LeapArray[counter] {
 	t.Helper()
-	a, err := New[counter](n, interval, nil)
+	a, err := New[counter](n, interval, Hooks[counter]{})
 	require.NoError(t, err)
 	return a
 }
@@ -32,11 +32,11 @@ func TestNewRejectsBadShapes(t *testing.T) {
 		{2, -time.Second, "interval must be > 0, got -1s"},
 		{3, 1000, "interval 1µs does not divide into 3 equal buckets"},
 	} {
-		_, err := New[counter](tc.n, tc.interval, nil)
+		_, err := New[counter](tc.n, tc.interval, Hooks[counter]{})
 		require.Error(t, err, "n=%d interval=%v", tc.n, tc.interval)
 		assert.Contains(t, err.Error(), tc.want)
 	}
-	a, err := New[counter](3, 3*time.Second, nil)
+	a, err := New[counter](3, 3*time.Second, Hooks[counter]{})
 	require.NoError(t, err)
 	assert.Equal(t, int64(time.Second), a.BucketLen())
 }
@@ -57,8 +57,8 @@ func TestIndexAndStartMapping(t *testing.T) {
 		{2750 * ms, 1, 2500 * ms},
 		{10_001 * ms, 0, 10_000 * ms},
 	} {
-		assert.Equal(t, st.wantIdx, a.IndexOf(st.now), "step %d: IndexOf(%d)", i, st.now)
-		assert.Equal(t, st.wantStart, a.StartOf(st.now), "step %d: StartOf(%d)", i, st.now)
+		assert.Equal(t, st.wantIdx, a.indexOf(st.now), "step %d: IndexOf(%d)", i, st.now)
+		assert.Equal(t, st.wantStart, a.startOf(st.now), "step %d: StartOf(%d)", i, st.now)
 		w := a.Current(st.now)
 		assert.Equal(t, st.wantStart, w.Start(), "step %d: Current(%d).Start()", i, st.now)
 		assert.Same(t, w, a.slots[st.wantIdx].Load(), "step %d: bucket not in slot %d", i, st.wantIdx)
@@ -68,7 +68,7 @@ func TestIndexAndStartMapping(t *testing.T) {
 // validCount returns how many buckets ForEach visits at now and their starts.
 func visit(a *LeapArray[counter], now int64) []int64 {
 	var starts []int64
-	a.ForEach(now, func(w *WindowWrap[counter]) bool {
+	forEach(a, now, func(w *WindowWrap[counter]) bool {
 		starts = append(starts, w.Start())
 		return true
 	})
@@ -87,7 +87,7 @@ func TestDeprecationIsHalfOpen(t *testing.T) {
 	} {
 		a := newArray(t, 2, time.Second)
 		w := a.Current(0)
-		assert.Equal(t, st.valid, Valid(w, st.now, interval), "step %d: Valid at %d", i, st.now)
+		assert.Equal(t, st.valid, valid(w, st.now, interval), "step %d: Valid at %d", i, st.now)
 		// A pure read at now must agree and must not create anything.
 		got := visit(a, st.now)
 		if st.valid {
@@ -113,7 +113,7 @@ func TestJumpsForward(t *testing.T) {
 		assert.Equal(t, next-next%(interval/4), w.Start(), "jump %v", jump)
 		assert.Zero(t, w.Value.n.Load(), "jump %v: the new bucket starts empty", jump)
 		var total int64
-		a.ForEach(next, func(w *WindowWrap[counter]) bool { total += w.Value.n.Load(); return true })
+		forEach(a, next, func(w *WindowWrap[counter]) bool { total += w.Value.n.Load(); return true })
 		// Buckets older than one interval are gone; the rest survive.
 		want := int64(0)
 		for s := int64(0); s < interval; s += interval / 4 {
@@ -128,7 +128,7 @@ func TestJumpsForward(t *testing.T) {
 func TestRacingFirstTouchCreatesOneBucket(t *testing.T) {
 	for round := 0; round < 50; round++ {
 		var made atomic.Int64
-		a, err := New(2, time.Second, func(int64, *counter) { made.Inc() })
+		a, err := New(2, time.Second, Hooks[counter]{Init: func(int64, *counter) { made.Inc() }})
 		require.NoError(t, err)
 		const g = 32
 		got := make([]*WindowWrap[counter], g)
@@ -174,7 +174,7 @@ func TestRollbackClampsToNewestBucket(t *testing.T) {
 			// Reads at the past time see the window that ends at the newest
 			// bucket: nothing dropped, nothing reopened.
 			var total int64
-			a.ForEach(past, func(w *WindowWrap[counter]) bool { total += w.Value.n.Load(); return true })
+			forEach(a, past, func(w *WindowWrap[counter]) bool { total += w.Value.n.Load(); return true })
 			assert.Equal(t, int64(6), total)
 			assert.Equal(t, max(past, newest.Start()), a.Clamp(past))
 			// Time moving on from the newest bucket works as usual.
@@ -194,7 +194,7 @@ func TestReadsNeverResurrect(t *testing.T) {
 	assert.Equal(t, int64(7), a.slots[0].Load().Value.n.Load())
 	w := a.Current(later)
 	assert.Zero(t, w.Value.n.Load())
-	assert.True(t, a.Retired(a.slots[0].Load()) == false)
+	assert.True(t, a.retiredFrom(a.slots[0].Load()) == false)
 }
 
 func TestPrevious(t *testing.T) {
@@ -211,14 +211,14 @@ func TestRetiredAndNewest(t *testing.T) {
 	a := newArray(t, 2, time.Second)
 	bl := a.BucketLen()
 	w0 := a.Current(0)
-	assert.False(t, a.Retired(w0))
+	assert.False(t, a.retiredFrom(w0))
 	assert.True(t, a.Newest(w0))
 	w1 := a.Current(bl)
-	assert.False(t, a.Retired(w0), "w0 is older but still in its slot")
+	assert.False(t, a.retiredFrom(w0), "w0 is older but still in its slot")
 	assert.False(t, a.Newest(w0))
 	assert.True(t, a.Newest(w1))
 	a.Current(2 * bl)
-	assert.True(t, a.Retired(w0))
+	assert.True(t, a.retiredFrom(w0))
 }
 
 // TestNewestNotYetInItsSlotIsNotRetired builds the instant inside a rotation
@@ -232,11 +232,11 @@ func TestNewestNotYetInItsSlotIsNotRetired(t *testing.T) {
 	next := &WindowWrap[counter]{start: 2 * bl, slot: 0}
 	a.newest.Store(next) // rotate's first store; the slot store has not landed
 	require.Same(t, next, a.Current(2*bl), "Current hands out the new bucket")
-	assert.False(t, a.Retired(next), "a bucket about to enter its slot is not retired")
-	assert.False(t, a.Retired(old), "nor is the one it is about to replace")
+	assert.False(t, a.retiredFrom(next), "a bucket about to enter its slot is not retired")
+	assert.False(t, a.retiredFrom(old), "nor is the one it is about to replace")
 	a.slots[0].Store(next)
-	assert.False(t, a.Retired(next))
-	assert.True(t, a.Retired(old))
+	assert.False(t, a.retiredFrom(next))
+	assert.True(t, a.retiredFrom(old))
 }
 
 // TestRotationRaceNeitherLeaksNorErases flips time across bucket boundaries
@@ -270,7 +270,7 @@ func TestRotationRaceNeitherLeaksNorErases(t *testing.T) {
 				for {
 					w := a.Current(clock.Load())
 					w.Value.n.Add(1)
-					if !a.Retired(w) {
+					if !a.retiredFrom(w) {
 						landed[g][w.Start()]++
 						break
 					}
@@ -308,7 +308,7 @@ func TestReadsAllocateNothing(t *testing.T) {
 	now := int64(time.Second) - 1
 	var sum int64
 	allocs := testing.AllocsPerRun(100, func() {
-		a.ForEach(now, func(w *WindowWrap[counter]) bool { sum += w.Value.n.Load(); return true })
+		forEach(a, now, func(w *WindowWrap[counter]) bool { sum += w.Value.n.Load(); return true })
 		a.Current(now).Value.n.Inc()
 		_ = a.Previous(now)
 	})
@@ -320,18 +320,20 @@ func TestReadsAllocateNothing(t *testing.T) {
 // made, and always before it retires.
 func TestSupersedeOncePerBucketBeforeRetire(t *testing.T) {
 	for _, n := range []int{1, 2, 4} {
-		a := newArray(t, n, time.Second)
-		bl := a.BucketLen()
+		bl := int64(time.Second) / int64(n)
 		var events []string
 		superseded := map[*WindowWrap[counter]]int{}
-		a.OnSupersede(func(prev *WindowWrap[counter]) {
-			superseded[prev]++
-			events = append(events, fmt.Sprintf("s%d", prev.Start()/bl))
+		a, err := New(n, time.Second, Hooks[counter]{
+			Supersede: func(prev *WindowWrap[counter]) {
+				superseded[prev]++
+				events = append(events, fmt.Sprintf("s%d", prev.Start()/bl))
+			},
+			Retire: func(old *WindowWrap[counter]) {
+				assert.Equal(t, 1, superseded[old], "n=%d: retired before superseded", n)
+				events = append(events, fmt.Sprintf("r%d", old.Start()/bl))
+			},
 		})
-		a.OnRetire(func(old *WindowWrap[counter]) {
-			assert.Equal(t, 1, superseded[old], "n=%d: retired before superseded", n)
-			events = append(events, fmt.Sprintf("r%d", old.Start()/bl))
-		})
+		require.NoError(t, err)
 		var made []*WindowWrap[counter]
 		for _, step := range []int64{0, 1, 2, 3, 7, 8, 20} {
 			w := a.Current(step * bl)
@@ -348,5 +350,14 @@ func TestSupersedeOncePerBucketBeforeRetire(t *testing.T) {
 			assert.Equal(t, want, superseded[w], "n=%d bucket %d", n, w.Start()/bl)
 		}
 		assert.Equal(t, len(made)-1, len(superseded), "n=%d: %v", n, events)
+	}
+}
+
+// forEach calls fn with every bucket valid at now over the whole ring.
+func forEach[T any](a *LeapArray[T], now int64, fn func(w *WindowWrap[T]) bool) {
+	for w := range a.Within(a.Clamp(now), a.Interval()) {
+		if !fn(w) {
+			return
+		}
 	}
 }

@@ -11,7 +11,7 @@ import (
 // bucket that has not started, if every window containing that bucket stays
 // within the threshold. When the main array creates a bucket, every borrowed
 // count due by its start is folded into it (see the fold function given to
-// NewOccupiable); a borrow whose own bucket never got created (no traffic at
+// Init); a borrow whose own bucket never got created (no traffic at
 // that time) folds into the next bucket made, late but never lost.
 //
 // Borrowing is the slow path (the caller is about to wait), so it runs under
@@ -41,28 +41,20 @@ type borrowed struct {
 	n     int64
 }
 
-// NewOccupiable returns an Occupiable array. count reads the admitted count
-// of a bucket (what a threshold limits); fold adds n borrowed admissions to a
-// freshly made bucket before it is published. init is as for New.
-func NewOccupiable[T any](sampleCount int, interval time.Duration, init func(start int64, v *T),
-	count func(v *T) int64, fold func(v *T, n int64)) (*Occupiable[T], error) {
-	o := &Occupiable[T]{}
-	if err := o.Init(sampleCount, interval, init, count, fold); err != nil {
-		return nil, err
-	}
-	return o, nil
-}
-
-// Init prepares a zero Occupiable in place, for types that embed one by
-// value; the arguments are NewOccupiable's. It must be called once, before
-// the array is shared.
-func (o *Occupiable[T]) Init(sampleCount int, interval time.Duration, init func(start int64, v *T),
+// Init prepares a zero Occupiable in place (it is used by value, embedded
+// in the type that counts with it): sampleCount, interval and hooks are
+// New's; count reads the admitted count of a bucket (what a threshold
+// limits); fold adds n borrowed admissions to a freshly made bucket before
+// it is published. It must be called once, before the array is shared.
+func (o *Occupiable[T]) Init(sampleCount int, interval time.Duration, hooks Hooks[T],
 	count func(v *T) int64, fold func(v *T, n int64)) error {
-	if err := o.setup(sampleCount, interval, o.initBucket); err != nil {
+	o.userInit = hooks.Init
+	hooks.Init = o.initBucket
+	if err := o.setup(sampleCount, interval, hooks); err != nil {
 		return err
 	}
 	o.published = o.retireFolded
-	o.userInit, o.count, o.fold = init, count, fold
+	o.count, o.fold = count, fold
 	return nil
 }
 
@@ -98,15 +90,15 @@ func (o *Occupiable[T]) Pending() int64 { return o.pending.Load() }
 // if it changed, a borrow may have read the counts without that write.
 func (o *Occupiable[T]) Epoch() int64 { return o.epoch.Load() }
 
-// PendingAt returns how much is borrowed from the future bucket that starts
+// pendingAt returns how much is borrowed from the future bucket that starts
 // at start (0 once it has been folded).
-func (o *Occupiable[T]) PendingAt(start int64) int64 {
+func (o *Occupiable[T]) pendingAt(start int64) int64 {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.future == nil {
 		return 0
 	}
-	f := o.future[o.IndexOf(start)]
+	f := o.future[o.indexOf(start)]
 	if f.start != start {
 		return 0
 	}
@@ -133,13 +125,13 @@ func (o *Occupiable[T]) Borrow(now, n, threshold, maxWait int64) (wait int64, ok
 	// borrow sees its write.
 	o.pending.Add(n)
 	o.epoch.Inc()
-	cur := o.StartOf(now)
+	cur := o.startOf(now)
 	for k := int64(1); k <= o.n; k++ {
 		s := cur + k*o.bucketLen
 		if s-now > maxWait {
 			break
 		}
-		f := &o.future[o.IndexOf(s)]
+		f := &o.future[o.indexOf(s)]
 		if f.n > 0 && f.start != s {
 			continue // the slot still holds an older, unfolded borrow
 		}

@@ -13,7 +13,8 @@ type passes struct{ pass, occupied atomic.Int64 }
 
 func newOccupiable(t *testing.T, n int, interval time.Duration) *Occupiable[passes] {
 	t.Helper()
-	o, err := NewOccupiable(n, interval, nil,
+	o := &Occupiable[passes]{}
+	err := o.Init(n, interval, Hooks[passes]{},
 		func(v *passes) int64 { return v.pass.Load() },
 		func(v *passes, n int64) { v.pass.Add(n); v.occupied.Add(n) })
 	require.NoError(t, err)
@@ -21,7 +22,7 @@ func newOccupiable(t *testing.T, n int, interval time.Duration) *Occupiable[pass
 }
 
 func TestNewOccupiableRejectsBadShape(t *testing.T) {
-	_, err := NewOccupiable[passes](0, time.Second, nil, nil, nil)
+	err := new(Occupiable[passes]).Init(0, time.Second, Hooks[passes]{}, nil, nil)
 	assert.ErrorContains(t, err, "sampleCount must be > 0, got 0")
 }
 
@@ -35,7 +36,7 @@ func TestBorrowFoldsIntoTheNextBucket(t *testing.T) {
 	require.True(t, ok)
 	assert.Equal(t, 2*bl-now, wait)
 	assert.Equal(t, int64(6), o.Pending())
-	assert.Equal(t, int64(6), o.PendingAt(2*bl))
+	assert.Equal(t, int64(6), o.pendingAt(2*bl))
 	_, ok = o.Borrow(now, 1, 10, int64(time.Second))
 	assert.True(t, ok, "one more fits in the bucket after (the 500ms bucket leaves its window)")
 	_, ok = o.Borrow(now, 5, 10, int64(time.Second))
@@ -45,7 +46,7 @@ func TestBorrowFoldsIntoTheNextBucket(t *testing.T) {
 	assert.Equal(t, int64(6), w.Value.pass.Load(), "folded as pass")
 	assert.Equal(t, int64(6), w.Value.occupied.Load(), "and as occupied pass")
 	assert.Equal(t, int64(1), o.Pending(), "the later borrow is still pending")
-	assert.Zero(t, o.PendingAt(2*bl))
+	assert.Zero(t, o.pendingAt(2*bl))
 }
 
 func TestBorrowRespectsMaxWaitAndThreshold(t *testing.T) {

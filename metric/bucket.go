@@ -53,8 +53,8 @@ type stripe struct {
 	_ [cpu.CacheLine - stripeWords*8]byte
 }
 
-// Bucket holds the counts of one time bucket. Its zero value is not usable:
-// buckets are made by a Window. A Bucket is safe for simultaneous use by
+// bucket holds the counts of one time bucket. Its zero value is not usable:
+// buckets are made by a Window. A bucket is safe for simultaneous use by
 // multiple goroutines and must not be copied after first use.
 //
 // # Admission by leases
@@ -68,7 +68,7 @@ type stripe struct {
 // request itself near the threshold) and die with their bucket, so the
 // threshold holds in every window; tokens leased and never used only make
 // the rest of that bucket stricter.
-type Bucket struct {
+type bucket struct {
 	// Read-mostly: set before the bucket is published, except base, which
 	// the first lease sets once.
 	stripes []stripe
@@ -112,7 +112,7 @@ type Bucket struct {
 	_      [cpu.CacheLine - 8 - (RT+1)*8 - 4]byte
 }
 
-func (b *Bucket) init(stripes int) {
+func (b *bucket) init(stripes int) {
 	b.stripes = make([]stripe, stripes)
 	b.mask = stripes - 1
 	b.base.Store(-1)
@@ -121,11 +121,11 @@ func (b *Bucket) init(stripes int) {
 
 // stripeOn returns the stripe for hint p (a P index from Pin; any value is
 // correct, the caller's P is fastest).
-func (b *Bucket) stripeOn(p int) *stripe { return &b.stripes[p&b.mask] }
+func (b *bucket) stripeOn(p int) *stripe { return &b.stripes[p&b.mask] }
 
 // addOn adds n to event e on stripe p and returns the word's new value (see
 // sealed).
-func (b *Bucket) addOn(p int, e Event, n int64) int64 {
+func (b *bucket) addOn(p int, e Event, n int64) int64 {
 	switch e {
 	case Pass:
 		if !b.direct.Load() {
@@ -140,7 +140,7 @@ func (b *Bucket) addOn(p int, e Event, n int64) int64 {
 }
 
 // sum adds word i over the stripes.
-func (b *Bucket) sum(i int) int64 {
+func (b *bucket) sum(i int) int64 {
 	var s int64
 	for j := range b.stripes {
 		s += load(&b.stripes[j].c[i])
@@ -149,7 +149,7 @@ func (b *Bucket) sum(i int) int64 {
 }
 
 // passes returns the bucket's passes: admitted and added directly.
-func (b *Bucket) passes() int64 {
+func (b *bucket) passes() int64 {
 	if b.frozen.Load() {
 		return load(&b.fz[Pass])
 	}
@@ -157,7 +157,7 @@ func (b *Bucket) passes() int64 {
 }
 
 // livePasses sums the passes over the stripes.
-func (b *Bucket) livePasses() int64 {
+func (b *bucket) livePasses() int64 {
 	var s int64
 	for j := range b.stripes {
 		st := &b.stripes[j]
@@ -166,8 +166,8 @@ func (b *Bucket) livePasses() int64 {
 	return s
 }
 
-// Get returns the count of event e.
-func (b *Bucket) Get(e Event) int64 {
+// get returns the count of event e.
+func (b *bucket) get(e Event) int64 {
 	switch {
 	case e == OccupiedPass:
 		return load(&b.occupied)
@@ -180,19 +180,19 @@ func (b *Bucket) Get(e Event) int64 {
 }
 
 // committed is what the bucket holds against a threshold: everything leased
-// out plus passes added directly. It is at least Get(Pass).
-func (b *Bucket) committed() int64 { return b.granted.Load() + b.directSum() }
+// out plus passes added directly. It is at least get(Pass).
+func (b *bucket) committed() int64 { return b.granted.Load() + b.directSum() }
 
 // directSum is the passes added without admission.
-func (b *Bucket) directSum() int64 {
+func (b *bucket) directSum() int64 {
 	if !b.direct.Load() {
 		return 0
 	}
 	return b.sum(stripeDirect)
 }
 
-// UpdateMinRT lowers the bucket's minimum RT to rt if rt is smaller.
-func (b *Bucket) UpdateMinRT(rt int64) {
+// updateMinRT lowers the bucket's minimum RT to rt if rt is smaller.
+func (b *bucket) updateMinRT(rt int64) {
 	v := rt + 1
 	for {
 		cur := b.minRT.Load()
@@ -206,15 +206,15 @@ func (b *Bucket) UpdateMinRT(rt int64) {
 	}
 }
 
-// MinRT returns the minimum RT recorded, and false if none was.
-func (b *Bucket) MinRT() (int64, bool) {
+// lowestRT returns the minimum RT recorded, and false if none was.
+func (b *bucket) lowestRT() (int64, bool) {
 	v := b.minRT.Load()
 	return v - 1, v != 0
 }
 
-// UpdateConcurrency raises the bucket's maximum concurrency to c if c is
+// updateConcurrency raises the bucket's maximum concurrency to c if c is
 // larger.
-func (b *Bucket) UpdateConcurrency(c int64) {
+func (b *bucket) updateConcurrency(c int64) {
 	for {
 		cur := b.maxConc.Load()
 		if c <= cur {
@@ -226,10 +226,10 @@ func (b *Bucket) UpdateConcurrency(c int64) {
 	}
 }
 
-// MaxConcurrency returns the largest concurrency recorded (0 if none).
-func (b *Bucket) MaxConcurrency() int64 { return b.maxConc.Load() }
+// maxConcurrency returns the largest concurrency recorded (0 if none).
+func (b *bucket) maxConcurrency() int64 { return b.maxConc.Load() }
 
-// Counts is what a bucket held when it retired: what Window.OnRetire hands
+// Counts is what a bucket held when it retired: what WithHandover hands
 // over and Window.Absorb takes in.
 type Counts struct {
 	Pass, Block, Success, Exception, RT, Occupied int64
@@ -248,7 +248,7 @@ var sealedWords = [...]int{stripeBlock, stripeSuccess, stripeException, stripeRT
 // fz. A writer whose add lands after the seal makes it again on the newest
 // bucket; one that takes back an add that landed before it takes it back
 // from fz too (Window.backOut).
-func (b *Bucket) freeze() {
+func (b *bucket) freeze() {
 	var w [stripeWords]int64
 	for j := range b.stripes {
 		st := &b.stripes[j]
@@ -269,14 +269,14 @@ func (b *Bucket) freeze() {
 // counts they held, the bucket's final counts. Min RT and max concurrency
 // are read after the seal: every writer updates them before the add that
 // the seal orders (CompleteOn), so those that landed before it are seen.
-func (b *Bucket) seal() Counts {
+func (b *bucket) seal() Counts {
 	c := Counts{
 		Pass: b.fz[Pass].Add(sealBit) - sealBit, Block: b.fz[Block].Add(sealBit) - sealBit,
 		Success: b.fz[Success].Add(sealBit) - sealBit, Exception: b.fz[Exception].Add(sealBit) - sealBit,
 		RT: b.fz[RT].Add(sealBit) - sealBit, Occupied: b.occupied.Add(sealBit) - sealBit,
-		MinRT: -1, MaxConcurrency: b.MaxConcurrency(),
+		MinRT: -1, MaxConcurrency: b.maxConcurrency(),
 	}
-	if v, ok := b.MinRT(); ok {
+	if v, ok := b.lowestRT(); ok {
 		c.MinRT = v
 	}
 	return c

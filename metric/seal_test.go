@@ -30,19 +30,18 @@ func TestLoadAndSealedAcrossTheRange(t *testing.T) {
 // event, writes that reach it later read as sealed) and hands over its final
 // counts when it leaves the ring. Cancels in either state land exactly once.
 func TestFreezeAndSealStep(t *testing.T) {
-	w := newWindow(t, 2, time.Second, WithStripes(4))
 	var got []Counts
 	var starts []int64
-	w.OnRetire(func(start int64, c Counts) {
+	w := newWindow(t, 2, time.Second, WithStripes(4), WithHandover(func(start int64, c Counts) {
 		starts = append(starts, start)
 		got = append(got, c)
-	})
+	}))
 	w.AddOn(0, 0, Pass, 2)
 	w.AddOn(3, 0, Block, 3)
 	w.CompleteOn(1, 0, 4, 40, true)
-	w.AddRT(0, 1)
+	w.addRT(0, 1)
 	w.Add(0, OccupiedPass, 1)
-	w.UpdateConcurrency(0, 9)
+	w.updateConcurrency(0, 9)
 	early, ok := w.Admit(0, 5, 100)
 	require.True(t, ok)
 	late, ok := w.AdmitOn(2, 0, 3, 100)
@@ -56,16 +55,16 @@ func TestFreezeAndSealStep(t *testing.T) {
 	require.True(t, old.Value.frozen.Load())
 	assert.Empty(t, got, "nothing leaves the ring yet")
 	for e, want := range map[Event]int64{Pass: 10, Block: 3, Success: 4, Exception: 4, RT: 41, OccupiedPass: 1} {
-		assert.Equal(t, want, old.Value.Get(e), "%v", e)
+		assert.Equal(t, want, old.Value.get(e), "%v", e)
 	}
 	assert.Equal(t, int64(10), w.Sum(999*ms, Pass))
 	// A writer that still held it finds the seal and its add is not counted
 	// there (Window's writers make it again on the newest bucket).
 	assert.True(t, sealed(old.Value.addOn(1, Success, 1)))
-	assert.Equal(t, int64(4), old.Value.Get(Success))
+	assert.Equal(t, int64(4), old.Value.get(Success))
 	// A cancel takes its passes back from the frozen count.
 	early.cancel()
-	assert.Equal(t, int64(5), old.Value.Get(Pass))
+	assert.Equal(t, int64(5), old.Value.get(Pass))
 	assert.Equal(t, int64(5), w.Sum(999*ms, Pass))
 	assert.Empty(t, got)
 
@@ -73,7 +72,7 @@ func TestFreezeAndSealStep(t *testing.T) {
 	require.Len(t, got, 1)
 	assert.Equal(t, []int64{0}, starts)
 	assert.Equal(t, Counts{Pass: 5, Block: 3, Success: 4, Exception: 4, RT: 41, Occupied: 1, MinRT: 1, MaxConcurrency: 9}, got[0])
-	assert.Equal(t, int64(5), old.Value.Get(Pass), "reads of a retired bucket mask the seal")
+	assert.Equal(t, int64(5), old.Value.get(Pass), "reads of a retired bucket mask the seal")
 
 	// Cancelling an admission whose bucket was handed over corrects the
 	// hand-over, once.
@@ -89,15 +88,14 @@ func TestFreezeAndSealStep(t *testing.T) {
 // count lost, none counted twice.
 func TestHandOverIsExactUnderRotation(t *testing.T) {
 	for _, samples := range []int{1, 2} {
-		w := newWindow(t, samples, time.Millisecond)
 		var handed [numEvents]atomic.Int64
-		w.OnRetire(func(_ int64, c Counts) {
+		w := newWindow(t, samples, time.Millisecond, WithHandover(func(_ int64, c Counts) {
 			handed[Pass].Add(c.Pass)
 			handed[Success].Add(c.Success)
 			handed[Block].Add(c.Block)
 			handed[RT].Add(c.RT)
 			handed[Exception].Add(c.Exception)
-		})
+		}))
 		var clock atomic.Int64
 		var admitted atomic.Int64
 		const g, m = 8, 4000

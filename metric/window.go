@@ -16,8 +16,23 @@ import (
 type Option func(*config)
 
 type config struct {
-	stripes int
-	onNew   func(start int64, b *Bucket) // test hook: sees every bucket made
+	stripes  int
+	handover func(start int64, c Counts)
+	onNew    func(start int64, b *bucket) // test hook: sees every bucket made
+}
+
+// WithHandover makes the window hand fn the counts of every bucket that
+// leaves the ring: fn runs under the rotation lock, after the replacement
+// is published, with the bucket's start and its final counts. The
+// hand-over is exact: every write made on the bucket is either in those
+// counts or made again on a current bucket, never both. One case needs a
+// correction after the fact: an admission counted in a bucket that retired
+// before the admission backed out (a rotation race, or a cancel). fn then
+// runs again, outside the lock, with that start and Counts{Pass: -n,
+// MinRT: -1}, so it must be safe for simultaneous use. stat folds the
+// second window into the minute this way.
+func WithHandover(fn func(start int64, c Counts)) Option {
+	return func(c *config) { c.handover = fn }
 }
 
 // WithStripes sets how many stripes each bucket spreads its summed counters
@@ -33,9 +48,9 @@ func WithStripes(n int) Option {
 // goroutines and must not be copied after first use.
 type Window struct {
 	Reader
-	arr leaparray.Occupiable[Bucket] // by value: one pointer less per operation
+	arr leaparray.Occupiable[bucket] // by value: one pointer less per operation
 	// handover, if set, takes the counts of every bucket that retires, and
-	// corrections to them (see OnRetire).
+	// corrections to them (see WithHandover).
 	handover func(start int64, c Counts)
 	// fills numbers the fills of the cached Sum (see beginFill).
 	fills atomic.Int64
@@ -53,16 +68,20 @@ func NewWindow(sampleCount int, interval time.Duration, opts ...Option) (*Window
 		return nil, fmt.Errorf("metric: stripes must be >= 1, got %d", c.stripes)
 	}
 	stripes := cpu.RoundStripes(c.stripes)
-	w := &Window{}
-	err := w.arr.Init(sampleCount, interval,
-		func(start int64, b *Bucket) {
+	w := &Window{handover: c.handover}
+	hooks := leaparray.Hooks[bucket]{
+		Init: func(start int64, b *bucket) {
 			b.init(stripes)
 			if c.onNew != nil {
 				c.onNew(start, b)
 			}
 		},
-		func(b *Bucket) int64 { return b.committed() },
-		func(b *Bucket, n int64) {
+		Supersede: func(prev *leaparray.WindowWrap[bucket]) { prev.Value.freeze() },
+		Retire:    w.retire,
+	}
+	err := w.arr.Init(sampleCount, interval, hooks,
+		func(b *bucket) int64 { return b.committed() },
+		func(b *bucket, n int64) {
 			// A borrowed admission: leased to stripe 0 and used there.
 			b.granted.Add(n)
 			b.stripes[0].c[stripeTaken].Add(n)
@@ -73,19 +92,18 @@ func NewWindow(sampleCount int, interval time.Duration, opts ...Option) (*Window
 		return nil, fmt.Errorf("metric: %w", err)
 	}
 	w.Reader = Reader{w: w, span: w.arr.Interval()}
-	w.arr.OnSupersede(func(prev *leaparray.WindowWrap[Bucket]) { prev.Value.freeze() })
-	w.arr.OnRetire(w.retire)
 	return w, nil
 }
 
-// Array exposes the underlying ring, read-only by convention (tests and
-// views use it).
-func (w *Window) Array() *leaparray.Occupiable[Bucket] { return &w.arr }
+// Clamp returns now, or the start of the newest bucket if now is behind it
+// (what every operation does with a time behind the window: see
+// leaparray's Clamp).
+func (w *Window) Clamp(now int64) int64 { return w.arr.Clamp(now) }
 
 // Add adds n to event e in the bucket holding now. Counts must stay
 // non-negative. Every count lands exactly once: a write that raced the
 // retirement of its bucket either made it into the bucket's final counts or
-// is made again on the current bucket (see OnRetire).
+// is made again on the current bucket (see WithHandover).
 // A Pass added here is counted without admission (for windows that only
 // keep statistics); it must land in the newest bucket, or is moved there, and
 // later admissions on the same window count it, though one racing it may not.
@@ -117,7 +135,7 @@ func (w *Window) AddOn(p int, now int64, e Event, n int64) {
 // taking back returned. If b froze in between, its frozen count holds the
 // passes: take them back there. If it also retired, its hand-over counted
 // them: correct that.
-func (w *Window) backOut(b *leaparray.WindowWrap[Bucket], v, n int64) {
+func (w *Window) backOut(b *leaparray.WindowWrap[bucket], v, n int64) {
 	if !sealed(v) {
 		return
 	}
@@ -155,9 +173,9 @@ func (w *Window) CompleteOn(p int, now, n, rt int64, failed bool) {
 		// word, so a success add that lands before the seal brings it along.
 		switch {
 		case n == 1: // the common case: no 64-bit division
-			b.Value.UpdateMinRT(rt)
+			b.Value.updateMinRT(rt)
 		case n > 1:
-			b.Value.UpdateMinRT(rt / n)
+			b.Value.updateMinRT(rt / n)
 		}
 		s = b.Value.stripeOn(p)
 		if !sealed(s.c[stripeSuccess].Add(n)) {
@@ -172,21 +190,21 @@ func (w *Window) CompleteOn(p int, now, n, rt int64, failed bool) {
 	}
 }
 
-// AddRT adds rt to the RT sum and updates the minimum RT.
-func (w *Window) AddRT(now, rt int64) {
+// addRT adds rt to the RT sum and updates the minimum RT.
+func (w *Window) addRT(now, rt int64) {
 	p := cpu.Pin()
 	for {
 		b := w.arr.Current(now)
-		b.Value.UpdateMinRT(rt) // first, as in CompleteOn
+		b.Value.updateMinRT(rt) // first, as in CompleteOn
 		if !sealed(b.Value.stripeOn(p).c[stripeRT].Add(rt)) {
 			return
 		}
 	}
 }
 
-// UpdateConcurrency records c as a concurrency seen at now.
-func (w *Window) UpdateConcurrency(now, c int64) {
-	w.arr.Current(now).Value.UpdateConcurrency(c)
+// updateConcurrency records c as a concurrency seen at now.
+func (w *Window) updateConcurrency(now, c int64) {
+	w.arr.Current(now).Value.updateConcurrency(c)
 }
 
 // Reserve atomically admits n against threshold: it counts n as Pass in the
@@ -203,7 +221,7 @@ func (w *Window) Reserve(now, n, threshold int64) bool {
 // window held.
 type Reservation struct {
 	w *Window
-	b *leaparray.WindowWrap[Bucket] // nil when refused
+	b *leaparray.WindowWrap[bucket] // nil when refused
 	s *stripe
 	// n is the count admitted, or for a refusal the count seen.
 	n int64
@@ -297,7 +315,7 @@ func (w *Window) AdmitOn(p int, now, n, threshold int64) (Reservation, bool) {
 
 // lease moves at least n tokens from bucket b's budget to stripe s, if the
 // window has room. When it has none it reports false and what it held.
-func (w *Window) lease(b *leaparray.WindowWrap[Bucket], s *stripe, now, n, threshold int64) (int64, bool) {
+func (w *Window) lease(b *leaparray.WindowWrap[bucket], s *stripe, now, n, threshold int64) (int64, bool) {
 	a := &w.arr
 	for {
 		base := b.Value.base.Load()
@@ -338,20 +356,8 @@ func (w *Window) lease(b *leaparray.WindowWrap[Bucket], s *stripe, now, n, thres
 	}
 }
 
-// OnRetire sets fn to take in the counts of every bucket that leaves the
-// ring: it runs under the rotation lock, after the replacement is published,
-// with the bucket's start and its final counts (see leaparray's OnRetire).
-// The hand-over is exact: every write made on the bucket is either in those
-// counts or made again on a current bucket, never both. One case needs a
-// correction after the fact: an admission counted in a bucket that retired
-// before the admission backed out (a rotation race, or Cancel). fn then runs
-// again, outside the lock, with that start and Counts{Pass: -n, MinRT: -1}.
-// fn must therefore be safe for simultaneous use, and set before the window
-// is shared.
-func (w *Window) OnRetire(fn func(start int64, c Counts)) { w.handover = fn }
-
 // retire seals a bucket leaving the ring and hands its counts over.
-func (w *Window) retire(old *leaparray.WindowWrap[Bucket]) {
+func (w *Window) retire(old *leaparray.WindowWrap[bucket]) {
 	c := old.Value.seal()
 	if w.handover != nil {
 		w.handover(old.Start(), c)
@@ -360,14 +366,14 @@ func (w *Window) retire(old *leaparray.WindowWrap[Bucket]) {
 
 // Absorb adds c into the bucket holding start (the newest, if start is
 // behind it): how a longer window takes in the buckets a shorter one
-// retires. Counts may be negative (OnRetire's corrections).
+// retires. Counts may be negative (WithHandover's corrections).
 func (w *Window) Absorb(start int64, c Counts) {
 	if c.MinRT >= 0 || c.MaxConcurrency > 0 {
 		b := &w.arr.Current(start).Value
 		if c.MinRT >= 0 {
-			b.UpdateMinRT(c.MinRT)
+			b.updateMinRT(c.MinRT)
 		}
-		b.UpdateConcurrency(c.MaxConcurrency)
+		b.updateConcurrency(c.MaxConcurrency)
 	}
 	p := cpu.Pin()
 	for _, x := range [...]struct {
@@ -385,12 +391,12 @@ func (w *Window) Absorb(start int64, c Counts) {
 func (w *Window) SumRange(lo, hi int64, e Event) int64 {
 	var sum int64
 	for b := range w.arr.Buckets(lo, hi) {
-		sum += b.Value.Get(e)
+		sum += b.Value.get(e)
 	}
 	return sum
 }
 
-// sumUnknown is Bucket.rest when no total is cached; a fill in progress
+// sumUnknown is bucket.rest when no total is cached; a fill in progress
 // holds a token below it, unique to the fill.
 const sumUnknown = -1
 
@@ -398,7 +404,7 @@ const sumUnknown = -1
 // and caches in head the passes of the other buckets if they are all frozen
 // (their counts are then final but for passes taken back, which clear the
 // cache: see backOut).
-func (w *Window) fillSum(head *leaparray.WindowWrap[Bucket]) int64 {
+func (w *Window) fillSum(head *leaparray.WindowWrap[bucket]) int64 {
 	token, filling := w.beginFill(head)
 	rest, final := w.restOf(head)
 	if filling {
@@ -410,7 +416,7 @@ func (w *Window) fillSum(head *leaparray.WindowWrap[Bucket]) int64 {
 // beginFill claims head's cache for one fill, if no other fill holds it. The
 // token is unique: a fill whose claim a clear took away, and that another
 // fill then claimed again, cannot store over it.
-func (w *Window) beginFill(head *leaparray.WindowWrap[Bucket]) (int64, bool) {
+func (w *Window) beginFill(head *leaparray.WindowWrap[bucket]) (int64, bool) {
 	token := sumUnknown - w.fills.Add(1)
 	return token, head.Value.rest.CompareAndSwap(sumUnknown, token)
 }
@@ -419,7 +425,7 @@ func (w *Window) beginFill(head *leaparray.WindowWrap[Bucket]) (int64, bool) {
 // and says whether they were all frozen. Every time in head's span sees the
 // same buckets; head's start is used, so that a caller whose time is behind
 // head (a rotation raced it) still sums head's window.
-func (w *Window) restOf(head *leaparray.WindowWrap[Bucket]) (rest int64, final bool) {
+func (w *Window) restOf(head *leaparray.WindowWrap[bucket]) (rest int64, final bool) {
 	final = true
 	for x := range w.arr.Within(head.Start(), w.arr.Interval()) {
 		switch {
@@ -435,7 +441,7 @@ func (w *Window) restOf(head *leaparray.WindowWrap[Bucket]) (rest int64, final b
 }
 
 // endFill stores a fill's result, unless a clear took the claim since.
-func (w *Window) endFill(head *leaparray.WindowWrap[Bucket], token, rest int64, final bool) {
+func (w *Window) endFill(head *leaparray.WindowWrap[bucket], token, rest int64, final bool) {
 	if !final {
 		rest = sumUnknown
 	}
@@ -443,7 +449,7 @@ func (w *Window) endFill(head *leaparray.WindowWrap[Bucket], token, rest int64, 
 }
 
 // passExcept sums Pass over the buckets valid at now, skipping b.
-func (w *Window) passExcept(now int64, b *leaparray.WindowWrap[Bucket]) int64 {
+func (w *Window) passExcept(now int64, b *leaparray.WindowWrap[bucket]) int64 {
 	var sum int64
 	for x := range w.arr.Within(now, w.arr.Interval()) {
 		if x != b {
@@ -467,11 +473,11 @@ func (w *Window) Borrow(now, n, threshold int64, maxWait time.Duration) (time.Du
 // into a current one.
 func (w *Window) Borrowed() int64 { return w.arr.Pending() }
 
-// Previous returns event e's count in the bucket just before the one holding
+// previous returns event e's count in the bucket just before the one holding
 // now (0 if that bucket is gone). With 1 s buckets this is the last second.
-func (w *Window) Previous(now int64, e Event) int64 {
+func (w *Window) previous(now int64, e Event) int64 {
 	if b := w.arr.Previous(now); b != nil {
-		return b.Value.Get(e)
+		return b.Value.get(e)
 	}
 	return 0
 }
@@ -527,7 +533,7 @@ func (r *Reader) Sum(now int64, e Event) int64 {
 		return sum
 	}
 	for b := range a.Within(now, r.span) {
-		sum += b.Value.Get(e)
+		sum += b.Value.get(e)
 	}
 	return sum
 }
@@ -544,8 +550,8 @@ func (r *Reader) AvgRT(now int64) float64 {
 	now = a.Clamp(now)
 	var rt, n int64
 	for b := range a.Within(now, r.span) {
-		rt += b.Value.Get(RT)
-		n += b.Value.Get(Success)
+		rt += b.Value.get(RT)
+		n += b.Value.get(Success)
 	}
 	if n == 0 {
 		return 0
@@ -560,7 +566,7 @@ func (r *Reader) MinRT(now int64) (int64, bool) {
 	now = a.Clamp(now)
 	lo, ok := int64(math.MaxInt64), false
 	for b := range a.Within(now, r.span) {
-		if v, has := b.Value.MinRT(); has && v < lo {
+		if v, has := b.Value.lowestRT(); has && v < lo {
 			lo, ok = v, true
 		}
 	}
@@ -576,7 +582,7 @@ func (r *Reader) MaxConcurrency(now int64) int64 {
 	now = a.Clamp(now)
 	var hi int64
 	for b := range a.Within(now, r.span) {
-		hi = max(hi, b.Value.MaxConcurrency())
+		hi = max(hi, b.Value.maxConcurrency())
 	}
 	return hi
 }
@@ -588,7 +594,7 @@ func (r *Reader) MaxRate(now int64, e Event) float64 {
 	now = a.Clamp(now)
 	var hi int64
 	for b := range a.Within(now, r.span) {
-		hi = max(hi, b.Value.Get(e))
+		hi = max(hi, b.Value.get(e))
 	}
 	return float64(hi) * float64(time.Second) / float64(a.BucketLen())
 }

@@ -28,7 +28,7 @@ func newWindow(t testing.TB, n int, interval time.Duration, opts ...Option) *Win
 
 func TestPadding(t *testing.T) {
 	assert.Equal(t, uintptr(cpu.CacheLine), unsafe.Sizeof(stripe{}))
-	var b Bucket
+	var b bucket
 	readMostlyEnd := unsafe.Offsetof(b.minRT) + unsafe.Sizeof(b.minRT)
 	assert.LessOrEqual(t, readMostlyEnd, uintptr(cpu.CacheLine), "the header with min RT fits one line")
 	assert.GreaterOrEqual(t, unsafe.Offsetof(b.granted)-readMostlyEnd, uintptr(cpu.CacheLine),
@@ -60,8 +60,8 @@ func TestEventsAndReads(t *testing.T) {
 	w.Add(260*ms, Block, 4)
 	w.Complete(270*ms, 2, 30*ms, false)
 	w.Complete(600*ms, 1, 5*ms, true)
-	w.UpdateConcurrency(600*ms, 7)
-	w.UpdateConcurrency(610*ms, 3)
+	w.updateConcurrency(600*ms, 7)
+	w.updateConcurrency(610*ms, 3)
 	w.Add(610*ms, OccupiedPass, 1)
 
 	now := 700 * ms
@@ -78,8 +78,8 @@ func TestEventsAndReads(t *testing.T) {
 	assert.Equal(t, 5*ms, r)
 	assert.Equal(t, int64(7), w.MaxConcurrency(now))
 	assert.InDelta(t, 8.0, w.MaxRate(now, Success), 1e-9, "2 successes in one 250ms bucket")
-	assert.Equal(t, int64(2), w.Previous(now, Success), "the 250ms bucket")
-	assert.Equal(t, int64(0), w.Previous(1100*ms, Success), "the 750ms bucket is empty")
+	assert.Equal(t, int64(2), w.previous(now, Success), "the 250ms bucket")
+	assert.Equal(t, int64(0), w.previous(1100*ms, Success), "the 750ms bucket is empty")
 
 	// 1s later the first bucket is stale (half-open), the rest remain.
 	assert.Equal(t, int64(2), w.Sum(1000*ms, Pass))
@@ -146,8 +146,8 @@ func TestMinRTAndMaxConcurrencyExactUnderContention(t *testing.T) {
 				c := rng.Int64N(1_000_000)
 				lows[i] = min(lows[i], rt)
 				highs[i] = max(highs[i], c)
-				w.AddRT(0, rt)
-				w.UpdateConcurrency(0, c)
+				w.addRT(0, rt)
+				w.updateConcurrency(0, c)
 			}
 		}()
 	}
@@ -160,7 +160,7 @@ func TestMinRTAndMaxConcurrencyExactUnderContention(t *testing.T) {
 
 func TestZeroRTIsRecorded(t *testing.T) {
 	w := newWindow(t, 1, time.Second)
-	w.AddRT(0, 0)
+	w.addRT(0, 0)
 	got, ok := w.MinRT(0)
 	assert.True(t, ok)
 	assert.Zero(t, got)
@@ -211,10 +211,10 @@ func TestReserveAndBorrowInteract(t *testing.T) {
 // after a hammer.
 type bucketLog struct {
 	mu      sync.Mutex
-	buckets map[int64]*Bucket
+	buckets map[int64]*bucket
 }
 
-func (l *bucketLog) hook(start int64, b *Bucket) {
+func (l *bucketLog) hook(start int64, b *bucket) {
 	l.mu.Lock()
 	l.buckets[start] = b
 	l.mu.Unlock()
@@ -231,7 +231,7 @@ func (l *bucketLog) maxWindow(interval, bucketLen int64) (worst int64, at int64)
 		var sum int64
 		for _, s := range starts {
 			if s <= end && end-s < interval {
-				sum += l.buckets[s].Get(Pass)
+				sum += l.buckets[s].get(Pass)
 			}
 		}
 		if sum > worst {
@@ -259,7 +259,7 @@ func TestReserveNeverExceedsThreshold(t *testing.T) {
 		for i, borrow := range []bool{false, true, false, true} {
 			sh := shapes[i/2]
 			threshold := sh.threshold
-			log := &bucketLog{buckets: map[int64]*Bucket{}}
+			log := &bucketLog{buckets: map[int64]*bucket{}}
 			w, err := NewWindow(4, 40*time.Millisecond, WithStripes(sh.stripes), func(c *config) { c.onNew = log.hook })
 			require.NoError(t, err)
 			bl := w.arr.BucketLen()
@@ -306,7 +306,7 @@ func TestReserveNeverExceedsThreshold(t *testing.T) {
 			assert.LessOrEqual(t, worst, threshold, "goroutines=%d threshold=%d borrow=%v: window ending at bucket %d", g, threshold, borrow, at)
 			var total int64
 			for _, b := range log.buckets {
-				total += b.Get(Pass)
+				total += b.get(Pass)
 			}
 			assert.Equal(t, admitted.Load(), total, "goroutines=%d threshold=%d borrow=%v: every admission counted once", g, threshold, borrow)
 		}
@@ -386,8 +386,8 @@ func TestFarNegativeTimes(t *testing.T) {
 			w.Complete(now, 1, 5, false)
 			_, ok := w.Admit(now, 1, 100)
 			assert.True(t, ok)
-			w.AddRT(now, 1)
-			w.UpdateConcurrency(now, 1)
+			w.addRT(now, 1)
+			w.updateConcurrency(now, 1)
 		}, "now %d", now)
 	}
 	assert.Equal(t, int64(4), w.Sum(0, Pass))

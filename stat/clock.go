@@ -29,7 +29,7 @@ func (m monotonic) Now() int64 { return int64(time.Since(m.origin)) }
 // Coarse is a Clock that serves a cached reading of Go's monotonic clock,
 // refreshed every resolution by a background goroutine and by its readers:
 // Now is an atomic load and a count on the caller's P, and every
-// RefreshEvery-th read on a P reads the monotonic clock and moves the cached
+// 16th read on a P reads the monotonic clock and moves the cached
 // value forward if it is a resolution or more behind.
 //
 // The readers' share matters when the CPU is saturated: a goroutine woken by
@@ -40,7 +40,7 @@ func (m monotonic) Now() int64 { return int64(time.Since(m.origin)) }
 //
 //   - a resolution, while the ticker keeps up (an idle or lightly loaded
 //     process), or
-//   - the time its P takes for RefreshEvery reads, plus a resolution, when
+//   - the time its P takes for 16 reads, plus a resolution, when
 //     the ticker is late: microseconds when the readers are what saturates
 //     the CPU.
 //
@@ -66,9 +66,9 @@ type Coarse struct {
 	once    sync.Once
 }
 
-// RefreshEvery is how many reads on one P a Coarse clock serves between two
+// refreshEvery is how many reads on one P a Coarse clock serves between two
 // reads of the monotonic clock on that P.
-const RefreshEvery = 16
+const refreshEvery = 16
 
 // reader is one P's read count, alone on its cache line.
 type reader struct {
@@ -141,7 +141,7 @@ func (c *Coarse) NowOn(p int) int64 {
 	// a goroutine that moved only delays one refresh.
 	n := r.reads.Load() + 1
 	r.reads.Store(n)
-	if n%RefreshEvery != 0 && !r.eager.Load() {
+	if n%refreshEvery != 0 && !r.eager.Load() {
 		return v
 	}
 	return c.refresh(r, v)

@@ -50,7 +50,7 @@ type Node struct {
 	minute   *metric.Window
 
 	// Totals of every bucket the second window has retired, for the
-	// in-flight figure; written by its hand-over (see OnRetire).
+	// in-flight figure; written by its hand-over (see metric.WithHandover).
 	retiredPass    atomic.Int64
 	retiredSuccess atomic.Int64
 
@@ -98,23 +98,23 @@ func (n *Node) idle(now int64) bool {
 
 // newNode makes the node of resource; cfg must be valid.
 func newNode(resource string, cfg NodeConfig) *Node {
-	sec, err := metric.NewWindow(cfg.SampleCount, time.Second)
-	if err != nil {
-		panic(err) // cfg was validated
-	}
+	n := &Node{resource: resource}
 	// Written only by the second window's retirements: no striping needed.
 	mins, err := metric.NewWindow(60, time.Minute, metric.WithStripes(1))
 	if err != nil {
 		panic(err)
 	}
-	n := &Node{resource: resource, second: sec, minute: mins}
 	// Retirements run one at a time, corrections at any time: Absorb and
 	// the totals are atomic adds, safe for both.
-	sec.OnRetire(func(start int64, c metric.Counts) {
+	sec, err := metric.NewWindow(cfg.SampleCount, time.Second, metric.WithHandover(func(start int64, c metric.Counts) {
 		mins.Absorb(start, c)
 		n.retiredPass.Add(c.Pass)
 		n.retiredSuccess.Add(c.Success)
-	})
+	}))
+	if err != nil {
+		panic(err) // cfg was validated
+	}
+	n.second, n.minute = sec, mins
 	n.windows.Store(&map[time.Duration]*metric.Window{})
 	return n
 }
@@ -122,7 +122,7 @@ func newNode(resource string, cfg NodeConfig) *Node {
 // NewNode returns a standalone Node (engines make theirs through a
 // Registry).
 func NewNode(resource string, cfg NodeConfig) (*Node, error) {
-	if err := CheckName(resource); err != nil {
+	if err := checkName(resource); err != nil {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
@@ -170,13 +170,8 @@ func (n *Node) AcquireConcurrency(k, limit int64) (seen int64, ok bool) {
 	}
 }
 
-// ReleaseConcurrency ends n requests that AcquireConcurrency counted (or
-// that TrackConcurrency added).
+// ReleaseConcurrency ends n requests that AcquireConcurrency counted.
 func (n *Node) ReleaseConcurrency(k int64) { n.concurrency.Sub(k) }
-
-// TrackConcurrency counts n requests in flight without a limit: requests
-// admitted before the resource had a concurrency rule, when one is loaded.
-func (n *Node) TrackConcurrency(k int64) { n.concurrency.Add(k) }
 
 // Window returns the window of the given interval used by rules with a stat
 // interval other than 1 s, creating it (sampleCount buckets) the first time.
@@ -231,7 +226,7 @@ func (n *Node) MaxSuccessRate(now int64) float64 { return n.second.MaxRate(now, 
 // PreviousSecond returns event e's count in the whole second before the one
 // holding now.
 func (n *Node) PreviousSecond(now int64, e metric.Event) int64 {
-	now = n.second.Array().Clamp(now)
+	now = n.second.Clamp(now)
 	hi := now - now%second
 	return n.span(hi-second, hi, e)
 }
@@ -239,7 +234,7 @@ func (n *Node) PreviousSecond(now int64, e metric.Event) int64 {
 // Minute returns event e's count over the last 60 whole seconds, including
 // the current one.
 func (n *Node) Minute(now int64, e metric.Event) int64 {
-	now = n.second.Array().Clamp(now)
+	now = n.second.Clamp(now)
 	hi := now - now%second + second
 	return n.span(hi-minute, hi, e)
 }

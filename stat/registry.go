@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"go.uber.org/atomic"
+
+	"github.com/leapflow/leapflow/internal/names"
 )
 
 // ErrTooManyResources is the error (wrapped with the cap) returned for a new
@@ -24,24 +26,16 @@ const DefaultMaxResources = 10000
 // messages, logs and metric labels, which must stay bounded.
 const MaxNameLen = 1024
 
-// CheckName returns an error matching ErrInvalidName if name is empty or
+// checkName returns an error matching ErrInvalidName if name is empty or
 // longer than MaxNameLen, and nil otherwise.
-func CheckName(name string) error {
+func checkName(name string) error {
 	switch {
 	case name == "":
 		return fmt.Errorf("%w: must not be empty", ErrInvalidName)
 	case len(name) > MaxNameLen:
-		return fmt.Errorf("%w: %d bytes, more than %d (%s)", ErrInvalidName, len(name), MaxNameLen, Abbrev(name))
+		return fmt.Errorf("%w: %d bytes, more than %d (%s)", ErrInvalidName, len(name), MaxNameLen, names.Abbrev(name))
 	}
 	return nil
-}
-
-// Abbrev quotes s for a message, cut to its first 64 bytes if longer.
-func Abbrev(s string) string {
-	if len(s) <= 64 {
-		return fmt.Sprintf("%q", s)
-	}
-	return fmt.Sprintf("%q... (%d bytes)", s[:64], len(s))
 }
 
 // reclaimEvery is how often, at most, a full Registry walks its nodes for
@@ -109,7 +103,7 @@ func (r *Registry) Node(resource string) (*Node, error) {
 	if n := r.Lookup(resource); n != nil {
 		return n, nil
 	}
-	if err := CheckName(resource); err != nil {
+	if err := checkName(resource); err != nil {
 		return nil, err
 	}
 	r.mu.Lock()
@@ -126,7 +120,7 @@ func (r *Registry) Node(resource string) (*Node, error) {
 // Pin returns the nodes of resources, creating those missing, and pins
 // them all, so that the registry never lets them go; or, if the cap leaves
 // no room for the missing ones, it changes nothing and returns an error
-// matching ErrTooManyResources. Names must have passed CheckName.
+// matching ErrTooManyResources. Names must have passed checkName.
 func (r *Registry) Pin(resources []string) ([]*Node, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()

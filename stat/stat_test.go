@@ -44,16 +44,16 @@ func TestCoarseAdvancesAndStops(t *testing.T) {
 }
 
 // With the ticker stopped, reads alone keep the clock near the monotonic
-// clock: every RefreshEvery-th read on a P refreshes it.
+// clock: every refreshEvery-th read on a P refreshes it.
 func TestCoarseReadsAdvanceTheClock(t *testing.T) {
 	c := NewCoarse(time.Millisecond)
 	c.Stop()
 	before := c.Now()
 	time.Sleep(20 * time.Millisecond)
-	// Enough reads that some P serves RefreshEvery of them in a row, even
+	// Enough reads that some P serves refreshEvery of them in a row, even
 	// if the goroutine moves between Ps.
 	var last int64
-	for range 2 * RefreshEvery * len(c.readers) {
+	for range 2 * refreshEvery * len(c.readers) {
 		now := c.Now()
 		require.GreaterOrEqual(t, now, last, "never backwards")
 		last = now
@@ -73,9 +73,9 @@ func TestCoarseEagerWhileBehind(t *testing.T) {
 	require.True(t, r.eager.Load(), "5 ms behind a 1 ms clock")
 	time.Sleep(5 * time.Millisecond)
 	before := c.now.Load()
-	got := c.NowOn(0) // not a RefreshEvery-th read, but eager
+	got := c.NowOn(0) // not a refreshEvery-th read, but eager
 	assert.GreaterOrEqual(t, got-before, int64(5*time.Millisecond))
-	c.NowOn(0) // fresh now: back to every RefreshEvery-th read
+	c.NowOn(0) // fresh now: back to every refreshEvery-th read
 	assert.False(t, r.eager.Load())
 }
 
