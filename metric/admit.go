@@ -1,0 +1,183 @@
+package metric
+
+import (
+	"time"
+
+	"github.com/leapflow/leapflow/internal/admit"
+	"github.com/leapflow/leapflow/internal/cpu"
+	"github.com/leapflow/leapflow/leaparray"
+)
+
+// Reserve atomically admits n against threshold: it counts n as Pass in the
+// current bucket if and only if the window's passes, plus everything
+// borrowed and not yet folded, plus n stay at or below threshold. It never
+// lets any window exceed threshold, at any concurrency; under a race it can
+// only err towards refusing. The refused path writes nothing shared.
+func (w *Window) Reserve(now, n, threshold int64) bool {
+	_, ok := w.AdmitOn(cpu.Pin(), now, n, threshold)
+	return ok
+}
+
+// Reservation is an admission made by Admit, or, when refused, what the
+// window held.
+type Reservation struct {
+	w *Window
+	b *leaparray.WindowWrap[bucket] // nil when refused
+	s *stripe
+	// n is the count admitted, or for a refusal the count seen.
+	n int64
+}
+
+// Start returns the start of the bucket the admission was counted in. A
+// caller whose now was behind the newest bucket was counted there (see
+// leaparray on clamping); max(now, Start()) is when its pass happened.
+// Zero when refused.
+func (r Reservation) Start() int64 {
+	if r.b == nil {
+		return 0
+	}
+	return r.b.Start()
+}
+
+// Seen returns, for a refused admission, the window's committed count that
+// refused it: passes, leases not yet used, and borrowed admissions. It costs
+// the refusal nothing more.
+func (r Reservation) Seen() int64 {
+	if r.b != nil {
+		return 0
+	}
+	return r.n
+}
+
+// Cancel gives the admission back to the lease it came from (a later check
+// refused the request) and clears r; cancelling the zero Reservation does
+// nothing. Only leapflow's own packages can call it (they hold an
+// admit.Token): a copy cancelled again would give the admission back
+// twice, and flow, which never copies one, is the only user that needs it.
+func (r *Reservation) Cancel(admit.Token) { r.cancel() }
+
+func (r *Reservation) cancel() {
+	if r.b != nil {
+		r.w.backOut(r.b, r.s.c[stripeUsed].Add(-r.n), r.n)
+		*r = Reservation{}
+	}
+}
+
+// Admit is Reserve returning the admission: the bucket it was counted in,
+// or for a refusal what the window held.
+func (w *Window) Admit(now, n, threshold int64) (Reservation, bool) {
+	return w.AdmitOn(cpu.Pin(), now, n, threshold)
+}
+
+// maxLease caps one lease; leases are also at most 1/(leaseShare x stripes)
+// of the room left, which bounds what idle stripes can strand in a bucket
+// to 1/leaseShare of the threshold.
+const (
+	maxLease   = 1 << 16
+	leaseShare = 16
+)
+
+// AdmitOn is Admit with a stripe hint (see AddOn).
+func (w *Window) AdmitOn(p int, now, n, threshold int64) (Reservation, bool) {
+	if n <= 0 || n > threshold {
+		return Reservation{}, false
+	}
+	now = max(now, 0)
+	a := &w.arr
+	for {
+		b := a.Head()
+		if now >= b.Start()+a.BucketLen() {
+			b = a.Current(now)
+		}
+		s := b.Value.stripeOn(p)
+		used, taken := &s.c[stripeUsed], &s.c[stripeTaken]
+		// Fast path: the stripe's lease covers n. Admitted iff used stays
+		// within taken after our add and the bucket is still the newest (a
+		// rotation sums this bucket's passes after publishing the next).
+		// A frozen bucket's used word is sealed, far above any lease.
+		if used.Load()+n <= taken.Load() {
+			v := used.Add(n)
+			if v <= taken.Load() && a.Newest(b) {
+				return Reservation{w: w, b: b, s: s, n: n}, true
+			}
+			if u := used.Add(-n); !sealed(v) {
+				w.backOut(b, u, n)
+			}
+			if !a.Newest(b) {
+				continue
+			}
+		}
+		if seen, ok := w.lease(b, s, max(now, b.Start()), n, threshold); !ok {
+			return Reservation{n: seen}, false
+		}
+		// The stripe holds a fresh lease; take n from it.
+	}
+}
+
+// lease moves at least n tokens from bucket b's budget to stripe s, if the
+// window has room. When it has none it reports false and what it held.
+func (w *Window) lease(b *leaparray.WindowWrap[bucket], s *stripe, now, n, threshold int64) (int64, bool) {
+	a := &w.arr
+	for {
+		base := b.Value.base.Load()
+		if base < 0 {
+			// First lease in this bucket: sum the rest of its window once.
+			base = w.passExcept(now, b)
+			if !b.Value.base.CompareAndSwap(-1, base) {
+				base = b.Value.base.Load()
+			}
+		}
+		epoch := a.Epoch()
+		var l int64
+		for {
+			g := b.Value.granted.Load()
+			room := threshold - base - g - b.Value.directSum() - a.Pending()
+			if room < n {
+				// No room; unless a rotation made b old, when the caller
+				// retries on the newest bucket.
+				return threshold - room, !a.Newest(b)
+			}
+			l = min(max(n, room/(leaseShare*int64(len(b.Value.stripes)))), max(n, maxLease))
+			if b.Value.granted.CompareAndSwap(g, g+l) {
+				break
+			}
+			// Lost to another lease on this bucket; re-read and re-check.
+		}
+		// A borrow that started after our epoch load may have summed the
+		// counts without our lease; a rotation may have summed this bucket
+		// without it. Either way give it back and decide again.
+		if a.Epoch() == epoch && a.Newest(b) {
+			s.c[stripeTaken].Add(l)
+			return 0, true
+		}
+		b.Value.granted.Sub(l)
+		if !a.Newest(b) {
+			return 0, true // the caller moves to the newest bucket
+		}
+	}
+}
+
+// passExcept sums Pass over the buckets valid at now, skipping b.
+func (w *Window) passExcept(now int64, b *leaparray.WindowWrap[bucket]) int64 {
+	var sum int64
+	for x := range w.arr.Within(now, w.arr.Interval()) {
+		if x != b {
+			sum += x.Value.passes()
+		}
+	}
+	return sum
+}
+
+// Borrow admits n against the earliest future bucket that starts within
+// maxWait of now and keeps every window containing it at or below threshold.
+// It returns how long the caller must wait for that bucket to start; the
+// admission is folded into the bucket as Pass and OccupiedPass when it
+// becomes current.
+func (w *Window) Borrow(now, n, threshold int64, maxWait time.Duration) (time.Duration, bool) {
+	wait, ok := w.arr.Borrow(now, n, threshold, int64(maxWait))
+	return time.Duration(wait), ok
+}
+
+// Borrowed returns the count borrowed from future buckets and not yet folded
+// into a current one.
+func (w *Window) Borrowed() int64 { return w.arr.Pending() }
