@@ -27,13 +27,13 @@ func TestQuickRun(t *testing.T) {
 	require.NoError(t, run(cfg, &stdout, io.Discard))
 
 	text := stdout.String()
-	for _, want := range []string{"Throughput, one hot resource", "Throughput, 1000 resources", "Accuracy: threshold 200", "Memory: bytes per limiter"} {
+	for _, want := range []string{"Throughput, one hot resource", "Throughput, 1000 resources", "Accuracy: threshold 200", "Memory: bytes per limiter", "Saturated CPU:"} {
 		assert.Contains(t, text, want)
 	}
 	md, err := os.ReadFile(filepath.Join(out, "report.md"))
 	require.NoError(t, err)
 	for _, want := range []string{"# leapflow bench report", "## Throughput", "### one hot resource", "### 1000 resources", "## Accuracy", "## Memory", "![accuracy](accuracy.svg)",
-		"## Global limit on Redis", "| global, leasing |", "the fullest server window held"} {
+		"## Global limit on Redis", "| global, leasing |", "the fullest server window held", "## Saturated CPU", "| default (coarse) | 256 |"} {
 		assert.Contains(t, string(md), want)
 	}
 	for _, im := range impls {
@@ -124,5 +124,20 @@ func BenchmarkThroughput(b *testing.B) {
 			})
 			cleanup()
 		}
+	}
+}
+
+// TestSaturationKeepsTheClock: under a saturated CPU the default clock
+// admits about what the monotonic clock does (a clock that fell a second
+// behind would admit half as many in a second's run), and never more than
+// the windows the run touched allow.
+func TestSaturationKeepsTheClock(t *testing.T) {
+	rs := saturation(config{quick: true, threshold: 300})
+	require.Len(t, rs, 2)
+	def, mono := rs[0], rs[1]
+	t.Logf("%+v\n%+v", def, mono)
+	assert.GreaterOrEqual(t, float64(def.admitted), 0.5*float64(mono.admitted))
+	for _, r := range rs {
+		assert.LessOrEqual(t, r.admitted, int64(3*300), "%s: at most one second's threshold per window touched", r.clock)
 	}
 }

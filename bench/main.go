@@ -135,11 +135,12 @@ type report struct {
 	global     []globalResult
 	globalAcc  *globalAccuracy
 	globalNote string
+	saturation []saturationResult
 }
 
 func run(cfg config, stdout, stderr io.Writer) error {
 	rep := &report{cfg: cfg, started: time.Now()}
-	steps := len(impls)*len(cfg.goroutines)*len(cfg.resources) + 3*len(accLimiters) + len(memCases) + 3*len(cfg.goroutines) + 1
+	steps := len(impls)*len(cfg.goroutines)*len(cfg.resources) + 3*len(accLimiters) + len(memCases) + 3*len(cfg.goroutines) + 2
 	var bar *progressbar.ProgressBar
 	tick := func(desc string) {}
 	if cfg.progress {
@@ -174,6 +175,8 @@ func run(cfg config, stdout, stderr io.Writer) error {
 		tick("memory " + c.name)
 		rep.memory = append(rep.memory, measureMemory(c, cfg.memN))
 	}
+	tick("saturated CPU")
+	rep.saturation = saturation(cfg)
 	rep.global, rep.globalAcc, rep.globalNote = globalSection(cfg, tick)
 	if bar != nil {
 		_ = bar.Finish()

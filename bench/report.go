@@ -91,6 +91,13 @@ func (r *report) printTables(w io.Writer) {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%d\t%d\t%d\t\n", a.limiter, a.scenario, a.total, own, a.maxHalf, a.maxShort, a.maxFull, a.over())
 	}
 	tw.Flush()
+	fmt.Fprintf(w, "\nSaturated CPU: busy goroutines hammer one rule of %d/s while one more sleeps 5 ms in a loop\n", r.cfg.threshold)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprint(tw, "clock	goroutines	seconds	admitted	clock behind, at worst\t\n")
+	for _, x := range r.saturation {
+		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%d\t%v\t\n", x.clock, x.goroutines, x.duration.Seconds(), x.admitted, x.maxLag.Round(time.Millisecond))
+	}
+	tw.Flush()
 	fmt.Fprintf(w, "\nGlobal limit on Redis (one hot rule; ns/op for the whole machine, Redis round trips per decision)\n")
 	if r.globalNote != "" {
 		fmt.Fprintln(w, r.globalNote)
@@ -229,6 +236,15 @@ func (r *report) markdown(w io.Writer) {
 			own = fmt.Sprint(a.maxOwn)
 		}
 		fmt.Fprintf(w, "| %s | %s | %d | %s | %d | %d | %d | %d |\n", a.limiter, a.scenario, a.total, own, a.maxHalf, a.maxShort, a.maxFull, a.over())
+	}
+	fmt.Fprintf(w, "\n## Saturated CPU\n\nBusy goroutines outnumbering the cores hammer one rule of %d/s through a flow.Resource "+
+		"while one more goroutine sleeps 5 ms in a loop (every service has timers). A clock advanced only by a ticker goroutine "+
+		"falls behind here, because the ticker waits behind every busy goroutine; the default clock is also refreshed by its "+
+		"readers. The monotonic clock is the reference. *Clock behind* is the engine clock's worst lag behind real time, "+
+		"sampled every 10 ms by a goroutine that is itself delayed by the load.\n\n"+
+		"| clock | goroutines | seconds | admitted | clock behind, at worst |\n|---|---:|---:|---:|---:|\n", c.threshold)
+	for _, x := range r.saturation {
+		fmt.Fprintf(w, "| %s | %d | %.1f | %d | %v |\n", x.clock, x.goroutines, x.duration.Seconds(), x.admitted, x.maxLag.Round(time.Millisecond))
 	}
 	fmt.Fprintf(w, "\n## Global limit on Redis\n\n")
 	if r.globalNote != "" {

@@ -31,6 +31,7 @@ func newSource(t testing.TB, c redis.UniversalClient, opts Options) *Source {
 	}
 	s, err := New(c, opts)
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
 	return s
 }
 

@@ -107,6 +107,41 @@ type Source struct {
 	probing   atomic.Bool
 
 	calls, errs, refused, leased atomic.Int64
+
+	// bgMu guards closed and adding to bg, the background refills.
+	bgMu   sync.Mutex
+	closed atomic.Bool
+	bg     sync.WaitGroup
+}
+
+// ErrClosed is returned by a Source after Close (the rule's fallback
+// applies).
+var ErrClosed = errors.New("global: source closed")
+
+// Close stops the Source: it waits for the background refills it started
+// and makes every later call that would reach Redis fail with ErrClosed.
+// Leases already held are still spent. It does not close the client.
+func (s *Source) Close() error {
+	s.bgMu.Lock()
+	s.closed.Store(true)
+	s.bgMu.Unlock()
+	s.bg.Wait()
+	return nil
+}
+
+// goRefill runs a background refill unless the Source is closed.
+func (s *Source) goRefill(fn func()) bool {
+	s.bgMu.Lock()
+	defer s.bgMu.Unlock()
+	if s.closed.Load() {
+		return false
+	}
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		fn()
+	}()
+	return true
 }
 
 // New returns a Source on client. It returns an error naming the field and
@@ -294,7 +329,10 @@ func (s *Source) acquire(ctx context.Context, l *limit, req *flow.GlobalRequest,
 	if ls := slot.Load(); ls.take(now, n) {
 		s.admitted(ls.bucket, n)
 		if ls.left.Load() < l.batch.Load()/4 && l.prefetching.CompareAndSwap(false, true) {
-			go s.prefetch(l, slot, *req)
+			r := *req
+			if !s.goRefill(func() { s.prefetch(l, slot, r) }) {
+				l.prefetching.Store(false)
+			}
 		}
 		return true, nil
 	}
@@ -407,6 +445,9 @@ func (s *Source) admitted(bucket time.Time, n int64) {
 // admit returns ErrUnavailable while backing off; once the backoff ends it
 // lets one caller through to probe.
 func (s *Source) admit() error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
 	until := s.downUntil.Load()
 	if until == 0 {
 		return nil

@@ -1,0 +1,16 @@
+package global
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/leapflow/leapflow/stat"
+)
+
+// TestMain fails the package's tests if any goroutine outlives them, but
+// for the process-wide default clock, started here first.
+func TestMain(m *testing.M) {
+	stat.DefaultClock()
+	goleak.VerifyTestMain(m, goleak.IgnoreCurrent())
+}
