@@ -33,9 +33,11 @@
 // threshold, at any concurrency; several Reject and WarmUp rules on one
 // window admit together at the smallest limit, so each pass is counted once.
 // Concurrency rules admit by compare-and-swap on one exact counter, released
-// by Exit. When a later rule blocks a request, what earlier rules granted is
-// given back. Related-resource rules read statistics and are as exact as a
-// read can be.
+// by Exit; a Concurrency rule loaded while requests are in flight counts them
+// first. Every admission holds a slot that Exit releases once, so copies of
+// an Entry exit once between them. When a later rule blocks a request, what
+// earlier rules granted is given back. Related-resource rules read statistics
+// and are as exact as a read can be.
 //
 // With n buckets of a window W, any span shorter than W - W/n admits at most
 // the threshold; a span of W can admit up to twice it (see metric).

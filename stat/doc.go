@@ -7,12 +7,14 @@
 //
 // Clock.Now returns nanoseconds from an origin of the clock's choosing.
 // NewMonotonic reads Go's monotonic clock (time.Since), immune to wall-clock
-// steps; measured on the 2-core dev machine it costs 30-40 ns a call, more
-// than the rest of an Entry. NewCoarse serves a value that a background
-// goroutine refreshes every tick, for the price of an atomic load (about
-// 1 ns), at the cost of that resolution in RTs and bucket edges. Engines
-// default to DefaultClock, one 1 ms Coarse clock per process, as Sentinel
-// does. The stattest package has a manual clock for tests.
+// steps; measured on the 2-core dev machine it costs 20-40 ns a call, a
+// third of an Entry. NewCoarse serves a cached value that a background
+// goroutine refreshes every tick and its readers refresh too (every 16th
+// read on a P), for the price of an atomic load and a per-P count, at the
+// cost of that resolution in RTs and bucket edges; the readers' share keeps
+// it up when a saturated CPU starves the ticker (see Coarse for the bound).
+// Engines default to DefaultClock, one 1 ms Coarse clock per process. The
+// stattest package has a manual clock for tests.
 //
 // # Windows and precision
 //
