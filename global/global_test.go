@@ -219,7 +219,7 @@ func TestLeasedTokensExpireWithTheirBucket(t *testing.T) {
 		bucket = b // one goroutine: no race
 		count += n
 	}})
-	r := req("expiry", 1e6, time.Second, 1)
+	r := req("expiry", 1e9, time.Second, 1) // far above what one goroutine reaches in 700 ms
 	late := 0
 	end := time.Now().Add(700 * time.Millisecond)
 	for time.Now().Before(end) {
