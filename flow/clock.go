@@ -10,27 +10,32 @@ import (
 )
 
 // steady is engine time over a clock that may step back: readings plus an
-// offset that grows by the size of every step back, so engine time
-// continues from where it was. A clock stepped back under load would
-// otherwise stall admission for the size of the step (every time is clamped
-// to the newest bucket, which stays full), and one stepped forward and back
-// for the forward step.
+// offset that grows by the size of every step back of stepTolerance or
+// more, so engine time continues from where it was. A clock stepped back
+// under load would otherwise stall admission for the size of the step
+// (every time is clamped to the newest bucket, which stays full), and one
+// stepped forward and back for the forward step. Smaller steps back pass
+// through and are clamped: absorbing them would let a clock whose readings
+// jitter ratchet engine time ahead of it (each step back absorbed, each
+// step forward kept), and the stall they cause is at most their size.
 type steady struct {
 	c stat.Clock
 	// off is added to every reading; it only grows.
 	off atomic.Int64
 	_   [cpu.CacheLine - 8]byte
-	// hi is the engine time reached, published at most once per stepSlack
-	// of progress (a store per read would take the line from every reader),
-	// so a read may be up to stepSlack behind it without being a step.
+	// hi is the engine time reached, published at most once per
+	// publishEvery of progress (a store per read would take the line from
+	// every reader).
 	hi atomic.Int64
 	_  [cpu.CacheLine - 8]byte
 }
 
-// stepSlack is the largest step back that passes through as it is (the
-// windows clamp it to their newest bucket): clocks read by many goroutines
-// are rarely monotonic to the nanosecond.
-const stepSlack = int64(time.Millisecond)
+// stepTolerance is the smallest step back that engine time absorbs, and
+// publishEvery how far engine time moves between two stores of hi.
+const (
+	stepTolerance = int64(100 * time.Millisecond)
+	publishEvery  = int64(time.Millisecond)
+)
 
 // engineLimit bounds engine time far below the top of int64, where the
 // windows' arithmetic would overflow: a reading that would pass it is a
@@ -48,8 +53,8 @@ func (s *steady) Now() int64 {
 		h := s.hi.Load()
 		r := s.c.Now()
 		t := r + o
-		if t >= h-stepSlack && t <= engineLimit {
-			if t >= h+stepSlack {
+		if t > h-stepTolerance && t <= engineLimit {
+			if t >= h+publishEvery {
 				s.hi.CompareAndSwap(h, t) // another reader may publish first
 			}
 			return max(t, 0)

@@ -14,9 +14,17 @@ type ruleSet struct {
 	byResource map[string]*resourceRules
 	// states holds shaping state by rule, so a reload that keeps a rule
 	// keeps its warm-up tokens and throttle timeline.
-	warm   map[Rule]*warmUp
-	pacers map[Rule]*pacer
-	locals map[Rule]*metric.Window
+	warm   map[ruleKey]*warmUp
+	pacers map[ruleKey]*pacer
+	locals map[ruleKey]*metric.Window
+}
+
+// ruleKey identifies a rule's state across reloads: the rule, and which of
+// the identical copies of it in the set it is (two identical Throttle rules
+// are two timelines, and stay two when loaded again).
+type ruleKey struct {
+	Rule
+	copy int
 }
 
 // resourceRules is everything Entry needs for one resource with rules.
@@ -87,16 +95,19 @@ const (
 
 // compile builds the rule set of valid rules norm, whose resources' nodes
 // are in nodes. It cannot fail: everything that could was checked first.
-func compile(e *Engine, norm []Rule, nodes map[string]*stat.Node, old *ruleSet) *ruleSet {
+func compile(e *Engine, norm []Rule, nodes map[string]*stat.Node, bounds []BoundSource, old *ruleSet) *ruleSet {
 	next := &ruleSet{
 		rules:      norm,
 		byResource: map[string]*resourceRules{},
-		warm:       map[Rule]*warmUp{},
-		pacers:     map[Rule]*pacer{},
-		locals:     map[Rule]*metric.Window{},
+		warm:       map[ruleKey]*warmUp{},
+		pacers:     map[ruleKey]*pacer{},
+		locals:     map[ruleKey]*metric.Window{},
 	}
+	copies := map[Rule]int{}
 	for i := range norm {
-		e.add(next, old, &norm[i], nodes)
+		k := ruleKey{norm[i], copies[norm[i]]}
+		copies[norm[i]]++
+		e.add(next, old, &norm[i], k, nodes, bounds[i])
 	}
 	for _, rr := range next.byResource {
 		if len(rr.groups) == 1 && rr.countsNode && len(rr.groups[0].warm) == 0 && rr.concLimit < 0 &&
@@ -108,8 +119,9 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stat.Node, old *ruleSet) 
 	return next
 }
 
-// add adds rule r to the set being built.
-func (e *Engine) add(next, old *ruleSet, r *Rule, nodes map[string]*stat.Node) {
+// add adds rule r, whose state is keyed k, to the set being built; bound
+// is its bound token source, if any.
+func (e *Engine) add(next, old *ruleSet, r *Rule, k ruleKey, nodes map[string]*stat.Node, bound BoundSource) {
 	rr := next.byResource[r.Resource]
 	if rr == nil {
 		rr = &resourceRules{node: nodes[r.Resource], concLimit: -1}
@@ -124,21 +136,16 @@ func (e *Engine) add(next, old *ruleSet, r *Rule, nodes map[string]*stat.Node) {
 	case r.RelatedResource != "":
 		rr.related = append(rr.related, relatedRule{node: nodes[r.RelatedResource], threshold: r.Threshold, be: newBlockError(r, ReasonFlow)})
 	case r.Global:
-		local := reuse(old.locals, *r, func() *metric.Window {
+		local := reuse(old.locals, k, func() *metric.Window {
 			w, err := metric.NewWindow(e.buckets(r.StatInterval), r.StatInterval)
 			if err != nil {
 				panic(err) // validated
 			}
 			return w
 		})
-		next.locals[*r] = local
-		req := GlobalRequest{Key: r.name(), Resource: r.Resource, Threshold: r.Threshold, Interval: r.StatInterval}
-		var bound BoundSource
-		if b, ok := e.source.(Binder); ok {
-			bound = b.Bind(req)
-		}
+		next.locals[k] = local
 		rr.globals = append(rr.globals, globalRule{
-			req:        req,
+			req:        globalRequest(r),
 			bound:      bound,
 			fallback:   r.Fallback,
 			local:      local,
@@ -147,12 +154,12 @@ func (e *Engine) add(next, old *ruleSet, r *Rule, nodes map[string]*stat.Node) {
 			beLocal:    newBlockError(r, ReasonFlow),
 		})
 	case r.Behavior == Throttle || r.Behavior == WarmUpThrottle:
-		p := reuse(old.pacers, *r, func() *pacer { return newPacer(r.MaxQueueing) })
-		next.pacers[*r] = p
+		p := reuse(old.pacers, k, func() *pacer { return newPacer(r.MaxQueueing) })
+		next.pacers[k] = p
 		pr := pacedRule{p: p, rate: r.Threshold, be: newBlockError(r, ReasonQueue)}
 		if r.Behavior == WarmUpThrottle {
-			pr.warm = reuse(old.warm, *r, func() *warmUp { return newWarmUp(r) })
-			next.warm[*r] = pr.warm
+			pr.warm = reuse(old.warm, k, func() *warmUp { return newWarmUp(r) })
+			next.warm[k] = pr.warm
 		}
 		rr.paced = append(rr.paced, pr)
 	default: // Reject or WarmUp, counted in a window
@@ -162,8 +169,8 @@ func (e *Engine) add(next, old *ruleSet, r *Rule, nodes map[string]*stat.Node) {
 			rr.countsNode = true
 		}
 		if r.Behavior == WarmUp {
-			wu := reuse(old.warm, *r, func() *warmUp { return newWarmUp(r) })
-			next.warm[*r] = wu
+			wu := reuse(old.warm, k, func() *warmUp { return newWarmUp(r) })
+			next.warm[k] = wu
 			g.warm = append(g.warm, warmRule{w: wu, be: newBlockError(r, ReasonFlow)})
 			g.borrowable = false
 		} else if limit := perWindow(r.Threshold, r.StatInterval); limit < g.static {
@@ -205,6 +212,11 @@ func (rr *resourceRules) group(w *metric.Window, interval time.Duration) *window
 	return &rr.groups[len(rr.groups)-1]
 }
 
+// globalRequest is what global rule r asks its token source.
+func globalRequest(r *Rule) GlobalRequest {
+	return GlobalRequest{Key: r.name(), Resource: r.Resource, Threshold: r.Threshold, Interval: r.StatInterval}
+}
+
 // perWindow is a per-second threshold as a count per window of interval.
 // Thresholds are at most MaxThreshold and intervals at most an hour, so the
 // count stays far below the counters' headroom.
@@ -212,8 +224,8 @@ func perWindow(threshold float64, interval time.Duration) int64 {
 	return int64(math.Floor(threshold * interval.Seconds()))
 }
 
-func reuse[V any](old map[Rule]V, r Rule, make func() V) V {
-	if v, ok := old[r]; ok {
+func reuse[V any](old map[ruleKey]V, k ruleKey, make func() V) V {
+	if v, ok := old[k]; ok {
 		return v
 	}
 	return make()

@@ -140,6 +140,10 @@ func (e *Engine) LoadRules(rules []Rule) error {
 	if err != nil {
 		return err
 	}
+	bounds, err := e.bind(norm)
+	if err != nil {
+		return err
+	}
 	names := resourcesOf(norm)
 	nodes, err := e.registry.Pin(names)
 	if err != nil {
@@ -150,7 +154,7 @@ func (e *Engine) LoadRules(rules []Rule) error {
 		byName[name] = nodes[i]
 	}
 	old := e.rules.Load()
-	next := compile(e, norm, byName, old)
+	next := compile(e, norm, byName, bounds, old)
 	e.rules.Store(next)
 	// Requests in flight that a new concurrency rule did not admit count
 	// against it from now on.
@@ -201,6 +205,34 @@ func (e *Engine) normalise(rules []Rule) ([]Rule, error) {
 		norm[i] = r
 	}
 	return norm, nil
+}
+
+// bind resolves each global rule's limit with the token source, if it is a
+// Binder. A panic in Bind refuses the rule set.
+func (e *Engine) bind(rules []Rule) (bounds []BoundSource, err error) {
+	b, ok := e.source.(Binder)
+	if !ok {
+		return make([]BoundSource, len(rules)), nil
+	}
+	bounds = make([]BoundSource, len(rules))
+	for i := range rules {
+		r := &rules[i]
+		if !r.Global {
+			continue
+		}
+		func() {
+			defer func() {
+				if v := recover(); v != nil {
+					err = r.errorf(i, "Global", true, "was refused: the token source's Bind panicked: %v", v)
+				}
+			}()
+			bounds[i] = b.Bind(globalRequest(r))
+		}()
+		if err != nil {
+			return nil, err
+		}
+	}
+	return bounds, nil
 }
 
 // noRoom names the first rule whose resource the registry lacked.

@@ -3,6 +3,8 @@ package flow
 import (
 	"errors"
 	"fmt"
+
+	"github.com/leapflow/leapflow/internal/names"
 )
 
 // ErrBlocked matches every BlockError with errors.Is.
@@ -50,8 +52,8 @@ func newBlockError(r *Rule, reason Reason) *BlockError {
 	return &BlockError{
 		Rule:   *r,
 		Reason: reason,
-		msg: fmt.Sprintf("flow: %q blocked by rule %q (%s %v, %s, %s)",
-			r.Resource, r.name(), r.Metric, r.Threshold, r.Behavior, reason),
+		msg: fmt.Sprintf("flow: %s blocked by rule %s (%s %v, %s, %s)",
+			names.Abbrev(r.Resource), names.Abbrev(r.name()), r.Metric, r.Threshold, r.Behavior, reason),
 	}
 }
 

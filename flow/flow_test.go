@@ -61,7 +61,7 @@ func TestRuleValidation(t *testing.T) {
 		{Rule{Resource: "api", StatInterval: 1500 * time.Microsecond}, "StatInterval must be a positive whole number of milliseconds, got 1.5ms"},
 		{Rule{Resource: "api", StatInterval: -time.Second}, "StatInterval must be a positive whole number of milliseconds, got -1s"},
 		{Rule{Resource: "api", StatInterval: 2 * time.Hour}, "StatInterval must be at most 1h, got 2h0m0s"},
-		{Rule{Resource: "api", Behavior: Throttle, MaxQueueing: -ms}, "MaxQueueing must be >= 0, got -1ms"},
+		{Rule{Resource: "api", Behavior: Throttle, MaxQueueing: -ms}, "MaxQueueing must be in [0, 1h], got -1ms"},
 		{Rule{Resource: "api", Behavior: WarmUp, Threshold: 10}, "WarmUpPeriod must be > 0 for WarmUp, got 0s"},
 		{Rule{Resource: "api", Behavior: WarmUp, Threshold: 10, WarmUpPeriod: time.Second, ColdFactor: 0.5}, "ColdFactor must be > 1 and at most 1e6, got 0.5"},
 		{Rule{Resource: "api", RelatedResource: "api"}, "RelatedResource must differ from Resource, got api"},

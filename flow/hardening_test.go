@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"testing"
@@ -89,9 +90,21 @@ func TestThresholdAndCountBounds(t *testing.T) {
 
 func TestThrottleRefusesBatchesItCannotPace(t *testing.T) {
 	e, _ := newEngine(t, stattest.NewClock(time.Hour))
-	load(t, e, Rule{Resource: "slow", Threshold: 1e-9, Behavior: Throttle, MaxQueueing: time.Hour})
+	load(t, e, Rule{Resource: "slow", Threshold: minPacedRate, Behavior: Throttle, MaxQueueing: 10 * time.Minute})
 	_, err := e.Entry("slow", WithCount(MaxCount))
 	assert.ErrorIs(t, err, ErrBlocked, "its cost overflows int64")
+	_, err = e.Entry("slow")
+	assert.NoError(t, err, "the slowest pace starts a single request")
+	_, err = e.Entry("slow")
+	assert.ErrorIs(t, err, ErrBlocked, "and the next would wait 1000 s")
+	for _, r := range []Rule{
+		{Resource: "slow", Threshold: 1e-9, Behavior: Throttle},
+		{Resource: "slow", Threshold: 1, Behavior: Throttle, MaxQueueing: math.MaxInt64},
+		{Resource: "slow", Threshold: 1, Behavior: Throttle, StatInterval: 10 * time.Second},
+		{Resource: "slow", Threshold: 1, RelatedResource: "db", StatInterval: 10 * time.Second},
+	} {
+		assert.ErrorIs(t, e.LoadRules([]Rule{r}), ErrInvalidRule, "%+v", r)
+	}
 	load(t, e, Rule{Resource: "fast", Threshold: 10, Behavior: Throttle})
 	_, err = e.Entry("fast", WithCount(MaxCount))
 	assert.NoError(t, err, "an idle pacer starts any batch")
@@ -435,4 +448,82 @@ func TestConcurrencyReloadHammer(t *testing.T) {
 	n := e.registry.Lookup("api")
 	assert.Zero(t, n.Concurrency(), "released exactly what was counted")
 	assert.Zero(t, n.Inflight())
+}
+
+// jitterClock reads a base time give or take up to 2 ms, at random.
+type jitterClock struct {
+	base *stattest.Clock
+	rng  *rand.Rand
+	mu   sync.Mutex
+}
+
+func (j *jitterClock) Now() int64 {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.base.Now() + j.rng.Int64N(int64(4*time.Millisecond)) - int64(2*time.Millisecond)
+}
+
+// A clock whose readings jitter (steps back smaller than the tolerance)
+// does not ratchet engine time ahead of it.
+func TestJitteryClockDoesNotRatchet(t *testing.T) {
+	base := stattest.NewClock(time.Second)
+	clock := &jitterClock{base: base, rng: rand.New(rand.NewPCG(1, 2))}
+	e, _ := newEngine(t, clock)
+	load(t, e, Rule{Resource: "api", Threshold: 100})
+	admitted := 0
+	for range 1000 {
+		base.Advance(time.Millisecond)
+		for range 10 {
+			if en, err := e.Entry("api"); err == nil {
+				admitted++
+				en.Exit(nil)
+			}
+		}
+	}
+	assert.InDelta(t, base.Now(), e.Clock().Now(), float64(10*time.Millisecond), "engine time stays with the clock")
+	assert.LessOrEqual(t, admitted, 200, "1 s of clock time, 100/s: two windows at most")
+}
+
+// Identical rules keep state of their own, also when loaded again.
+func TestIdenticalRulesKeepTheirOwnState(t *testing.T) {
+	clock := stattest.NewClock(time.Second)
+	e, _ := newEngine(t, clock)
+	rules := []Rule{{Resource: "api", Threshold: 10, Behavior: Throttle}, {Resource: "api", Threshold: 10, Behavior: Throttle}}
+	load(t, e, rules...)
+	count := func() (n int) {
+		for range 10 {
+			clock.Advance(100 * time.Millisecond)
+			if en, err := e.Entry("api"); err == nil {
+				n++
+				en.Exit(nil)
+			}
+		}
+		return n
+	}
+	require.Equal(t, 10, count(), "two timelines at 10/s: one request per 100 ms passes both")
+	load(t, e, rules...)
+	assert.Equal(t, 10, count(), "loaded again: still two timelines, not one paced twice")
+}
+
+type panicBinder struct{ fakeSource }
+
+func (*panicBinder) Bind(GlobalRequest) BoundSource { panic("bind bug") }
+
+func TestPanickingBindRefusesTheRuleSet(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(0), WithTokenSource(&panicBinder{}))
+	load(t, e, Rule{Resource: "api", Threshold: 1})
+	err := e.LoadRules([]Rule{{Resource: "new", Threshold: 5, Global: true}})
+	assert.ErrorIs(t, err, ErrInvalidRule)
+	assert.ErrorContains(t, err, "Bind panicked: bind bug")
+	assert.Nil(t, e.registry.Lookup("new"), "nothing created")
+	assert.Len(t, e.Rules(), 1, "the rules in force stay")
+}
+
+func TestBlockErrorMessagesAreBounded(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(0))
+	name := strings.Repeat("\xff", stat.MaxNameLen)
+	load(t, e, Rule{ID: name, Resource: name})
+	_, err := e.Entry(name)
+	require.ErrorIs(t, err, ErrBlocked)
+	assert.Less(t, len(err.Error()), 800)
 }

@@ -56,10 +56,11 @@ func (c *config) validate() error {
 // WithClock sets the engine's clock (default stat.DefaultClock(): a shared
 // 1 ms coarse clock; stat.NewMonotonic() gives nanosecond RTs at the price
 // of a clock read per Entry and per Exit). The engine keeps its own time
-// moving forward over a clock that steps back: a step back of more than a
-// millisecond is absorbed into an offset, so engine time continues from
-// where it was and admission neither stalls for the size of the step nor
-// reopens a full window (readings below 0 start the engine at 0).
+// moving forward over a clock that steps back: a step back of 100 ms or
+// more is absorbed into an offset, so engine time continues from where it
+// was and admission neither stalls for the size of the step nor reopens a
+// full window; a smaller one is clamped to the newest bucket (admission
+// waits at most its size). Readings below 0 start the engine at 0.
 func WithClock(c stat.Clock) Option {
 	return func(cfg *config) { cfg.clock, cfg.clockSet = c, true }
 }

@@ -136,6 +136,11 @@ type Rule struct {
 // hour-long window far from the top of its 64-bit word.
 const MaxThreshold = 1e12
 
+// minPacedRate is the smallest non-zero Threshold of a throttling rule: one
+// request per 1000 s. Slower paces are a misconfiguration, and their costs
+// near the top of int64.
+const minPacedRate = 1e-3
+
 // Warm-up bounds keep the token counts of the warm-up model within range.
 const (
 	maxWarmUpPeriod = 24 * time.Hour
@@ -233,8 +238,10 @@ func (r *Rule) validate(i int) error {
 		return bad("StatInterval", r.StatInterval, "must be a positive whole number of milliseconds")
 	case r.StatInterval > time.Hour:
 		return bad("StatInterval", r.StatInterval, "must be at most 1h")
-	case r.MaxQueueing < 0:
-		return bad("MaxQueueing", r.MaxQueueing, "must be >= 0")
+	case r.MaxQueueing < 0 || r.MaxQueueing > time.Hour:
+		return bad("MaxQueueing", r.MaxQueueing, "must be in [0, 1h]")
+	case (r.Behavior == Throttle || r.Behavior == WarmUpThrottle) && r.Threshold > 0 && r.Threshold < minPacedRate:
+		return bad("Threshold", r.Threshold, "must be 0 or at least 0.001 (one request per 1000 s) for "+r.Behavior.String())
 	case r.RelatedResource == r.Resource:
 		return bad("RelatedResource", r.RelatedResource, "must differ from Resource")
 	case r.Metric == Concurrency && r.Global:
@@ -249,6 +256,14 @@ func (r *Rule) validate(i int) error {
 		return bad("Behavior", r.Behavior, "must be Reject for a Global rule")
 	case r.RelatedResource != "" && (r.Metric != QPS || r.Behavior != Reject):
 		return bad("RelatedResource", r.RelatedResource, "needs a QPS rule with Behavior Reject")
+	case r.Metric == QPS && (r.Behavior == Throttle || r.Behavior == WarmUpThrottle || r.RelatedResource != "") && r.StatInterval != DefaultStatInterval:
+		// Pacing has no window, and a related rule reads the other
+		// resource's rate over its second window.
+		what := r.Behavior.String() + " rules"
+		if r.RelatedResource != "" {
+			what = "a related-resource rule"
+		}
+		return bad("StatInterval", r.StatInterval, "must be 1s (or left zero) for "+what)
 	}
 	if r.Behavior == WarmUp || r.Behavior == WarmUpThrottle {
 		switch {
