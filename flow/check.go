@@ -126,6 +126,9 @@ func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now, n int64, pri
 	var h held
 	node := rr.node
 	if rr.concLimit >= 0 {
+		if g := rr.counting; g != nil {
+			g.wait() // the rule is new: until what is in flight is counted
+		}
 		seen, ok := node.AcquireConcurrency(n, rr.concLimit)
 		if !ok {
 			return e.block(rr, &h, p, now, n, rr.concBE, float64(seen))

@@ -4,6 +4,8 @@ import (
 	"math"
 	"time"
 
+	"go.uber.org/atomic"
+
 	"github.com/leapflow/leapflow/metric"
 	"github.com/leapflow/leapflow/stat"
 )
@@ -39,11 +41,14 @@ type resourceRules struct {
 	node        *stat.Node
 	concLimit   int64 // -1: no concurrency rule
 	concBE      *BlockError
-	groups      []windowGroup
-	countsNode  bool // a group admits on the node's second window
-	paced       []pacedRule
-	related     []relatedRule
-	globals     []globalRule
+	// counting is set when the rule set adds the concurrency rule: Entry
+	// waits for it until the requests already in flight are counted.
+	counting   *gate
+	groups     []windowGroup
+	countsNode bool // a group admits on the node's second window
+	paced      []pacedRule
+	related    []relatedRule
+	globals    []globalRule
 }
 
 // windowGroup is every Reject and WarmUp rule that counts in one window:
@@ -84,6 +89,26 @@ type globalRule struct {
 	localLimit int64
 	be         *BlockError // refused globally
 	beLocal    *BlockError // refused by the local fallback
+}
+
+// gate is a one-time barrier: open once done is set (the channel is closed
+// then, for those already waiting).
+type gate struct {
+	done atomic.Bool
+	ch   chan struct{}
+}
+
+func newGate() *gate { return &gate{ch: make(chan struct{})} }
+
+func (g *gate) open() {
+	g.done.Store(true)
+	close(g.ch)
+}
+
+func (g *gate) wait() {
+	if !g.done.Load() {
+		<-g.ch
+	}
 }
 
 // A resource's throttling and global rules are held on the stack during

@@ -155,17 +155,24 @@ func (e *Engine) LoadRules(rules []Rule) error {
 	}
 	old := e.rules.Load()
 	next := compile(e, norm, byName, bounds, old)
-	e.rules.Store(next)
 	// Requests in flight that a new concurrency rule did not admit count
-	// against it from now on.
+	// against it: the rule set goes out with a gate on those rules, the
+	// walk counts what is in flight, and the gates open.
 	targets := map[*stat.Node]bool{}
+	var gates []*gate
 	for name, rr := range next.byResource {
 		if was := old.byResource[name]; rr.concLimit >= 0 && (was == nil || was.concLimit < 0) {
 			targets[rr.node] = true
+			rr.counting = newGate()
+			gates = append(gates, rr.counting)
 		}
 	}
+	e.rules.Store(next)
 	if len(targets) > 0 {
 		e.slots.track(targets)
+		for _, g := range gates {
+			g.open()
+		}
 	}
 	var dropped []string
 	for _, name := range resourcesOf(old.rules) {

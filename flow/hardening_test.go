@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/atomic"
 
 	"github.com/leapflow/leapflow/stat"
 	"github.com/leapflow/leapflow/stat/stattest"
@@ -526,4 +527,51 @@ func TestBlockErrorMessagesAreBounded(t *testing.T) {
 	_, err := e.Entry(name)
 	require.ErrorIs(t, err, ErrBlocked)
 	assert.Less(t, len(err.Error()), 800)
+}
+
+// A request that reads the new rule set while the load still counts what
+// is in flight waits for the count: a new Concurrency 1 rule admits nothing
+// while 100 requests are in flight, however long the walk over the slots
+// (here 20,000 more admissions on another resource).
+func TestNewConcurrencyRuleWaitsForTheCount(t *testing.T) {
+	e, _ := newEngine(t, stat.NewMonotonic())
+	open := make([]Entry, 0, 20100)
+	for range 20000 {
+		en, _ := e.Entry("other")
+		open = append(open, en)
+	}
+	for range 100 {
+		en, err := e.Entry("api")
+		require.NoError(t, err)
+		open = append(open, en)
+	}
+	var stop atomic.Bool
+	var admitted, tries atomic.Int64
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			for !stop.Load() {
+				if rr := e.rules.Load().byResource["api"]; rr == nil {
+					continue // not loaded yet
+				}
+				tries.Add(1)
+				if en, err := e.Entry("api"); err == nil {
+					admitted.Add(1)
+					en.Exit(nil)
+				}
+			}
+		})
+	}
+	time.Sleep(5 * time.Millisecond)
+	load(t, e, Rule{Resource: "api", Metric: Concurrency, Threshold: 1})
+	for tries.Load() < 100 {
+		time.Sleep(time.Millisecond)
+	}
+	stop.Store(true)
+	wg.Wait()
+	assert.Zero(t, admitted.Load(), "100 in flight, limit 1")
+	for i := range open {
+		open[i].Exit(nil)
+	}
+	assert.Zero(t, e.registry.Lookup("api").Concurrency())
 }
