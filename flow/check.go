@@ -62,12 +62,8 @@ func (e *Engine) admitted(set *ruleSet, node *stat.Node, p int, start, n int64, 
 // the first count went to a node no one reads.
 func (e *Engine) recount(node *stat.Node, p int, now int64, ev metric.Event, n int64) *stat.Node {
 	for node.Dropped() {
-		live, err := e.registry.Node(node.Resource())
-		if err != nil {
-			return node // no room: the request goes on, counted where it was
-		}
-		live.Second().AddOn(p, now, ev, n)
-		node = live
+		node = e.registry.Replace(node)
+		node.Second().AddOn(p, now, ev, n)
 	}
 	return node
 }

@@ -176,12 +176,8 @@ func (r *Resource) Entry(opts ...EntryOption) (Entry, error) {
 	}
 	node := r.node.Load()
 	if node.Dropped() {
-		n, err := r.eng.registry.Node(r.name)
-		if err != nil {
-			return Entry{}, err
-		}
-		r.node.Store(n)
-		node = n
+		node = r.eng.registry.Replace(node)
+		r.node.Store(node)
 	}
 	return r.eng.enter(set, nil, node, opts)
 }

@@ -575,3 +575,71 @@ func TestNewConcurrencyRuleWaitsForTheCount(t *testing.T) {
 	}
 	assert.Zero(t, e.registry.Lookup("api").Concurrency())
 }
+
+// clockFunc is a Clock read through a function.
+type clockFunc func() int64
+
+func (f clockFunc) Now() int64 { return f() }
+
+// Resources are let go and registered again while requests count on them,
+// through names and handles, and rule loads pin and unpin them: every
+// admitted request is counted once, on the node the registry holds.
+func TestReclaimLosesAndRepeatsNothing(t *testing.T) {
+	var now atomic.Int64
+	now.Store(int64(time.Hour))
+	e, _ := newEngine(t, clockFunc(now.Load), WithMaxResources(3))
+	names := []string{"r0", "r1", "r2", "r3", "r4", "r5"}
+	handles := make([]*Resource, len(names))
+	phases := 150
+	if testing.Short() {
+		phases = 30
+	}
+	for phase := range phases {
+		now.Add(int64(62 * time.Second)) // every node of the last phase is idle
+		var sent [6]atomic.Int64
+		var unexpected atomic.Int64
+		var wg sync.WaitGroup
+		for g := range 8 {
+			wg.Go(func() {
+				rng := rand.New(rand.NewPCG(uint64(phase), uint64(g)))
+				for k := range 100 {
+					i := rng.IntN(len(names))
+					var en Entry
+					var err error
+					if h := handles[i]; h != nil && k%2 == 0 {
+						en, err = h.Entry()
+					} else {
+						en, err = e.Entry(names[i])
+					}
+					switch {
+					case err == nil:
+						sent[i].Add(1)
+						en.Exit(nil)
+					case !errors.Is(err, stat.ErrTooManyResources):
+						unexpected.Add(1)
+					}
+				}
+			})
+		}
+		wg.Go(func() {
+			for k := range 10 {
+				_ = e.LoadRules([]Rule{{Resource: names[k%2], Threshold: 1e9}})
+			}
+		})
+		wg.Wait()
+		require.Zero(t, unexpected.Load(), "phase %d", phase)
+		for i, name := range names {
+			snap, ok := e.Snapshot(name)
+			if n := sent[i].Load(); n > 0 {
+				require.True(t, ok, "phase %d %s: sent %d, no node", phase, name, n)
+				require.Equal(t, n, snap.MinutePass, "phase %d %s", phase, name)
+				require.Zero(t, snap.Inflight, "phase %d %s", phase, name)
+			}
+		}
+		if phase == 0 {
+			for i, name := range names {
+				handles[i], _ = e.Resource(name)
+			}
+		}
+	}
+}

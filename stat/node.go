@@ -3,6 +3,7 @@ package stat
 import (
 	"fmt"
 	"math"
+	"runtime"
 	"sync"
 	"time"
 
@@ -69,17 +70,36 @@ type Node struct {
 	windows atomic.Pointer[map[time.Duration]*metric.Window]
 
 	// pinned is set while a rule names the resource (guarded by the
-	// registry's mu); dropped once the registry has let the node go.
-	pinned  bool
-	dropped atomic.Bool
+	// registry's mu); state says whether the registry let the node go.
+	pinned bool
+	state  atomic.Int32
 	// created is the registry clock's reading when the node was made.
 	created int64
 }
 
+// The states of a node.
+const (
+	nodeLive     = iota
+	nodeDropping // the registry is deciding, under its lock
+	nodeDropped
+)
+
 // Dropped reports whether the registry let the node go to make room (see
-// Registry): a writer that finds it set after counting counts again on the
-// resource's current node.
-func (n *Node) Dropped() bool { return n.dropped.Load() }
+// Registry). A writer calls it after counting on the node: if it reports
+// true, the count went to a node no one reads, and the writer counts again
+// on the node Registry.Replace returns. While the registry is deciding (a
+// few reads under its lock), Dropped waits for the decision.
+func (n *Node) Dropped() bool {
+	for {
+		switch n.state.Load() {
+		case nodeLive:
+			return false
+		case nodeDropped:
+			return true
+		}
+		runtime.Gosched()
+	}
+}
 
 // idle reports whether the node holds nothing a drop would lose: it is a
 // minute old or more, with nothing in flight, nothing borrowed, and no

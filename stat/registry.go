@@ -49,7 +49,7 @@ const reclaimEvery = int64(time.Second)
 // name) and have been idle for a minute (nothing in flight, no event in the
 // last 60 s: nothing is lost), and refuses new ones only if none is. A
 // writer holding a node that was let go sees Node.Dropped and moves to the
-// resource's new node. It is safe for simultaneous use.
+// node Replace returns. It is safe for simultaneous use.
 type Registry struct {
 	nodes       sync.Map // string -> *Node
 	count       atomic.Int64
@@ -145,6 +145,22 @@ func (r *Registry) Pin(resources []string) ([]*Node, error) {
 	return nodes, nil
 }
 
+// Replace returns the node that stands for dropped's resource now,
+// creating it if needed, past the cap if it must: the drop freed the room
+// (so the cap can be passed by the few resources that were dropped while a
+// request was counting on them).
+func (r *Registry) Replace(dropped *Node) *Node {
+	if n := r.Lookup(dropped.resource); n != nil {
+		return n
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if n := r.Lookup(dropped.resource); n != nil {
+		return n
+	}
+	return r.create(dropped.resource)
+}
+
 // Unpin lets the registry drop the nodes of resources again once idle.
 func (r *Registry) Unpin(resources []string) {
 	r.mu.Lock()
@@ -178,17 +194,19 @@ func (r *Registry) room(k int64) bool {
 	r.lastReclaim = now
 	r.nodes.Range(func(_, v any) bool {
 		if n := v.(*Node); !n.pinned && n.idle(now) {
-			// Mark first, then look again: a writer that counted after the
-			// first look sees the mark after its write (every access here
-			// is sequentially consistent) and moves to a new node; one that
-			// counted before the mark is seen by the second look.
-			n.dropped.Store(true)
+			// Mark first, then look again: a writer checks the mark after
+			// counting (every access here is sequentially consistent), so
+			// one that counted before the mark is seen by the second look,
+			// and one that counted after it waits for the decision and, if
+			// the node goes, counts again on a new one.
+			n.state.Store(nodeDropping)
 			if !n.idle(now) {
-				n.dropped.Store(false)
+				n.state.Store(nodeLive)
 				return true
 			}
 			r.nodes.Delete(n.resource)
 			r.count.Dec()
+			n.state.Store(nodeDropped)
 		}
 		return true
 	})
