@@ -44,10 +44,11 @@ func (m monotonic) Now() int64 { return int64(time.Since(m.origin)) }
 //     the ticker is late: microseconds when the readers are what saturates
 //     the CPU.
 //
-// A P whose refresh finds the value two resolutions or more behind (the
-// ticker is late and reads are sparse) refreshes on every read until a
-// refresh finds it fresh, so only the reads before that first refresh can
-// lag more. The clock never goes backwards: every store is a
+// Once a refresh finds the value two resolutions or more behind (the ticker
+// is late and reads are sparse), every read refreshes until one finds it
+// fresh, so only the reads before that first refresh can lag more: when no
+// goroutine reads for a while and the ticker is starved, the first reads
+// after the pause can be as stale as the ticker is late. The clock never goes backwards: every store is a
 // compare-and-swap maximum.
 //
 // Readings step by about the resolution, so RTs measured with it have that
@@ -55,7 +56,11 @@ func (m monotonic) Now() int64 { return int64(time.Since(m.origin)) }
 // admission stays exact against the clock's own readings.
 type Coarse struct {
 	now atomic.Int64
-	_   [cpu.CacheLine - 8]byte // read by every Now; written about once a resolution
+	// behind is set while reads refresh on every read: a refresh found the
+	// value two resolutions or more behind (the ticker is late and reads
+	// are sparse). It shares now's line, which every read loads anyway.
+	behind atomic.Bool
+	_      [cpu.CacheLine - 12]byte // read by every Now; written about once a resolution
 
 	origin  time.Time
 	res     int64
@@ -73,10 +78,7 @@ const refreshEvery = 16
 // reader is one P's read count, alone on its cache line.
 type reader struct {
 	reads atomic.Uint32
-	// eager is set while this P refreshes on every read: its last refresh
-	// found the cached value two resolutions or more behind.
-	eager atomic.Bool
-	_     [cpu.CacheLine - 8]byte
+	_     [cpu.CacheLine - 4]byte
 }
 
 // NewCoarse starts a Coarse clock with the given resolution (at least
@@ -136,23 +138,26 @@ func (c *Coarse) Now() int64 { return c.NowOn(cpu.Pin()) }
 // looked up); any value is correct.
 func (c *Coarse) NowOn(p int) int64 {
 	v := c.now.Load()
+	if c.behind.Load() {
+		return c.refresh(v)
+	}
 	r := &c.readers[p&c.mask]
 	// A plain load and store: only this P counts here, and a count lost to
 	// a goroutine that moved only delays one refresh.
 	n := r.reads.Load() + 1
 	r.reads.Store(n)
-	if n%refreshEvery != 0 && !r.eager.Load() {
+	if n%refreshEvery != 0 {
 		return v
 	}
-	return c.refresh(r, v)
+	return c.refresh(v)
 }
 
-// refresh reads the monotonic clock for reader r, which saw v.
-func (c *Coarse) refresh(r *reader, v int64) int64 {
+// refresh reads the monotonic clock for a reader that saw v.
+func (c *Coarse) refresh(v int64) int64 {
 	t := int64(time.Since(c.origin))
 	lag := t - v
-	if eager := lag >= 2*c.res; eager != r.eager.Load() {
-		r.eager.Store(eager)
+	if behind := lag >= 2*c.res; behind != c.behind.Load() {
+		c.behind.Store(behind)
 	}
 	if lag < c.res {
 		// Fresh enough: leave the shared line alone (a store would take it

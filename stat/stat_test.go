@@ -62,21 +62,20 @@ func TestCoarseReadsAdvanceTheClock(t *testing.T) {
 	assert.LessOrEqual(t, int64(time.Since(c.origin))-last, int64(time.Second), "and near the monotonic clock")
 }
 
-// A P whose refresh finds the value two resolutions behind refreshes on
-// every read until a refresh finds it fresh.
+// Once a refresh finds the value two resolutions behind, every read
+// refreshes until one finds it fresh.
 func TestCoarseEagerWhileBehind(t *testing.T) {
 	c := NewCoarse(time.Millisecond)
 	c.Stop()
-	r := &c.readers[0]
 	time.Sleep(5 * time.Millisecond)
-	c.refresh(r, c.now.Load())
-	require.True(t, r.eager.Load(), "5 ms behind a 1 ms clock")
+	c.refresh(c.now.Load())
+	require.True(t, c.behind.Load(), "5 ms behind a 1 ms clock")
 	time.Sleep(5 * time.Millisecond)
 	before := c.now.Load()
-	got := c.NowOn(0) // not a refreshEvery-th read, but eager
+	got := c.NowOn(0) // not a 16th read, but behind
 	assert.GreaterOrEqual(t, got-before, int64(5*time.Millisecond))
-	c.NowOn(0) // fresh now: back to every refreshEvery-th read
-	assert.False(t, r.eager.Load())
+	c.NowOn(1) // fresh now, from any P: back to every 16th read
+	assert.False(t, c.behind.Load())
 }
 
 // A saturated CPU can starve the ticker goroutine (measured: seconds behind
