@@ -36,6 +36,8 @@ type slot struct {
 	// written before slotWalked is set, and never while it is.
 	walkedNode atomic.Pointer[stat.Node]
 	walkedN    atomic.Int64
+	// eng is the engine whose slots these are (Exit needs its clock).
+	eng *Engine
 	// overflow is set on slots of the overflow list, which go back to it.
 	overflow bool
 }
@@ -57,13 +59,13 @@ const (
 )
 
 type ring struct {
-	next  atomic.Uint32
-	_     [cpu.CacheLine - 4]byte
 	slots [ringSize]slot
+	_     [cpu.CacheLine]byte // the next ring's first slot on another line
 }
 
 // slots is an engine's rings, one per stripe, and its overflow slots.
 type slots struct {
+	eng   *Engine
 	rings []ring
 	mask  int
 
@@ -72,9 +74,15 @@ type slots struct {
 	all  []*slot
 }
 
-func newSlots() *slots {
+func newSlots(e *Engine) *slots {
 	n := cpu.Stripes()
-	return &slots{rings: make([]ring, n), mask: n - 1}
+	s := &slots{eng: e, rings: make([]ring, n), mask: n - 1}
+	for i := range s.rings {
+		for j := range s.rings[i].slots {
+			s.rings[i].slots[j].eng = e
+		}
+	}
+	return s
 }
 
 // claim takes a free slot on stripe p for an admission of n on node
@@ -86,11 +94,9 @@ func (s *slots) claim(p int, node *stat.Node, n int64, counted bool) (*slot, uin
 		flags |= slotCounted
 	}
 	r := &s.rings[p&s.mask]
-	// A plain load and store: only this P moves its cursor, and a move lost
-	// to a goroutine that changed P only makes two claims probe one slot,
-	// which the compare-and-swap settles.
-	i := r.next.Load()
-	r.next.Store(i + 1)
+	// Start at a random slot: a cursor would cost a store per claim (a
+	// locked instruction on amd64); the compare-and-swap settles any clash.
+	i := cpu.Rand()
 	var sl *slot
 	var w uint64
 	for k := range uint32(ringProbe) {
@@ -119,7 +125,7 @@ func (s *slots) claimOverflow(flags uint64) (*slot, uint64) {
 	if k := len(s.free); k > 0 {
 		sl, s.free = s.free[k-1], s.free[:k-1]
 	} else {
-		sl = &slot{overflow: true} // kept for reuse: at most the peak of overflowing admissions
+		sl = &slot{eng: s.eng, overflow: true} // kept for reuse: at most the peak of overflowing admissions
 		s.all = append(s.all, sl)
 	}
 	// A free slot is not held: only its claimer moves the word now (a stale

@@ -54,7 +54,7 @@ func (e *Engine) admitted(set *ruleSet, node *stat.Node, p int, start, n int64, 
 			w = e.slots.count(sl, w, node, n)
 		}
 	}
-	return Entry{eng: e, node: node, slot: sl, word: w, start: start, n: n, p: int32(p)}
+	return Entry{node: node, slot: sl, word: w, start: start, n: int32(n), p: int32(p)}
 }
 
 // recount counts event ev again on the live node of a resource whose node

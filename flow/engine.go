@@ -50,8 +50,8 @@ func New(opts ...Option) (*Engine, error) {
 		occupyTimeout: int64(cfg.occupyTimeout),
 		sampleCount:   cfg.sampleCount,
 		sleep:         cfg.sleep,
-		slots:         newSlots(),
 	}
+	e.slots = newSlots(e)
 	e.clock = cfg.clock
 	if c, ok := cfg.clock.(*stat.Coarse); ok {
 		e.coarse = c // monotonic by construction

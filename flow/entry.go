@@ -46,16 +46,16 @@ func WithContext(ctx context.Context) EntryOption { return EntryOption{ctx: ctx}
 // returned by value so that entering allocates nothing; copies share the
 // admission, and it is released once, by whichever copy exits first.
 type Entry struct {
-	eng  *Engine
 	node *stat.Node // nil: blocked, or nothing held
 	slot *slot      // the admission's record; nil once this copy exited
 	word uint64     // what the admission claimed slot with
 	// start is the admission time; for a blocked request it holds the bits
 	// of the value the rule saw.
 	start int64
-	n     int64
-	// p is the stripe hint taken at Entry and reused by Exit: if the
-	// goroutine moved since, only locality suffers.
+	// n is the count (at most MaxCount) and p the stripe hint taken at
+	// Entry and reused by Exit: if the goroutine moved since, only locality
+	// suffers. Entry stays five words: it is copied on every return.
+	n int32
 	p int32
 }
 
@@ -93,17 +93,17 @@ func (en *Entry) Exit(err error) {
 		return
 	}
 	en.slot = nil
-	e := en.eng
-	if !e.slots.release(sl, en.word, en.node, en.n) {
+	e := sl.eng
+	if !e.slots.release(sl, en.word, en.node, int64(en.n)) {
 		return // a copy exited first
 	}
 	var now int64
 	if c := e.coarse; c != nil {
-		now = c.NowOn(int(en.p))
+		now = c.Now()
 	} else {
 		now = e.clock.Now()
 	}
-	en.node.Second().CompleteOn(int(en.p), now, en.n, max(now-en.start, 0), err != nil)
+	en.node.Second().CompleteOn(int(en.p), now, int64(en.n), max(now-en.start, 0), err != nil)
 }
 
 // Entry checks a request for resource against the rules in force and, if
@@ -204,7 +204,7 @@ func parseOptions(opts []EntryOption) (n int64, priority bool, ctx context.Conte
 func (e *Engine) pinNow() (int, int64) {
 	p := cpu.Pin()
 	if c := e.coarse; c != nil {
-		return p, c.NowOn(p)
+		return p, c.Now()
 	}
 	return p, e.clock.Now()
 }

@@ -28,9 +28,9 @@ func (m monotonic) Now() int64 { return int64(time.Since(m.origin)) }
 
 // Coarse is a Clock that serves a cached reading of Go's monotonic clock,
 // refreshed every resolution by a background goroutine and by its readers:
-// Now is an atomic load and a count on the caller's P, and every
-// 16th read on a P reads the monotonic clock and moves the cached
-// value forward if it is a resolution or more behind.
+// Now is an atomic load and a draw from the runtime's per-thread random
+// state, and one read in 16, at random, reads the monotonic clock and moves
+// the cached value forward if it is a resolution or more behind.
 //
 // The readers' share matters when the CPU is saturated: a goroutine woken by
 // a ticker then waits behind every runnable goroutine (measured on 2 cores
@@ -40,9 +40,10 @@ func (m monotonic) Now() int64 { return int64(time.Since(m.origin)) }
 //
 //   - a resolution, while the ticker keeps up (an idle or lightly loaded
 //     process), or
-//   - the time its P takes for 16 reads, plus a resolution, when
-//     the ticker is late: microseconds when the readers are what saturates
-//     the CPU.
+//   - a resolution plus the time a thread takes for about 16 reads (more
+//     than 100 reads in a row without a refresh happen with odds below
+//     0.2%), when the ticker is late: microseconds when the readers are
+//     what saturates the CPU.
 //
 // Once a refresh finds the value two resolutions or more behind (the ticker
 // is late and reads are sparse), every read refreshes until one finds it
@@ -62,37 +63,26 @@ type Coarse struct {
 	behind atomic.Bool
 	_      [cpu.CacheLine - 12]byte // read by every Now; written about once a resolution
 
-	origin  time.Time
-	res     int64
-	readers []reader
-	mask    int
-	stop    chan struct{}
-	done    chan struct{}
-	once    sync.Once
+	origin time.Time
+	res    int64
+	stop   chan struct{}
+	done   chan struct{}
+	once   sync.Once
 }
 
-// refreshEvery is how many reads on one P a Coarse clock serves between two
-// reads of the monotonic clock on that P.
+// refreshEvery is how many reads a Coarse clock serves, on average, for
+// each read of the monotonic clock (a power of two).
 const refreshEvery = 16
-
-// reader is one P's read count, alone on its cache line.
-type reader struct {
-	reads atomic.Uint32
-	_     [cpu.CacheLine - 4]byte
-}
 
 // NewCoarse starts a Coarse clock with the given resolution (at least
 // 100µs).
 func NewCoarse(resolution time.Duration) *Coarse {
 	resolution = max(resolution, 100*time.Microsecond)
-	stripes := cpu.Stripes()
 	c := &Coarse{
-		origin:  time.Now(),
-		res:     int64(resolution),
-		readers: make([]reader, stripes),
-		mask:    stripes - 1,
-		stop:    make(chan struct{}),
-		done:    make(chan struct{}),
+		origin: time.Now(),
+		res:    int64(resolution),
+		stop:   make(chan struct{}),
+		done:   make(chan struct{}),
 	}
 	go c.run(resolution)
 	return c
@@ -132,21 +122,11 @@ func (c *Coarse) run(resolution time.Duration) {
 }
 
 // Now returns the cached time.
-func (c *Coarse) Now() int64 { return c.NowOn(cpu.Pin()) }
-
-// NowOn is Now with the caller's stripe hint (its P, which flow has already
-// looked up); any value is correct.
-func (c *Coarse) NowOn(p int) int64 {
+func (c *Coarse) Now() int64 {
 	v := c.now.Load()
-	if c.behind.Load() {
-		return c.refresh(v)
-	}
-	r := &c.readers[p&c.mask]
-	// A plain load and store: only this P counts here, and a count lost to
-	// a goroutine that moved only delays one refresh.
-	n := r.reads.Load() + 1
-	r.reads.Store(n)
-	if n%refreshEvery != 0 {
+	// A random draw, not a count: a count per P costs a store, which on
+	// amd64 is a locked instruction, on every read.
+	if cpu.Rand()%refreshEvery != 0 && !c.behind.Load() {
 		return v
 	}
 	return c.refresh(v)

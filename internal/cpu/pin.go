@@ -22,3 +22,11 @@ func Pin() int {
 	procUnpin()
 	return p
 }
+
+//go:linkname cheaprand runtime.cheaprand
+func cheaprand() uint32
+
+// Rand returns a cheap pseudo-random number from the running M's own state:
+// no shared write, a few nanoseconds. It is for spreading and sampling, not
+// for anything that must be unpredictable.
+func Rand() uint32 { return cheaprand() }
