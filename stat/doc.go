@@ -9,8 +9,8 @@
 // NewMonotonic reads Go's monotonic clock (time.Since), immune to wall-clock
 // steps; measured on the 2-core dev machine it costs 20-40 ns a call, a
 // third of an Entry. NewCoarse serves a cached value that a background
-// goroutine refreshes every tick and its readers refresh too (every 16th
-// read on a P), for the price of an atomic load and a per-P count, at the
+// goroutine refreshes every tick and its readers refresh too (one read in
+// 16, at random), for the price of an atomic load and a random draw, at the
 // cost of that resolution in RTs and bucket edges; the readers' share keeps
 // it up when a saturated CPU starves the ticker (see Coarse for the bound).
 // Engines default to DefaultClock, one 1 ms Coarse clock per process. The
