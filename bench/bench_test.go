@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -136,8 +137,11 @@ func TestSaturationKeepsTheClock(t *testing.T) {
 	require.Len(t, rs, 2)
 	def, mono := rs[0], rs[1]
 	t.Logf("%+v\n%+v", def, mono)
-	assert.GreaterOrEqual(t, float64(def.admitted), 0.5*float64(mono.admitted))
+	rate := func(r saturationResult) float64 { return float64(r.admitted) / r.duration.Seconds() }
+	assert.GreaterOrEqual(t, rate(def), 0.5*rate(mono))
 	for _, r := range rs {
-		assert.LessOrEqual(t, r.admitted, int64(3*300), "%s: at most one second's threshold per window touched", r.clock)
+		// Admissions can land until the hammer sees the stop, a window later.
+		bound := int64(300 * (math.Ceil(r.duration.Seconds()) + 2))
+		assert.LessOrEqual(t, r.admitted, bound, "%s: at most one second's threshold per window touched", r.clock)
 	}
 }

@@ -22,11 +22,11 @@ import (
 // The slot also says whether the admission is counted in its node's
 // concurrency, which Exit then gives back: counted at admission by a
 // Concurrency rule, or later, when a rule set that adds one is loaded while
-// the admission is in flight (see Engine.track).
+// the admission is in flight (see slots.track).
 type slot struct {
 	// word is the slot's generation times slotGen plus the flags.
 	word atomic.Uint64
-	// node and n are the holder's, for Engine.track. The holder stores
+	// node and n are the holder's, for slots.track. The holder stores
 	// them after claiming, and only when they differ from the last
 	// holder's (the usual case is the same hot resource), so they can be
 	// stale for a moment: see track.
@@ -172,15 +172,25 @@ func (s *slots) release(sl *slot, w uint64, node *stat.Node, n int64) bool {
 }
 
 // count counts the admission of word w in sl in node's concurrency, unless
-// track did first. It returns the word to release with.
+// track did so first with the holder's own node and count. It returns the
+// word to release with.
 func (s *slots) count(sl *slot, w uint64, node *stat.Node, n int64) uint64 {
 	// Counted first, so a concurrent check never sees too few.
 	node.AcquireConcurrency(n, math.MaxInt64)
-	if sl.word.CompareAndSwap(w, w|slotCounted) {
-		return w | slotCounted
+	for {
+		if sl.word.CompareAndSwap(w, w|slotCounted) {
+			return w | slotCounted
+		}
+		// track marked the slot meanwhile.
+		w = sl.word.Load()
+		if sl.walkedNode.Load() == node && sl.walkedN.Load() == n {
+			node.ReleaseConcurrency(n) // it counted this admission
+			return w
+		}
+		// It counted the previous holder's node or count (the holder had
+		// not stored its own yet): keep this count too; release gives
+		// back both.
 	}
-	node.ReleaseConcurrency(n) // track marked it: counted there
-	return w
 }
 
 // each calls fn with every slot, ring and overflow.
@@ -204,9 +214,10 @@ func (s *slots) each(fn func(sl *slot)) {
 // rule sees every request in flight, including those admitted before it
 // existed. Admissions made under the old rule set but recorded after the
 // walk passed their slot count themselves (Engine.admitted sees the new
-// set). A slot whose holder has not yet stored its node may be counted on
-// the previous holder's node instead: that node is stricter until the
-// admission exits, when the slot gives back exactly what was counted.
+// set). A slot whose holder has not yet stored its node and count may be
+// counted with the previous holder's: the holder then counts itself too
+// (see count), the other node is stricter until the admission exits, and
+// the slot gives back exactly what was counted.
 func (s *slots) track(targets map[*stat.Node]bool) {
 	s.each(func(sl *slot) {
 		w := sl.word.Load()

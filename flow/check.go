@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/leapflow/leapflow/internal/admit"
+	"github.com/leapflow/leapflow/internal/proto"
 	"github.com/leapflow/leapflow/metric"
 	"github.com/leapflow/leapflow/stat"
 )
@@ -62,7 +62,7 @@ func (e *Engine) admitted(set *ruleSet, node *stat.Node, p int, start, n int64, 
 // the first count went to a node no one reads.
 func (e *Engine) recount(node *stat.Node, p int, now int64, ev metric.Event, n int64) *stat.Node {
 	for node.Dropped() {
-		node = e.registry.Replace(node)
+		node = e.registry.Replace(proto.Token{}, node)
 		node.Second().AddOn(p, now, ev, n)
 	}
 	return node
@@ -94,10 +94,10 @@ func (e *Engine) release(rr *resourceRules, h *held, n int64) {
 		rr.node.ReleaseConcurrency(n)
 	}
 	for i := range min(h.nres, len(h.res)) {
-		h.res[i].Cancel(admit.Token{})
+		h.res[i].Cancel(proto.Token{})
 	}
 	for i := range h.more {
-		h.more[i].Cancel(admit.Token{})
+		h.more[i].Cancel(proto.Token{})
 	}
 	for i := range rr.paced {
 		if cost := h.paced[i]; cost != 0 {
@@ -105,7 +105,7 @@ func (e *Engine) release(rr *resourceRules, h *held, n int64) {
 		}
 	}
 	for i := range rr.globals {
-		h.gres[i].Cancel(admit.Token{})
+		h.gres[i].Cancel(proto.Token{})
 	}
 }
 

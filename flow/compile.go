@@ -105,6 +105,8 @@ func (g *gate) open() {
 	close(g.ch)
 }
 
+// wait waits for the gate to open: the walk of one rule load, a pass over
+// the engine's slots, so it does not take the request's context.
 func (g *gate) wait() {
 	if !g.done.Load() {
 		<-g.ch

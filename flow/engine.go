@@ -6,6 +6,7 @@ import (
 	"go.uber.org/atomic"
 
 	"github.com/leapflow/leapflow/internal/names"
+	"github.com/leapflow/leapflow/internal/proto"
 	"github.com/leapflow/leapflow/stat"
 )
 
@@ -130,7 +131,8 @@ func (e *Engine) Rules() []Rule {
 // under live traffic. Otherwise it returns a *RuleError naming the rule,
 // field and value (unwrapping to the cause, such as
 // stat.ErrTooManyResources), and nothing changes: the rules in force stay,
-// and no resource is created. Statistics live in the resources' nodes and
+// and no resource is created (a token source that is a Binder may have
+// been asked to bind the set's global rules). Statistics live in the resources' nodes and
 // survive any reload; a rule loaded again unchanged keeps its warm-up and
 // throttle state.
 func (e *Engine) LoadRules(rules []Rule) error {
@@ -145,7 +147,7 @@ func (e *Engine) LoadRules(rules []Rule) error {
 		return err
 	}
 	names := resourcesOf(norm)
-	nodes, err := e.registry.Pin(names)
+	nodes, err := e.registry.Pin(proto.Token{}, names)
 	if err != nil {
 		return e.noRoom(norm, err)
 	}
@@ -180,7 +182,7 @@ func (e *Engine) LoadRules(rules []Rule) error {
 			dropped = append(dropped, name)
 		}
 	}
-	e.registry.Unpin(dropped)
+	e.registry.Unpin(proto.Token{}, dropped)
 	return nil
 }
 

@@ -176,8 +176,13 @@ func (r *Resource) Entry(opts ...EntryOption) (Entry, error) {
 	}
 	node := r.node.Load()
 	if node.Dropped() {
-		node = r.eng.registry.Replace(node)
-		r.node.Store(node)
+		// Registered again within the cap, as a new resource would be.
+		n, err := r.eng.registry.Node(r.name)
+		if err != nil {
+			return Entry{}, err
+		}
+		r.node.Store(n)
+		node = n
 	}
 	return r.eng.enter(set, nil, node, opts)
 }

@@ -3,6 +3,7 @@ package flow
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -93,6 +94,7 @@ func TestConcurrencyNeverExceedsAndEveryExitReleases(t *testing.T) {
 						}
 						admitted.Inc()
 						raiseTo(&worst, inside.Inc())
+						runtime.Gosched() // hold the admission while others try
 						inside.Dec()
 						// Every way out: success, failure, twice.
 						switch (i + k) % 3 {
@@ -164,6 +166,7 @@ func TestReloadUnderLoad(t *testing.T) {
 				}
 				admitted.Inc()
 				raiseTo(&worst, inside.Inc())
+				runtime.Gosched() // hold the admission while others try
 				inside.Dec()
 				en.Exit(nil)
 			}

@@ -643,3 +643,60 @@ func TestReclaimLosesAndRepeatsNothing(t *testing.T) {
 		}
 	}
 }
+
+// The walk of a rule load can find a slot claimed whose holder has not yet
+// stored its own node and count: it counts the previous holder's. The
+// holder, seeing the new rules, then counts itself as well, and release
+// gives back both.
+func TestWalkOverAHalfClaimedSlot(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(0))
+	en, err := e.Entry("api")
+	require.NoError(t, err)
+	sl := en.slot
+	en.Exit(nil) // the slot now remembers api and a count of 1
+	node := e.registry.Lookup("api")
+	w := sl.word.Load()
+	require.True(t, sl.word.CompareAndSwap(w, w|slotHeld), "claimed, node and count not stored yet")
+	load(t, e, Rule{Resource: "api", Metric: Concurrency, Threshold: 1000})
+	assert.Equal(t, int64(1), node.Concurrency(), "the walk counted the stale count")
+	sl.n.Store(1000)
+	w = e.slots.count(sl, w|slotHeld, node, 1000)
+	assert.Equal(t, int64(1001), node.Concurrency(), "the holder counts its own")
+	_, err = e.Entry("api")
+	assert.ErrorIs(t, err, ErrBlocked, "1000 in flight, limit 1000")
+	require.True(t, e.slots.release(sl, w, node, 1000))
+	assert.Zero(t, node.Concurrency(), "both given back")
+}
+
+// Neither a handle coming back nor a rule load passes the registry's cap.
+func TestRegistryCapHoldsForHandlesAndLoads(t *testing.T) {
+	clock := stattest.NewClock(0)
+	e, _ := newEngine(t, clock, WithMaxResources(2))
+	a, err := e.Resource("a")
+	require.NoError(t, err)
+	_, err = e.Resource("b")
+	require.NoError(t, err)
+	clock.Advance(61 * time.Second)
+	_, err = e.Entry("x")
+	require.NoError(t, err, "a and b idle for a minute: dropped for x")
+	_, err = e.Entry("y")
+	require.NoError(t, err)
+	_, err = a.Entry()
+	assert.ErrorIs(t, err, stat.ErrTooManyResources, "x and y are new: no room for a again")
+	assert.LessOrEqual(t, e.registry.Len(), e.registry.Cap())
+
+	clock.Advance(61 * time.Second)
+	e2, _ := newEngine(t, clock, WithMaxResources(3))
+	_, err = e2.Entry("r0")
+	require.NoError(t, err)
+	clock.Advance(61 * time.Second)
+	busyA, err := e2.Entry("a")
+	require.NoError(t, err)
+	busyB, err := e2.Entry("b")
+	require.NoError(t, err)
+	err = e2.LoadRules([]Rule{{Resource: "r0", Threshold: 1}, {Resource: "x", Threshold: 1}})
+	assert.ErrorIs(t, err, stat.ErrTooManyResources, "r0 is named: it is not the room for x")
+	assert.Equal(t, 3, e2.registry.Len())
+	busyA.Exit(nil)
+	busyB.Exit(nil)
+}

@@ -3,8 +3,8 @@ package metric
 import (
 	"time"
 
-	"github.com/leapflow/leapflow/internal/admit"
 	"github.com/leapflow/leapflow/internal/cpu"
+	"github.com/leapflow/leapflow/internal/proto"
 	"github.com/leapflow/leapflow/leaparray"
 )
 
@@ -52,9 +52,9 @@ func (r Reservation) Seen() int64 {
 // Cancel gives the admission back to the lease it came from (a later check
 // refused the request) and clears r; cancelling the zero Reservation does
 // nothing. Only leapflow's own packages can call it (they hold an
-// admit.Token): a copy cancelled again would give the admission back
+// proto.Token): a copy cancelled again would give the admission back
 // twice, and flow, which never copies one, is the only user that needs it.
-func (r *Reservation) Cancel(admit.Token) { r.cancel() }
+func (r *Reservation) Cancel(proto.Token) { r.cancel() }
 
 func (r *Reservation) cancel() {
 	if r.b != nil {

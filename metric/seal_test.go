@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/atomic"
 
-	"github.com/leapflow/leapflow/internal/admit"
+	"github.com/leapflow/leapflow/internal/proto"
 )
 
 func TestLoadAndSealedAcrossTheRange(t *testing.T) {
@@ -248,8 +248,8 @@ func TestCancelClearsTheReservation(t *testing.T) {
 	require.NoError(t, err)
 	r, ok := w.Admit(0, 3, 3)
 	require.True(t, ok)
-	r.Cancel(admit.Token{})
-	r.Cancel(admit.Token{})
+	r.Cancel(proto.Token{})
+	r.Cancel(proto.Token{})
 	_, ok = w.Admit(0, 3, 3)
 	assert.True(t, ok, "the 3 came back")
 	_, ok = w.Admit(0, 1, 3)

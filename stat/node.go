@@ -87,7 +87,7 @@ const (
 // Dropped reports whether the registry let the node go to make room (see
 // Registry). A writer calls it after counting on the node: if it reports
 // true, the count went to a node no one reads, and the writer counts again
-// on the node Registry.Replace returns. While the registry is deciding (a
+// on the resource's current node. While the registry is deciding (a
 // few reads under its lock), Dropped waits for the decision.
 func (n *Node) Dropped() bool {
 	for {

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/atomic"
 
 	"github.com/leapflow/leapflow/internal/names"
+	"github.com/leapflow/leapflow/internal/proto"
 )
 
 // ErrTooManyResources is the error (wrapped with the cap) returned for a new
@@ -49,7 +50,7 @@ const reclaimEvery = int64(time.Second)
 // name) and have been idle for a minute (nothing in flight, no event in the
 // last 60 s: nothing is lost), and refuses new ones only if none is. A
 // writer holding a node that was let go sees Node.Dropped and moves to the
-// node Replace returns. It is safe for simultaneous use.
+// resource's current node. It is safe for simultaneous use.
 type Registry struct {
 	nodes       sync.Map // string -> *Node
 	count       atomic.Int64
@@ -120,17 +121,31 @@ func (r *Registry) Node(resource string) (*Node, error) {
 // Pin returns the nodes of resources, creating those missing, and pins
 // them all, so that the registry never lets them go; or, if the cap leaves
 // no room for the missing ones, it changes nothing and returns an error
-// matching ErrTooManyResources. Names must have passed checkName.
-func (r *Registry) Pin(resources []string) ([]*Node, error) {
+// matching ErrTooManyResources (or ErrInvalidName). It is flow's, which
+// keeps the pins in step with its rules.
+func (r *Registry) Pin(_ proto.Token, resources []string) ([]*Node, error) {
+	for _, name := range resources {
+		if err := checkName(name); err != nil {
+			return nil, err
+		}
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	// Pin what exists first, so that making room does not drop it.
+	var pinned []*Node
 	missing := map[string]bool{}
 	for _, name := range resources {
-		if r.Lookup(name) == nil {
+		if n := r.Lookup(name); n == nil {
 			missing[name] = true
+		} else if !n.pinned {
+			n.pinned = true
+			pinned = append(pinned, n)
 		}
 	}
 	if !r.room(int64(len(missing))) {
+		for _, n := range pinned {
+			n.pinned = false
+		}
 		return nil, r.errFull
 	}
 	nodes := make([]*Node, len(resources))
@@ -148,8 +163,8 @@ func (r *Registry) Pin(resources []string) ([]*Node, error) {
 // Replace returns the node that stands for dropped's resource now,
 // creating it if needed, past the cap if it must: the drop freed the room
 // (so the cap can be passed by the few resources that were dropped while a
-// request was counting on them).
-func (r *Registry) Replace(dropped *Node) *Node {
+// request was counting on them). It is flow's, for those requests.
+func (r *Registry) Replace(_ proto.Token, dropped *Node) *Node {
 	if n := r.Lookup(dropped.resource); n != nil {
 		return n
 	}
@@ -161,8 +176,9 @@ func (r *Registry) Replace(dropped *Node) *Node {
 	return r.create(dropped.resource)
 }
 
-// Unpin lets the registry drop the nodes of resources again once idle.
-func (r *Registry) Unpin(resources []string) {
+// Unpin lets the registry drop the nodes of resources again once idle. It
+// is flow's.
+func (r *Registry) Unpin(_ proto.Token, resources []string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, name := range resources {

@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/atomic"
 
-	"github.com/leapflow/leapflow/internal/admit"
+	"github.com/leapflow/leapflow/internal/proto"
 	"github.com/leapflow/leapflow/metric"
 	"github.com/leapflow/leapflow/stat/stattest"
 )
@@ -44,7 +44,7 @@ func TestCoarseAdvancesAndStops(t *testing.T) {
 }
 
 // With the ticker stopped, reads alone keep the clock near the monotonic
-// clock: every refreshEvery-th read on a P refreshes it.
+// clock: one read in refreshEvery, at random, refreshes it.
 func TestCoarseReadsAdvanceTheClock(t *testing.T) {
 	c := NewCoarse(time.Millisecond)
 	c.Stop()
@@ -225,7 +225,7 @@ func TestInflightExactUnderRotation(t *testing.T) {
 				}
 				switch (i + k) % 4 {
 				case 0:
-					r.Cancel(admit.Token{})
+					r.Cancel(proto.Token{})
 				case 1:
 					open.Add(1) // admitted, never completed
 					passed.Add(1)
