@@ -139,6 +139,14 @@ func (s *Source) goRefill(fn func()) bool {
 	s.bg.Add(1)
 	go func() {
 		defer s.bg.Done()
+		defer func() {
+			// A panic in a user hook (Options.Clock) must not take the
+			// process down from a goroutine no caller owns: count it as a
+			// failed call.
+			if recover() != nil {
+				s.fail()
+			}
+		}()
 		fn()
 	}()
 	return true
