@@ -241,7 +241,17 @@ func (rr *resourceRules) group(w *metric.Window, interval time.Duration) *window
 
 // globalRequest is what global rule r asks its token source.
 func globalRequest(r *Rule) GlobalRequest {
-	return GlobalRequest{Key: r.name(), Resource: r.Resource, Threshold: r.Threshold, Interval: r.StatInterval}
+	return GlobalRequest{Key: globalKey(r), Resource: r.Resource, Threshold: r.Threshold, Interval: r.StatInterval}
+}
+
+// globalKey names a global rule's limit: by its ID if it has one, else by
+// its resource, each kind in its own name space, so that a rule with ID
+// "api" and the rules of resource "api" are different limits.
+func globalKey(r *Rule) string {
+	if r.ID != "" {
+		return "id:" + r.ID
+	}
+	return "resource:" + r.Resource
 }
 
 // perWindow is a per-second threshold as a count per window of interval.

@@ -17,7 +17,9 @@ type TokenSource interface {
 
 // GlobalRequest is one question to a TokenSource.
 type GlobalRequest struct {
-	// Key identifies the limit: the rule's ID, or its resource.
+	// Key identifies the limit: "id:" and the rule's ID, or, for a rule
+	// without one, "resource:" and its resource. Instances that load the
+	// same rule ask for the same limit whatever its threshold.
 	Key       string
 	Resource  string
 	Threshold float64

@@ -4,12 +4,30 @@
 // A Source is a flow.TokenSource. Each global rule is a bucketed sliding
 // window — the shape of the local engine's — kept in one Redis hash and
 // updated by one Lua script that reads the server clock (TIME), drops stale
-// buckets, checks and counts in one atomic step, survives server time going
-// backwards (it counts in the newest bucket, as leaparray does), refreshes
-// the key's expiry and returns allowed, count, remaining, retry-after and
-// server time. All keys of a limit share one hash tag, so a limit lives in
-// one slot of a Redis Cluster. Scripts run by EVALSHA and are reloaded on
-// NOSCRIPT (after a restart, a failover or SCRIPT FLUSH).
+// buckets, checks and counts in one atomic step, refreshes the key's expiry
+// and returns allowed, count, remaining, retry-after and server time.
+// Server time going backwards neither opens the gate nor stalls it: a step
+// back of 100 ms or more (a failover to a replica whose clock is behind)
+// goes into an offset kept with the limit, so the limit's time continues
+// from its newest bucket; a smaller one counts in the newest bucket, as
+// leaparray does. Scripts run by EVALSHA and are reloaded on NOSCRIPT
+// (after a restart, a failover or SCRIPT FLUSH).
+//
+// # Keys
+//
+// A limit's keys are the prefix, the limit's identity in a hash tag (the
+// rule's ID, or its resource, each in a name space of its own:
+// "leapflow:{id:checkout-api}:..." and "leapflow:{resource:api}:..."), a
+// schema version and the layout of its data (interval, and buckets or
+// "log"). All keys of a limit share the hash tag, so a limit lives in one
+// slot of a Redis Cluster; a prefix may not contain braces. The threshold is
+// not in the key but an argument of every decision: instances that disagree
+// on it (a rolling change of the rule) share the limit, and the smallest
+// threshold any instance asked with within the last window applies. A limit
+// whose instances disagree on the layout (Options.Buckets, or thresholds on
+// both sides of Options.ExactBelow) splits into one limit per layout, and a
+// rolling upgrade that changes the schema version splits it into two until
+// it completes: each side enforces the full threshold.
 //
 // # Leasing
 //

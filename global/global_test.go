@@ -42,7 +42,7 @@ func req(key string, perSecond float64, interval time.Duration, n int64) flow.Gl
 func TestHashTagAndKeys(t *testing.T) {
 	assert.Equal(t, "{api}", hashTag("api"))
 	assert.Equal(t, "{a%7Bb%7Dc%25}", hashTag("a{b}c%"))
-	k := keysFor("leapflow", "we{ird}", "5/1000ms")
+	k := keysFor("leapflow", "we{ird}", "v2/1000ms/log")
 	for _, key := range []string{k.window, k.log, k.meta} {
 		assert.Equal(t, 1, strings.Count(key, "{"), key)
 		assert.Contains(t, key, "{we%7Bird%7D}")
@@ -95,7 +95,7 @@ func TestDecision(t *testing.T) {
 	assert.Equal(t, time.Duration(-1), big.RetryAfter, "a batch above the threshold never fits")
 
 	// The key expires when idle.
-	ttl, err := srv.Client().PTTL(ctx, keysFor("leapflow", "decide", "5/1000ms/4").window).Result()
+	ttl, err := srv.Client().PTTL(ctx, keysFor("leapflow", "decide", "v2/1000ms/4").window).Result()
 	require.NoError(t, err)
 	assert.Positive(t, ttl)
 	assert.LessOrEqual(t, ttl, 3*time.Second)
@@ -125,21 +125,77 @@ func TestWindowSlidesAndServerTimeBackwards(t *testing.T) {
 	time.Sleep(window + bucket)
 	assert.Equal(t, 4, admit(r), "the window slid")
 
-	// As if the server clock had been 10 s ahead before a failover: the
-	// newest bucket is in the "future", with 3 of the 4. A limit of its
-	// own, so that only that bucket can shut the gate.
+	// As if the server clock had been 10 s ahead before a failover (or the
+	// new master's is 10 s behind): the newest bucket is in the "future",
+	// with 3 of the 4. A limit of its own, so that only that bucket can shut
+	// the gate.
 	back := req("slide-back", 4, window, 1)
-	key := keysFor("leapflow", "slide-back", "4/1000ms/4").window
+	key := keysFor("leapflow", "resource:slide-back", "v2/1000ms/4").window
+	back.Key = "resource:slide-back"
 	now, err := c.Time(ctx).Result()
 	require.NoError(t, err)
 	future := now.Add(10 * time.Second).UnixMicro()
 	future -= future % bucket.Microseconds()
 	require.NoError(t, c.HSet(ctx, key, "latest", future, fmt.Sprint(future), 3).Err())
-	assert.Equal(t, 1, admit(back), "time behind the newest bucket counts there: one more fits, then the gate stays shut")
+	assert.Equal(t, 1, admit(back), "the limit's time continues from the newest bucket: one more fits there")
 	held, err := c.HGetAll(ctx, key).Result()
 	require.NoError(t, err)
-	assert.Equal(t, map[string]string{"latest": fmt.Sprint(future), fmt.Sprint(future): "4"}, held,
-		"the admission was counted in the newest bucket, not in one behind it")
+	assert.Equal(t, "4", held[fmt.Sprint(future)], "the admission was counted in the newest bucket, not in one behind it")
+	assert.NotEmpty(t, held["off"], "the step went into the limit's offset")
+	// The step does not stall the limit for its 10 s: a window later it
+	// admits again.
+	time.Sleep(window + bucket)
+	assert.Equal(t, 4, admit(back), "a window after the step, not 10 s")
+}
+
+// Instances that disagree on a limit's threshold (a rolling change) share
+// it, and the smaller applies while an instance asks with it.
+func TestSmallerThresholdApplies(t *testing.T) {
+	srv := redistest.Start(t)
+	small := newSource(t, srv.Client(), Options{MaxBatch: 1})
+	large := newSource(t, srv.Client(), Options{MaxBatch: 1})
+	ctx := context.Background()
+	// Per 10 s, so that the calls stay inside one window.
+	rs, rl := req("rolling", 10, 10*time.Second, 1), req("rolling", 10.1, 10*time.Second, 1)
+	admitted := 0
+	for i := range 300 {
+		src, r := small, rs
+		if i%2 == 1 {
+			src, r = large, rl
+		}
+		if ok, err := src.Acquire(ctx, r); err == nil && ok {
+			admitted++
+		}
+	}
+	assert.Equal(t, 100, admitted, "100 and 101 per window: 100 in all, not 101")
+}
+
+// A rule's ID and a resource's name are different limits, and the key of
+// a limit does not change with its threshold.
+func TestLimitKeys(t *testing.T) {
+	srv := redistest.Start(t)
+	src := newSource(t, srv.Client(), Options{MaxBatch: 1})
+	eng, err := flow.New(flow.WithTokenSource(src))
+	require.NoError(t, err)
+	require.NoError(t, eng.LoadRules([]flow.Rule{
+		{ID: "api", Resource: "checkout", Threshold: 0.5, StatInterval: 10 * time.Second, Global: true, Fallback: flow.FallbackClosed},
+		{Resource: "api", Threshold: 0.5, StatInterval: 10 * time.Second, Global: true, Fallback: flow.FallbackClosed},
+	}))
+	for _, res := range []string{"checkout", "api"} {
+		n := 0
+		for range 10 {
+			if _, err := eng.Entry(res); err == nil {
+				n++
+			}
+		}
+		assert.Equal(t, 5, n, "%s: a limit of its own", res)
+	}
+	keys, err := srv.Client().Keys(context.Background(), "*").Result()
+	require.NoError(t, err)
+	assert.ElementsMatch(t, []string{"leapflow:{id:api}:v2/10000ms/10:w", "leapflow:{resource:api}:v2/10000ms/10:w"}, keys)
+
+	_, err = New(srv.Client(), Options{Prefix: "app{x}"})
+	assert.ErrorContains(t, err, `Prefix must not contain '{' or '}', got "app{x}"`)
 }
 
 // TestManyEnginesHoldTheGlobalLimit runs several engines, each with its own
@@ -452,7 +508,7 @@ func TestCluster(t *testing.T) {
 	cl := redistest.StartCluster(t, 3)
 	c := cl.Client(t)
 	ctx := context.Background()
-	k := keysFor("leapflow", "cl{uster}", "7/1000ms")
+	k := keysFor("leapflow", "cl{uster}", "v2/10000ms/log")
 	slots := map[int64]bool{}
 	for _, key := range []string{k.window, k.log, k.meta} {
 		slot, err := c.ClusterKeySlot(ctx, key).Result()

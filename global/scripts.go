@@ -2,34 +2,70 @@ package global
 
 import "github.com/redis/go-redis/v9"
 
+// scriptTime reads the limit's time into now (µs) and its newest bucket (or
+// admission) into latest, from the hash named hash: the server clock plus
+// an offset kept in the hash. A server clock behind latest by step or more
+// (a failover to a replica whose clock is behind) moves the offset, so
+// that the limit's time continues from latest instead of stalling for the
+// size of the step; a smaller step is left to the clamp.
+const scriptTime = `
+local t = redis.call('TIME')
+local raw = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local off = tonumber(redis.call('HGET', hash, 'off') or '0')
+local now = raw + off
+local latest = tonumber(redis.call('HGET', hash, 'latest') or '0')
+if now < latest - step then
+  off = latest - raw
+  now = latest
+  redis.call('HSET', hash, 'off', string.format('%.0f', off))
+end
+`
+
+// scriptThreshold makes the smallest threshold that any instance asked
+// with within the last window the one that applies, so that instances that
+// disagree (a rolling change of a limit) never admit more than the smaller.
+// An instance that stops asking stops counting after a window.
+const scriptThreshold = `
+local tmin = tonumber(redis.call('HGET', hash, 'tmin') or '-1')
+local tminAt = tonumber(redis.call('HGET', hash, 'tmin_at') or '0')
+if tmin < 0 or threshold <= tmin or now - tminAt >= window then
+  redis.call('HSET', hash, 'tmin', string.format('%.0f', threshold), 'tmin_at', string.format('%.0f', now))
+  tmin = threshold
+end
+threshold = math.min(threshold, tmin)
+`
+
 // windowScript is the bucketed sliding window. KEYS[1] is the limit's hash;
 // ARGV: threshold per window, window (µs), buckets, want (the request's
-// count), max lease, TTL (ms). It returns granted (0: refused), the count
-// in the window after the call, remaining, retry-after (µs; -1: never),
-// server time (µs), the start and length of the bucket counted in (µs).
+// count), max lease, TTL (ms), the step tolerance (µs). It returns granted
+// (0: refused), the count in the window after the call, remaining,
+// retry-after (µs; -1: never), the limit's time (µs), the start and length
+// of the bucket counted in (µs).
 var windowScript = redis.NewScript(`
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local hash = KEYS[1]
 local threshold = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
 local buckets = tonumber(ARGV[3])
 local want = tonumber(ARGV[4])
 local maxLease = tonumber(ARGV[5])
 local ttl = tonumber(ARGV[6])
+local step = tonumber(ARGV[7])
+` + scriptTime + `
 local blen = math.floor(window / buckets)
 local cur = now - (now % blen)
--- Server time may go back after a failover: count in the newest bucket,
+-- A step back smaller than the tolerance: count in the newest bucket,
 -- never in one the window has already passed.
-local latest = tonumber(redis.call('HGET', KEYS[1], 'latest') or '0')
 if cur < latest then cur = latest end
+` + scriptThreshold + `
 local total = 0
 local live = {}
-local kv = redis.call('HGETALL', KEYS[1])
+local kv = redis.call('HGETALL', hash)
 for i = 1, #kv, 2 do
-  if kv[i] ~= 'latest' then
-    local s = tonumber(kv[i])
+  local f = kv[i]
+  if f ~= 'latest' and f ~= 'off' and f ~= 'tmin' and f ~= 'tmin_at' then
+    local s = tonumber(f)
     if cur - s >= window then
-      redis.call('HDEL', KEYS[1], kv[i])
+      redis.call('HDEL', hash, f)
     else
       local c = tonumber(kv[i + 1])
       total = total + c
@@ -41,13 +77,13 @@ local granted = 0
 local room = threshold - total
 if want <= room then
   granted = math.max(want, math.min(maxLease, math.floor(room / 4)))
-  redis.call('HINCRBY', KEYS[1], string.format('%.0f', cur), granted)
+  redis.call('HINCRBY', hash, string.format('%.0f', cur), granted)
   total = total + granted
 end
 if cur > latest then
-  redis.call('HSET', KEYS[1], 'latest', string.format('%.0f', cur))
+  redis.call('HSET', hash, 'latest', string.format('%.0f', cur))
 end
-redis.call('PEXPIRE', KEYS[1], ttl)
+redis.call('PEXPIRE', hash, ttl)
 local retry = 0
 if granted == 0 then
   retry = -1
@@ -68,31 +104,33 @@ return {granted, total, threshold - total, retry, now, cur, blen}
 `)
 
 // logScript is the exact sliding log. KEYS[1] is the sorted set, KEYS[2]
-// the meta hash; ARGV: threshold, window (µs), want, TTL (ms). It returns
-// what windowScript does, with the bucket being the whole window.
+// the meta hash; ARGV: threshold, window (µs), want, TTL (ms), the step
+// tolerance (µs). It returns what windowScript does, with the bucket being
+// the whole window.
 var logScript = redis.NewScript(`
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local hash = KEYS[2]
 local threshold = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
 local want = tonumber(ARGV[3])
 local ttl = tonumber(ARGV[4])
-local latest = tonumber(redis.call('HGET', KEYS[2], 'latest') or '0')
+local step = tonumber(ARGV[5])
+` + scriptTime + `
 if now < latest then now = latest end
+` + scriptThreshold + `
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.0f', now - window))
 local total = redis.call('ZCARD', KEYS[1])
 local granted = 0
 if total + want <= threshold then
   for i = 1, want do
-    local seq = redis.call('HINCRBY', KEYS[2], 'seq', 1)
+    local seq = redis.call('HINCRBY', hash, 'seq', 1)
     redis.call('ZADD', KEYS[1], now, string.format('%.0f-%d', now, seq))
   end
   granted = want
   total = total + want
 end
-redis.call('HSET', KEYS[2], 'latest', string.format('%.0f', now))
+redis.call('HSET', hash, 'latest', string.format('%.0f', now))
 redis.call('PEXPIRE', KEYS[1], ttl)
-redis.call('PEXPIRE', KEYS[2], ttl)
+redis.call('PEXPIRE', hash, ttl)
 local retry = 0
 if granted == 0 then
   retry = -1

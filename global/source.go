@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -89,6 +90,10 @@ func (o Options) validate() error {
 		return fmt.Errorf("global: Backoff must be in [0, MaxBackoff], got %v (MaxBackoff %v)", o.Backoff, o.MaxBackoff)
 	case o.ClockSlack < 0:
 		return fmt.Errorf("global: ClockSlack must be >= 0, got %v", o.ClockSlack)
+	case strings.ContainsAny(o.Prefix, "{}"):
+		// A brace would make the prefix the hash tag of every key: every
+		// limit in one slot of a cluster.
+		return fmt.Errorf("global: Prefix must not contain '{' or '}', got %q", o.Prefix)
 	}
 	return nil
 }
@@ -165,6 +170,16 @@ func New(client redis.UniversalClient, opts Options) (*Source, error) {
 	return &Source{client: client, opts: opts}, nil
 }
 
+// keySchema versions the layout of a limit's keys. Instances on different
+// versions count in different keys: during a rolling upgrade that changes
+// it, each side enforces the full limit on its own (up to twice it in all)
+// until the upgrade completes.
+const keySchema = "v2"
+
+// serverStep is the smallest step back of the server clock that a limit's
+// time absorbs (µs; see scriptTime).
+const serverStep = 100_000
+
 // limitID identifies one limit's shape.
 type limitID struct {
 	key      string
@@ -235,9 +250,14 @@ func (s *Source) limitFor(req flow.GlobalRequest) *limit {
 	if l, ok := s.limits.Load(id); ok {
 		return l.(*limit)
 	}
-	shape := strconv.FormatInt(id.limit, 10) + "/" + strconv.FormatInt(req.Interval.Milliseconds(), 10) + "ms"
+	// The key names the limit and the layout of its data, never its
+	// threshold: instances that disagree on the threshold share the limit
+	// (the smaller applies; see scriptThreshold).
+	shape := keySchema + "/" + strconv.FormatInt(req.Interval.Milliseconds(), 10) + "ms"
 	exact := id.limit <= s.opts.ExactBelow
-	if !exact {
+	if exact {
+		shape += "/log"
+	} else {
 		shape += "/" + strconv.Itoa(s.opts.Buckets)
 	}
 	nl := &limit{
@@ -279,9 +299,9 @@ func (s *Source) take(ctx context.Context, l *limit, threshold, n, maxLease int6
 	ttl := 2*l.window/1000 + 1000
 	var cmd *redis.Cmd
 	if l.exact {
-		cmd = logScript.Run(ctx, s.client, []string{l.keys.log, l.keys.meta}, threshold, l.window, n, ttl)
+		cmd = logScript.Run(ctx, s.client, []string{l.keys.log, l.keys.meta}, threshold, l.window, n, ttl, serverStep)
 	} else {
-		cmd = windowScript.Run(ctx, s.client, []string{l.keys.window}, threshold, l.window, s.opts.Buckets, n, maxLease, ttl)
+		cmd = windowScript.Run(ctx, s.client, []string{l.keys.window}, threshold, l.window, s.opts.Buckets, n, maxLease, ttl, serverStep)
 	}
 	vals, err := cmd.Int64Slice()
 	if err != nil {
