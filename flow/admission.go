@@ -3,6 +3,7 @@ package flow
 import (
 	"math"
 	"sync"
+	"unsafe"
 
 	"go.uber.org/atomic"
 
@@ -46,9 +47,26 @@ const (
 	slotHeld    = 1 << iota // an admission holds the slot
 	slotCounted             // counted in the holder's node's concurrency
 	slotWalked              // counted in walkedNode's concurrency by track
-	slotGen                 // one generation
-	slotFlags   = slotGen - 1
+	// The holder's tag (see tagOf) sits in the next tagBits bits, then the
+	// generation.
+	tagShift  = iota
+	tagBits   = 20
+	tagMask   = 1<<tagBits - 1
+	slotGen   = 1 << (tagShift + tagBits) // one generation
+	slotFlags = slotGen - 1               // the flags and the tag
 )
+
+// tagOf is a hash of a holder's node and count. The claim writes it into
+// the slot's word with the held bit, in the one compare-and-swap that
+// claims, so that track can tell node and count fields a new holder has
+// not stored yet (they are the previous holder's) from its own: a walk
+// counts only slots whose fields match their tag. Two holders share a tag
+// with odds of 2^-20, and then only in the instant between a claim and its
+// stores.
+func tagOf(node *stat.Node, n int64) uint64 {
+	h := uint64(uintptr(unsafe.Pointer(node)))*0x9E3779B97F4A7C15 ^ uint64(n)*0xC2B2AE3D27D4EB4F
+	return (h >> 40) & tagMask
+}
 
 // ringSize is the slots per P: an admission that outlives ringSize later
 // admissions on its P only makes claims probe past it, and ringProbe held
@@ -89,7 +107,7 @@ func newSlots(e *Engine) *slots {
 // (counted in its concurrency if counted) and returns it with the word to
 // release it with.
 func (s *slots) claim(p int, node *stat.Node, n int64, counted bool) (*slot, uint64) {
-	flags := uint64(slotHeld)
+	flags := uint64(slotHeld) | tagOf(node, n)<<tagShift
 	if counted {
 		flags |= slotCounted
 	}
@@ -101,7 +119,7 @@ func (s *slots) claim(p int, node *stat.Node, n int64, counted bool) (*slot, uin
 	var w uint64
 	for k := range uint32(ringProbe) {
 		c := &r.slots[(i+k)%ringSize]
-		if w = c.word.Load(); w&slotHeld == 0 && c.word.CompareAndSwap(w, w|flags) {
+		if w = c.word.Load(); w&slotHeld == 0 && c.word.CompareAndSwap(w, w&^slotFlags|flags) {
 			sl = c
 			break
 		}
@@ -109,6 +127,7 @@ func (s *slots) claim(p int, node *stat.Node, n int64, counted bool) (*slot, uin
 	if sl == nil {
 		sl, w = s.claimOverflow(flags)
 	}
+	w &^= slotFlags
 	if sl.node.Load() != node {
 		sl.node.Store(node)
 	}
@@ -130,7 +149,7 @@ func (s *slots) claimOverflow(flags uint64) (*slot, uint64) {
 	}
 	// A free slot is not held: only its claimer moves the word now (a stale
 	// Entry's release finds another generation).
-	w := sl.word.Load()
+	w := sl.word.Load() &^ slotFlags
 	sl.word.Store(w | flags)
 	return sl, w
 }
@@ -214,10 +233,12 @@ func (s *slots) each(fn func(sl *slot)) {
 // rule sees every request in flight, including those admitted before it
 // existed. Admissions made under the old rule set but recorded after the
 // walk passed their slot count themselves (Engine.admitted sees the new
-// set). A slot whose holder has not yet stored its node and count may be
-// counted with the previous holder's: the holder then counts itself too
-// (see count), the other node is stricter until the admission exits, and
-// the slot gives back exactly what was counted.
+// set), and so do those whose node and count the walk found not yet
+// stored (their tag does not match). Should a tag match anyway (odds of
+// 2^-20, in that instant), the slot is counted with the previous holder's
+// node or count: the holder then counts itself too (see count), the other
+// node is stricter until the admission exits, and the slot gives back
+// exactly what was counted.
 func (s *slots) track(targets map[*stat.Node]bool) {
 	s.each(func(sl *slot) {
 		w := sl.word.Load()
@@ -229,6 +250,11 @@ func (s *slots) track(targets map[*stat.Node]bool) {
 			return
 		}
 		n := sl.n.Load()
+		if tagOf(node, n) != (w>>tagShift)&tagMask {
+			// The holder has not stored its node and count yet: it reads
+			// the new rules after it does, and counts itself (see count).
+			return
+		}
 		sl.walkedNode.Store(node)
 		sl.walkedN.Store(n)
 		node.AcquireConcurrency(n, math.MaxInt64)

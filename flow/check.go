@@ -112,6 +112,10 @@ func (e *Engine) release(rr *resourceRules, h *held, n int64) {
 func (e *Engine) block(rr *resourceRules, h *held, p int, now, n int64, be *BlockError, seen float64) (Entry, error) {
 	e.release(rr, h, n)
 	rr.node.Second().AddOn(p, now, metric.Block, n)
+	if rr.node.Dropped() {
+		// The rule set this request read was replaced, its resource let go.
+		e.recount(rr.node, p, now, metric.Block, n)
+	}
 	return blocked(seen), be
 }
 
@@ -191,6 +195,11 @@ func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now, n int64, pri
 	}
 	if !rr.countsNode {
 		node.Second().AddOn(p, now, metric.Pass, n)
+		if node.Dropped() {
+			// Its rules were replaced during a wait and the resource, idle
+			// by then, let go.
+			node = e.recount(node, p, now, metric.Pass, n)
+		}
 	}
 	return e.admitted(set, node, p, now, n, h.conc), nil
 }

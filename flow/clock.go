@@ -37,12 +37,13 @@ const (
 	publishEvery  = int64(time.Millisecond)
 )
 
-// engineLimit bounds engine time far below the top of int64, where the
-// windows' arithmetic would overflow: a reading that would pass it is a
-// step, like a step back. Readings and offsets may wrap around int64 (a
-// clock built on an unset time.Time reads near its bottom); their sum is
-// what counts, and modular arithmetic keeps it right.
-const engineLimit = int64(1) << 60
+// engineLimit bounds engine time below the top of int64, where the windows'
+// arithmetic would overflow: a reading past it at the start is a step, and
+// engine time starts at 0; engine time that reaches it stays there (a clock
+// of Unix nanoseconds reaches it in the year 2116). Readings and offsets
+// may wrap around int64 (a clock built on an unset time.Time reads near its
+// bottom); their sum is what counts, and modular arithmetic keeps it right.
+const engineLimit = int64(1) << 62
 
 func (s *steady) Now() int64 {
 	for {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -645,10 +646,10 @@ func TestReclaimLosesAndRepeatsNothing(t *testing.T) {
 }
 
 // The walk of a rule load can find a slot claimed whose holder has not yet
-// stored its own node and count: it counts the previous holder's. The
-// holder, seeing the new rules, then counts itself as well, and release
-// gives back both.
-func TestWalkOverAHalfClaimedSlot(t *testing.T) {
+// stored its own node and count (they are the previous holder's): its tag
+// tells, the walk leaves it, and the holder, seeing the new rules, counts
+// itself.
+func TestWalkLeavesAHalfClaimedSlot(t *testing.T) {
 	e, _ := newEngine(t, stattest.NewClock(0))
 	en, err := e.Entry("api")
 	require.NoError(t, err)
@@ -656,16 +657,64 @@ func TestWalkOverAHalfClaimedSlot(t *testing.T) {
 	en.Exit(nil) // the slot now remembers api and a count of 1
 	node := e.registry.Lookup("api")
 	w := sl.word.Load()
-	require.True(t, sl.word.CompareAndSwap(w, w|slotHeld), "claimed, node and count not stored yet")
+	claimed := w&^slotFlags | slotHeld | tagOf(node, 1000)<<tagShift
+	require.True(t, sl.word.CompareAndSwap(w, claimed), "claimed for a count of 1000, not stored yet")
 	load(t, e, Rule{Resource: "api", Metric: Concurrency, Threshold: 1000})
-	assert.Equal(t, int64(1), node.Concurrency(), "the walk counted the stale count")
+	assert.Zero(t, node.Concurrency(), "the walk left the slot")
 	sl.n.Store(1000)
-	w = e.slots.count(sl, w|slotHeld, node, 1000)
-	assert.Equal(t, int64(1001), node.Concurrency(), "the holder counts its own")
+	w = e.slots.count(sl, claimed, node, 1000)
+	assert.Equal(t, int64(1000), node.Concurrency(), "the holder counted itself")
 	_, err = e.Entry("api")
 	assert.ErrorIs(t, err, ErrBlocked, "1000 in flight, limit 1000")
 	require.True(t, e.slots.release(sl, w, node, 1000))
+	assert.Zero(t, node.Concurrency())
+}
+
+// Should a tag match the stale fields anyway, the walk counts the previous
+// holder's count; the holder counts its own too, and release gives back
+// both.
+func TestWalkOverAStaleSlotWithAMatchingTag(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(0))
+	en, err := e.Entry("api")
+	require.NoError(t, err)
+	sl := en.slot
+	en.Exit(nil)
+	node := e.registry.Lookup("api")
+	w := sl.word.Load()
+	claimed := w&^slotFlags | slotHeld | tagOf(node, 1)<<tagShift // as if tags collided
+	require.True(t, sl.word.CompareAndSwap(w, claimed))
+	load(t, e, Rule{Resource: "api", Metric: Concurrency, Threshold: 1000})
+	assert.Equal(t, int64(1), node.Concurrency(), "the walk counted the stale count")
+	sl.n.Store(1000)
+	w = e.slots.count(sl, claimed, node, 1000)
+	assert.Equal(t, int64(1001), node.Concurrency(), "the holder counts its own")
+	require.True(t, e.slots.release(sl, w, node, 1000))
 	assert.Zero(t, node.Concurrency(), "both given back")
+}
+
+// A request on one resource whose slot still names another is not counted
+// on that other by a walk, and a later rule on its own resource counts it.
+func TestStaleSlotIsCountedByALaterRule(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(0))
+	en, err := e.Entry("z")
+	require.NoError(t, err)
+	sl := en.slot
+	en.Exit(nil) // the slot names z
+	y, err := e.registry.Node("y")
+	require.NoError(t, err)
+	z := e.registry.Lookup("z")
+	w := sl.word.Load()
+	claimed := w&^slotFlags | slotHeld | tagOf(y, 1)<<tagShift
+	require.True(t, sl.word.CompareAndSwap(w, claimed), "claimed for y, fields still z")
+	load(t, e, Rule{Resource: "z", Metric: Concurrency, Threshold: 5})
+	assert.Zero(t, z.Concurrency(), "not counted on z")
+	sl.node.Store(y) // the holder stores its fields; z has no rule for it to see
+	load(t, e, Rule{Resource: "z", Metric: Concurrency, Threshold: 5}, Rule{Resource: "y", Metric: Concurrency, Threshold: 1})
+	assert.Equal(t, int64(1), y.Concurrency(), "the later walk counts it on y")
+	_, err = e.Entry("y")
+	assert.ErrorIs(t, err, ErrBlocked)
+	require.True(t, e.slots.release(sl, claimed, y, 1))
+	assert.Zero(t, y.Concurrency())
 }
 
 // Neither a handle coming back nor a rule load passes the registry's cap.
@@ -699,4 +748,123 @@ func TestRegistryCapHoldsForHandlesAndLoads(t *testing.T) {
 	assert.Equal(t, 3, e2.registry.Len())
 	busyA.Exit(nil)
 	busyB.Exit(nil)
+}
+
+// A throttled request whose rules are replaced during its wait, and whose
+// resource is let go meanwhile, counts its pass on the live node.
+func TestPassAfterAWaitLandsOnTheLiveNode(t *testing.T) {
+	clock := stattest.NewClock(time.Hour)
+	var e *Engine
+	e, err := New(WithClock(clock), WithMaxResources(2), WithSleep(func(ctx context.Context, d time.Duration) error {
+		// During the wait: the rule goes, the resource idles a minute and
+		// a new one takes its room.
+		if err := e.LoadRules(nil); err != nil {
+			return err
+		}
+		clock.Advance(62 * time.Second)
+		if _, err := e.Entry("other-1"); err != nil {
+			return err
+		}
+		_, err := e.Entry("other-2")
+		return err
+	}))
+	require.NoError(t, err)
+	load(t, e, Rule{Resource: "x", Threshold: 1, Behavior: Throttle, MaxQueueing: 10 * time.Minute})
+	first, err := e.Entry("x")
+	require.NoError(t, err)
+	first.Exit(nil)
+	en, err := e.Entry("x") // waits a second
+	require.NoError(t, err)
+	node := e.registry.Lookup("x")
+	require.NotNil(t, node)
+	assert.Same(t, node, en.node, "the admission is on the live node")
+	assert.Equal(t, int64(1), node.Inflight(), "and its pass with it")
+	en.Exit(nil)
+	assert.Zero(t, node.Inflight())
+}
+
+func TestWarmUpTokensAreBounded(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(0))
+	err := e.LoadRules([]Rule{{Resource: "api", Threshold: 1000, Behavior: WarmUp, WarmUpPeriod: 24 * time.Hour, ColdFactor: 1 + 8.64e-12}})
+	var re *RuleError
+	require.ErrorAs(t, err, &re)
+	assert.Equal(t, "ColdFactor", re.Field)
+	load(t, e, Rule{Resource: "api", Threshold: 1000, Behavior: WarmUp, WarmUpPeriod: 24 * time.Hour, ColdFactor: 1.1})
+}
+
+// A clock of Unix nanoseconds (about 2^60.6 today) runs an engine.
+func TestUnixNanoClock(t *testing.T) {
+	clock := stattest.NewClock(time.Duration(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()))
+	e, _ := newEngine(t, clock)
+	load(t, e, Rule{Resource: "api", Threshold: 10})
+	admitted := 0
+	for range 4 {
+		for range 20 {
+			if en, err := e.Entry("api"); err == nil {
+				admitted++
+				en.Exit(nil)
+			}
+		}
+		clock.Advance(time.Second)
+	}
+	assert.Equal(t, 40, admitted)
+	assert.Equal(t, clock.Now(), e.Clock().Now())
+}
+
+// Rule loads that add and drop a Concurrency rule on z race requests on z
+// and y that share the slot rings; a rule on y loaded after them counts
+// every y request still in flight, and all is released once.
+func TestLaterRuleCountsEverythingInFlight(t *testing.T) {
+	// More Ps than cores: goroutines are preempted between a claim and its
+	// stores more often.
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(8))
+	e, _ := newEngine(t, stat.NewMonotonic())
+	y, err := e.registry.Node("y")
+	require.NoError(t, err)
+	phases := 100
+	if testing.Short() {
+		phases = 10
+	}
+	for phase := range phases {
+		var stop atomic.Bool
+		var wg sync.WaitGroup
+		var heldY atomic.Int64
+		held := make([][]Entry, 4)
+		for g := range 4 {
+			wg.Go(func() {
+				for k := 0; !stop.Load(); k++ {
+					name := "z"
+					if k%2 == 1 {
+						name = "y"
+					}
+					en, err := e.Entry(name)
+					if err != nil {
+						continue
+					}
+					if name == "y" && k%16 == 1 {
+						held[g] = append(held[g], en)
+						heldY.Inc()
+						continue
+					}
+					en.Exit(nil)
+				}
+			})
+		}
+		for range 100 {
+			load(t, e, Rule{Resource: "z", Metric: Concurrency, Threshold: 1e6})
+			load(t, e)
+		}
+		stop.Store(true)
+		wg.Wait()
+		load(t, e, Rule{Resource: "y", Metric: Concurrency, Threshold: 1e6})
+		assert.Equal(t, heldY.Load(), y.Concurrency(), "phase %d: every y request in flight counted", phase)
+		load(t, e)
+		for _, h := range held {
+			for i := range h {
+				h[i].Exit(nil)
+			}
+		}
+		require.Zero(t, y.Concurrency(), "phase %d", phase)
+		require.Zero(t, e.registry.Lookup("z").Concurrency(), "phase %d", phase)
+	}
 }

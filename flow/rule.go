@@ -145,7 +145,15 @@ const minPacedRate = 1e-3
 const (
 	maxWarmUpPeriod = 24 * time.Hour
 	maxColdFactor   = 1e6
+	maxWarmUpTokens = 1e15
 )
+
+// warmUpTokens is the most tokens the warm-up model of r holds (see
+// newWarmUp).
+func warmUpTokens(r *Rule) float64 {
+	p := r.WarmUpPeriod.Seconds()
+	return p*r.Threshold/(r.ColdFactor-1) + 2*p*r.Threshold/(1+r.ColdFactor)
+}
 
 // DefaultStatInterval is the window of a QPS rule with no StatInterval.
 const DefaultStatInterval = time.Second
@@ -273,6 +281,8 @@ func (r *Rule) validate(i int) error {
 			return bad("WarmUpPeriod", r.WarmUpPeriod, "must be at most 24h")
 		case math.IsNaN(r.ColdFactor) || r.ColdFactor <= 1 || r.ColdFactor > maxColdFactor:
 			return bad("ColdFactor", r.ColdFactor, "must be > 1 and at most 1e6")
+		case warmUpTokens(r) > maxWarmUpTokens:
+			return bad("ColdFactor", r.ColdFactor, fmt.Sprintf("is too close to 1 for this WarmUpPeriod and Threshold: the warm-up model would hold %.3g tokens, more than %g", warmUpTokens(r), float64(maxWarmUpTokens)))
 		}
 	}
 	return r.validateUnused(i)
