@@ -40,17 +40,17 @@ func (m monotonic) Now() int64 { return int64(time.Since(m.origin)) }
 //
 //   - a resolution, while the ticker keeps up (an idle or lightly loaded
 //     process), or
-//   - a resolution plus the time a thread takes for about 16 reads (more
-//     than 100 reads in a row without a refresh happen with odds below
-//     0.2%), when the ticker is late: microseconds when the readers are
-//     what saturates the CPU.
+//   - a resolution plus the time the process takes for about 16 reads
+//     (any reader's refresh serves all; 100 reads in a row without one
+//     happen with odds below 0.2%), when the ticker is late: microseconds
+//     when the readers are what saturates the CPU.
 //
 // Once a refresh finds the value two resolutions or more behind (the ticker
 // is late and reads are sparse), every read refreshes until one finds it
 // fresh, so only the reads before that first refresh can lag more: when no
 // goroutine reads for a while and the ticker is starved, the first reads
-// after the pause can be as stale as the ticker is late. The clock never goes backwards: every store is a
-// compare-and-swap maximum.
+// after the pause can be as stale as the ticker is late. The clock never
+// goes backwards: every store is a compare-and-swap maximum.
 //
 // Readings step by about the resolution, so RTs measured with it have that
 // resolution, and a bucket edge may be seen up to a resolution late;
