@@ -11,7 +11,11 @@
 // goes into an offset kept with the limit, so the limit's time continues
 // from its newest bucket; a smaller one counts in the newest bucket, as
 // leaparray does. Scripts run by EVALSHA and are reloaded on NOSCRIPT
-// (after a restart, a failover or SCRIPT FLUSH).
+// (after a restart, a failover or SCRIPT FLUSH). Every call carries an ID
+// (the instance's and a sequence number), and the script keeps its answer
+// under it for a few seconds: a call that go-redis retries after its reply
+// was lost (the client's MaxRetries) gets the first answer and is counted
+// once.
 //
 // # Keys
 //

@@ -190,7 +190,7 @@ func TestLimitKeys(t *testing.T) {
 		}
 		assert.Equal(t, 5, n, "%s: a limit of its own", res)
 	}
-	keys, err := srv.Client().Keys(context.Background(), "*").Result()
+	keys, err := srv.Client().Keys(context.Background(), "*:w").Result()
 	require.NoError(t, err)
 	assert.ElementsMatch(t, []string{"leapflow:{id:api}:v2/10000ms/10:w", "leapflow:{resource:api}:v2/10000ms/10:w"}, keys)
 
@@ -638,4 +638,25 @@ func TestAuditFullest(t *testing.T) {
 	assert.Equal(t, int64(9), a.Fullest(100*time.Millisecond))
 	assert.Equal(t, int64(9), a.Fullest(200*time.Millisecond), "no pair beats the last bucket alone")
 	assert.Equal(t, int64(14), a.Fullest(500*time.Millisecond), "3+1+4+1+5")
+}
+
+// A call that runs again under its ID (go-redis retries a command whose
+// connection failed after it was sent) gets the first answer and counts
+// nothing more.
+func TestRetriedCallCountsOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	for _, exact := range []int64{0, 100} {
+		s := newSource(t, srv.Client(), Options{MaxBatch: 1, ExactBelow: exact})
+		r := req(fmt.Sprintf("retried-%d", exact), 5, 10*time.Second, 2)
+		l := s.limitFor(r)
+		first, err := s.takeAs(ctx, "call-1", l, perWindow(r), 2, 2)
+		require.NoError(t, err)
+		again, err := s.takeAs(ctx, "call-1", l, perWindow(r), 2, 2)
+		require.NoError(t, err)
+		assert.Equal(t, first, again, "exact %d: the first answer", exact)
+		next, err := s.takeAs(ctx, "call-2", l, perWindow(r), 2, 2)
+		require.NoError(t, err)
+		assert.Equal(t, int64(4), next.Count, "exact %d: counted once, then once more", exact)
+	}
 }

@@ -21,6 +21,28 @@ if now < latest - step then
 end
 `
 
+// scriptReplay answers a call that already ran with the answer it got: a
+// client that retries after a reply was lost (go-redis retries a command
+// whose connection failed, up to MaxRetries) must not be counted twice.
+// The answer is kept under the call's own key (reply) for a few seconds.
+const scriptReplay = `
+local reply = KEYS[#KEYS]
+local prev = redis.call('GET', reply)
+if prev then
+  local out = {}
+  for v in string.gmatch(prev, '[^,]+') do out[#out + 1] = tonumber(v) end
+  return out
+end
+`
+
+// scriptAnswer records and returns the answer res (see scriptReplay).
+const scriptAnswer = `
+local parts = {}
+for i, v in ipairs(res) do parts[i] = string.format('%.0f', v) end
+redis.call('SET', reply, table.concat(parts, ','), 'PX', replyTTL)
+return res
+`
+
 // scriptThreshold makes the smallest threshold that any instance asked
 // with within the last window the one that applies, so that instances that
 // disagree (a rolling change of a limit) never admit more than the smaller.
@@ -35,9 +57,10 @@ end
 threshold = math.min(threshold, tmin)
 `
 
-// windowScript is the bucketed sliding window. KEYS[1] is the limit's hash;
-// ARGV: threshold per window, window (µs), buckets, want (the request's
-// count), max lease, TTL (ms), the step tolerance (µs). It returns granted
+// windowScript is the bucketed sliding window. KEYS[1] is the limit's hash,
+// KEYS[2] the call's reply key (see scriptReplay); ARGV: threshold per
+// window, window (µs), buckets, want (the request's count), max lease, TTL
+// (ms), the step tolerance (µs), the reply's TTL (ms). It returns granted
 // (0: refused), the count in the window after the call, remaining,
 // retry-after (µs; -1: never), the limit's time (µs), the start and length
 // of the bucket counted in (µs).
@@ -50,7 +73,8 @@ local want = tonumber(ARGV[4])
 local maxLease = tonumber(ARGV[5])
 local ttl = tonumber(ARGV[6])
 local step = tonumber(ARGV[7])
-` + scriptTime + `
+local replyTTL = tonumber(ARGV[8])
+` + scriptReplay + scriptTime + `
 local blen = math.floor(window / buckets)
 local cur = now - (now % blen)
 -- A step back smaller than the tolerance: count in the newest bucket,
@@ -100,12 +124,12 @@ if granted == 0 then
     end
   end
 end
-return {granted, total, threshold - total, retry, now, cur, blen}
-`)
+local res = {granted, total, threshold - total, retry, now, cur, blen}
+` + scriptAnswer)
 
 // logScript is the exact sliding log. KEYS[1] is the sorted set, KEYS[2]
-// the meta hash; ARGV: threshold, window (µs), want, TTL (ms), the step
-// tolerance (µs). It returns what windowScript does, with the bucket being
+// the meta hash, KEYS[3] the call's reply key; ARGV: threshold, window
+// (µs), want, TTL (ms), the step tolerance (µs), the reply's TTL (ms). It returns what windowScript does, with the bucket being
 // the whole window.
 var logScript = redis.NewScript(`
 local hash = KEYS[2]
@@ -114,7 +138,8 @@ local window = tonumber(ARGV[2])
 local want = tonumber(ARGV[3])
 local ttl = tonumber(ARGV[4])
 local step = tonumber(ARGV[5])
-` + scriptTime + `
+local replyTTL = tonumber(ARGV[6])
+` + scriptReplay + scriptTime + `
 if now < latest then now = latest end
 ` + scriptThreshold + `
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.0f', now - window))
@@ -140,5 +165,5 @@ if granted == 0 then
     if #oldest == 2 then retry = math.max(0, tonumber(oldest[2]) + window - now) end
   end
 end
-return {granted, total, threshold - total, retry, now, now, window}
-`)
+local res = {granted, total, threshold - total, retry, now, now, window}
+` + scriptAnswer)

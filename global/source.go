@@ -2,6 +2,8 @@ package global
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
@@ -113,6 +115,10 @@ type Source struct {
 
 	calls, errs, refused, leased atomic.Int64
 
+	// id names this instance in the IDs of its calls, seq numbers them.
+	id  string
+	seq atomic.Int64
+
 	// bgMu guards closed and adding to bg, the background refills.
 	bgMu   sync.Mutex
 	closed atomic.Bool
@@ -167,7 +173,11 @@ func New(client redis.UniversalClient, opts Options) (*Source, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
-	return &Source{client: client, opts: opts}, nil
+	var id [8]byte
+	if _, err := rand.Read(id[:]); err != nil {
+		return nil, fmt.Errorf("global: an instance ID: %w", err)
+	}
+	return &Source{client: client, opts: opts, id: hex.EncodeToString(id[:]) + "-"}, nil
 }
 
 // keySchema versions the layout of a limit's keys. Instances on different
@@ -293,15 +303,23 @@ func (s *Source) takeFor(ctx context.Context, req flow.GlobalRequest, maxLease i
 }
 
 func (s *Source) take(ctx context.Context, l *limit, threshold, n, maxLease int64) (decision, error) {
+	return s.takeAs(ctx, s.id+strconv.FormatInt(s.seq.Inc(), 36), l, threshold, n, maxLease)
+}
+
+// takeAs is take for the call named id: a call that runs again with the
+// same id (a retry after a lost reply) gets the first answer and counts
+// nothing more.
+func (s *Source) takeAs(ctx context.Context, id string, l *limit, threshold, n, maxLease int64) (decision, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
 	s.calls.Inc()
 	ttl := 2*l.window/1000 + 1000
+	replyTTL := max(int64(time.Second), 2*int64(s.opts.Timeout)) / int64(time.Millisecond)
 	var cmd *redis.Cmd
 	if l.exact {
-		cmd = logScript.Run(ctx, s.client, []string{l.keys.log, l.keys.meta}, threshold, l.window, n, ttl, serverStep)
+		cmd = logScript.Run(ctx, s.client, []string{l.keys.log, l.keys.meta, l.keys.reply + id}, threshold, l.window, n, ttl, serverStep, replyTTL)
 	} else {
-		cmd = windowScript.Run(ctx, s.client, []string{l.keys.window}, threshold, l.window, s.opts.Buckets, n, maxLease, ttl, serverStep)
+		cmd = windowScript.Run(ctx, s.client, []string{l.keys.window, l.keys.reply + id}, threshold, l.window, s.opts.Buckets, n, maxLease, ttl, serverStep, replyTTL)
 	}
 	vals, err := cmd.Int64Slice()
 	if err != nil {
