@@ -41,13 +41,21 @@
 // batch in the server bucket current when it ran; the instance spends it
 // only until that bucket ends, by its own clock, starting from the moment it
 // sent the request (so the round trip only shortens the lease). Unused
-// tokens are never counted as passes locally and expire with their bucket.
+// tokens are never counted as passes locally and expire with their bucket;
+// the instance's next call gives them back to that bucket if it is still in
+// the window (the script takes them off its count), so they do not crowd
+// out the rest of the window. A lease is topped up within its bucket only
+// when, spent at the pace it has been, it would run out before the bucket
+// ends; the batch doubles when that happens and halves when a bucket ends
+// with more than half of one unspent.
 //
 // The bound: every admission is counted, at the moment the script granted
 // it, in a server bucket, and every server window (n consecutive buckets) of
 // a limit counts at most its threshold, whatever the number of instances.
-// Tokens leased and not used make their window stricter, by at most one
-// batch per instance. A server that restarts without persistence forgets
+// Tokens leased and not yet spent or given back make their window
+// stricter: at most the leases of the current bucket per instance, and for
+// an instance that stops calling (given back only by its next call), its
+// last leases, for one window. A server that restarts without persistence forgets
 // its windows: for one window the limit can be exceeded by what was
 // admitted before the restart. Likewise a failover to a replica (Redis
 // Sentinel: pass a failover client, as redis.NewFailoverClient or a

@@ -60,7 +60,9 @@ threshold = math.min(threshold, tmin)
 // windowScript is the bucketed sliding window. KEYS[1] is the limit's hash,
 // KEYS[2] the call's reply key (see scriptReplay); ARGV: threshold per
 // window, window (µs), buckets, want (the request's count), max lease, TTL
-// (ms), the step tolerance (µs), the reply's TTL (ms). It returns granted
+// (ms), the step tolerance (µs), the reply's TTL (ms), then pairs of a
+// bucket's start (µs) and the tokens leased in it that this instance gives
+// back unspent. It returns granted
 // (0: refused), the count in the window after the call, remaining,
 // retry-after (µs; -1: never), the limit's time (µs), the start and length
 // of the bucket counted in (µs).
@@ -75,6 +77,15 @@ local ttl = tonumber(ARGV[6])
 local step = tonumber(ARGV[7])
 local replyTTL = tonumber(ARGV[8])
 ` + scriptReplay + scriptTime + `
+-- Tokens this instance leased in earlier buckets and never spent (ARGV 9
+-- on: bucket, count, ...): take them off those buckets still in the window.
+for i = 9, #ARGV - 1, 2 do
+  local back = tonumber(ARGV[i + 1])
+  local had = tonumber(redis.call('HGET', hash, ARGV[i]) or '0')
+  if had > 0 and back > 0 then
+    redis.call('HINCRBY', hash, ARGV[i], -math.min(had, back))
+  end
+end
 local blen = math.floor(window / buckets)
 local cur = now - (now % blen)
 -- A step back smaller than the tolerance: count in the newest bucket,

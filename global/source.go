@@ -25,8 +25,9 @@ type Options struct {
 	// Buckets is the number of buckets per window (default 10).
 	Buckets int
 	// MaxBatch is the most tokens one call leases (default 100,000; 1
-	// turns leasing off: one round trip per request). Leases start at 100
-	// and double while an instance spends a whole lease within one bucket.
+	// turns leasing off: one round trip per request). Leases start at 100,
+	// double while an instance spends a whole lease within one bucket and
+	// halve when most of one goes unspent (see the package doc).
 	MaxBatch int64
 	// Timeout bounds each Redis call (default 50 ms).
 	Timeout time.Duration
@@ -113,7 +114,7 @@ type Source struct {
 	downUntil atomic.Int64 // clock reading before which calls are refused
 	probing   atomic.Bool
 
-	calls, errs, refused, leased atomic.Int64
+	calls, errs, refused, leased, returned atomic.Int64
 
 	// id names this instance in the IDs of its calls, seq numbers them.
 	id  string
@@ -233,6 +234,23 @@ type lease struct {
 	left     atomic.Int64
 	deadline int64
 	bucket   time.Time
+	// size and installed (the Source's clock) let a prefetch judge
+	// whether the lease will run out before its deadline.
+	size      int64
+	installed int64
+}
+
+// short reports whether, spent at the pace it has been so far, the lease
+// runs out before its deadline: only then is the next one worth fetching
+// within this bucket (tokens fetched and not spent stay counted in the
+// server window).
+func (l *lease) short(now int64) bool {
+	left := l.left.Load()
+	used, elapsed := l.size-left, now-l.installed
+	if used <= 0 || elapsed <= 0 {
+		return false
+	}
+	return used*(l.deadline-now) > left*elapsed
 }
 
 func (l *lease) take(now, n int64) bool {
@@ -303,13 +321,47 @@ func (s *Source) takeFor(ctx context.Context, req flow.GlobalRequest, maxLease i
 }
 
 func (s *Source) take(ctx context.Context, l *limit, threshold, n, maxLease int64) (decision, error) {
-	return s.takeAs(ctx, s.id+strconv.FormatInt(s.seq.Inc(), 36), l, threshold, n, maxLease)
+	back := s.unspent(l, s.opts.Clock.Now())
+	d, err := s.takeAs(ctx, s.id+strconv.FormatInt(s.seq.Inc(), 36), l, threshold, n, maxLease, back)
+	if err == nil {
+		for _, g := range back {
+			s.returned.Add(g.n)
+		}
+	}
+	// On an error the tokens are not given back (the call may have run,
+	// and a retry under a new ID would give them back twice): they stay
+	// counted, at most a window.
+	return d, err
+}
+
+// giveBack is tokens leased in one server bucket and never spent.
+type giveBack struct {
+	bucket int64 // µs, the limit's time
+	n      int64
+}
+
+// unspent collects the tokens of l's leases whose deadline passed before
+// they were spent: they go back to their server buckets with the next
+// call. A take that raced the collection finds the lease empty (its
+// deadline had passed anyway).
+func (s *Source) unspent(l *limit, now int64) []giveBack {
+	var back []giveBack
+	for i := range l.leases {
+		ls := l.leases[i].Load()
+		if ls == nil || now < ls.deadline || ls.left.Load() <= 0 {
+			continue
+		}
+		if n := ls.left.Swap(0); n > 0 {
+			back = append(back, giveBack{bucket: ls.bucket.UnixMicro(), n: n})
+		}
+	}
+	return back
 }
 
 // takeAs is take for the call named id: a call that runs again with the
 // same id (a retry after a lost reply) gets the first answer and counts
 // nothing more.
-func (s *Source) takeAs(ctx context.Context, id string, l *limit, threshold, n, maxLease int64) (decision, error) {
+func (s *Source) takeAs(ctx context.Context, id string, l *limit, threshold, n, maxLease int64, back []giveBack) (decision, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
 	s.calls.Inc()
@@ -319,7 +371,11 @@ func (s *Source) takeAs(ctx context.Context, id string, l *limit, threshold, n, 
 	if l.exact {
 		cmd = logScript.Run(ctx, s.client, []string{l.keys.log, l.keys.meta, l.keys.reply + id}, threshold, l.window, n, ttl, serverStep, replyTTL)
 	} else {
-		cmd = windowScript.Run(ctx, s.client, []string{l.keys.window, l.keys.reply + id}, threshold, l.window, s.opts.Buckets, n, maxLease, ttl, serverStep, replyTTL)
+		args := []any{threshold, l.window, s.opts.Buckets, n, maxLease, ttl, serverStep, replyTTL}
+		for _, g := range back {
+			args = append(args, strconv.FormatInt(g.bucket, 10), g.n)
+		}
+		cmd = windowScript.Run(ctx, s.client, []string{l.keys.window, l.keys.reply + id}, args...)
 	}
 	vals, err := cmd.Int64Slice()
 	if err != nil {
@@ -374,7 +430,7 @@ func (s *Source) acquire(ctx context.Context, l *limit, req *flow.GlobalRequest,
 	slot := &l.leases[cpu.Pin()&l.mask]
 	if ls := slot.Load(); ls.take(now, n) {
 		s.admitted(ls.bucket, n)
-		if ls.left.Load() < l.batch.Load()/4 && l.prefetching.CompareAndSwap(false, true) {
+		if ls.short(now) && l.prefetching.CompareAndSwap(false, true) {
 			r := *req
 			if !s.goRefill(func() { s.prefetch(l, slot, r) }) {
 				l.prefetching.Store(false)
@@ -475,9 +531,9 @@ func (s *Source) install(l *limit, slot *paddedLease, d decision, extra, sent in
 		l.batch.Store(min(batch*2, s.opts.MaxBatch))
 		return
 	case old != nil && old.left.Load() > batch/2:
-		l.batch.Store(max(batch/2, min(initialBatch, s.opts.MaxBatch)))
+		l.batch.Store(max(batch/2, 1))
 	}
-	nl := &lease{deadline: deadline, bucket: d.BucketStart}
+	nl := &lease{deadline: deadline, bucket: d.BucketStart, size: extra, installed: s.opts.Clock.Now()}
 	nl.left.Store(extra)
 	slot.Store(nl)
 }
@@ -530,11 +586,14 @@ type Stats struct {
 	Errors  int64 // calls that failed (timeouts included)
 	Refused int64 // requests answered ErrUnavailable while backing off
 	Leased  int64 // tokens leased beyond the requests that asked
+	// Returned counts leased tokens given back unspent to their server
+	// bucket.
+	Returned int64
 }
 
 // Stats returns the counts so far.
 func (s *Source) Stats() Stats {
-	return Stats{Calls: s.calls.Load(), Errors: s.errs.Load(), Refused: s.refused.Load(), Leased: s.leased.Load()}
+	return Stats{Calls: s.calls.Load(), Errors: s.errs.Load(), Refused: s.refused.Load(), Leased: s.leased.Load(), Returned: s.returned.Load()}
 }
 
 var (
