@@ -438,6 +438,14 @@ func (s *Source) acquire(ctx context.Context, l *limit, req *flow.GlobalRequest,
 		}
 		return true, nil
 	}
+	// Before asking Redis, take from another P's lease: tokens a P leased
+	// and stopped using would otherwise crowd the window until they expire.
+	for i := range l.leases {
+		if ls := l.leases[i].Load(); ls.take(now, n) {
+			s.admitted(ls.bucket, n)
+			return true, nil
+		}
+	}
 	if now < l.closedUntil.Load() {
 		// Redis said the window is full until then: no need to ask again.
 		return false, nil
