@@ -213,10 +213,21 @@ type limit struct {
 	// lease size asked for next.
 	prefetching atomic.Bool
 	batch       atomic.Int64
+	// backMu guards back: tokens of leases replaced by a lease of a later
+	// bucket before they expired, to give back with the next call.
+	backMu sync.Mutex
+	back   []giveBack
 	// closedUntil is when the window, full at the last refusal, first has
 	// room again (the Source's clock); requests before then are refused
 	// without a round trip.
 	closedUntil atomic.Int64
+}
+
+// giveBackLater queues g for the next call.
+func (l *limit) giveBackLater(g giveBack) {
+	l.backMu.Lock()
+	l.back = append(l.back, g)
+	l.backMu.Unlock()
 }
 
 // initialBatch is the first lease size of a limit: at most one call per
@@ -345,7 +356,10 @@ type giveBack struct {
 // call. A take that raced the collection finds the lease empty (its
 // deadline had passed anyway).
 func (s *Source) unspent(l *limit, now int64) []giveBack {
-	var back []giveBack
+	l.backMu.Lock()
+	back := l.back
+	l.back = nil
+	l.backMu.Unlock()
 	for i := range l.leases {
 		ls := l.leases[i].Load()
 		if ls == nil || now < ls.deadline || ls.left.Load() <= 0 {
@@ -430,7 +444,7 @@ func (s *Source) acquire(ctx context.Context, l *limit, req *flow.GlobalRequest,
 	slot := &l.leases[cpu.Pin()&l.mask]
 	if ls := slot.Load(); ls.take(now, n) {
 		s.admitted(ls.bucket, n)
-		if ls.short(now) && l.prefetching.CompareAndSwap(false, true) {
+		if ls.left.Load() < ls.size/4 && ls.short(now) && l.prefetching.CompareAndSwap(false, true) {
 			r := *req
 			if !s.goRefill(func() { s.prefetch(l, slot, r) }) {
 				l.prefetching.Store(false)
@@ -527,6 +541,9 @@ func (s *Source) install(l *limit, slot *paddedLease, d decision, extra, sent in
 	}
 	deadline := sent + int64(d.BucketStart.Add(d.BucketLen).Sub(d.ServerTime)) - int64(s.opts.ClockSlack)
 	if deadline <= s.opts.Clock.Now() {
+		// The bucket ends before they could be spent (the call came in its
+		// last moments): give them back with the next call.
+		l.giveBackLater(giveBack{bucket: d.BucketStart.UnixMicro(), n: extra})
 		return
 	}
 	s.leased.Add(extra)
@@ -540,6 +557,13 @@ func (s *Source) install(l *limit, slot *paddedLease, d decision, extra, sent in
 		return
 	case old != nil && old.left.Load() > batch/2:
 		l.batch.Store(max(batch/2, 1))
+	}
+	if old != nil && old.bucket.Before(d.BucketStart) {
+		// Replaced before its deadline (the call that leased the new one
+		// was sent in the old bucket): give its tokens back too.
+		if n := old.left.Swap(0); n > 0 {
+			l.giveBackLater(giveBack{bucket: old.bucket.UnixMicro(), n: n})
+		}
 	}
 	nl := &lease{deadline: deadline, bucket: d.BucketStart, size: extra, installed: s.opts.Clock.Now()}
 	nl.left.Store(extra)
