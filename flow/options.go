@@ -15,7 +15,6 @@ type Option func(*config)
 // checked in validate, and nowhere else.
 type config struct {
 	clock         stat.Clock
-	clockSet      bool
 	maxResources  int
 	sampleCount   int
 	source        TokenSource
@@ -62,7 +61,7 @@ func (c *config) validate() error {
 // full window; a smaller one is clamped to the newest bucket (admission
 // waits at most its size). Readings below 0 start the engine at 0.
 func WithClock(c stat.Clock) Option {
-	return func(cfg *config) { cfg.clock, cfg.clockSet = c, true }
+	return func(cfg *config) { cfg.clock = c }
 }
 
 // WithMaxResources caps the resources the engine keeps statistics for
