@@ -245,9 +245,10 @@ type lease struct {
 	left     atomic.Int64
 	deadline int64
 	bucket   time.Time
-	// size and installed (the Source's clock) let a prefetch judge
-	// whether the lease will run out before its deadline.
-	size      int64
+	// size (every token put in it, top-ups included) and installed (the
+	// Source's clock) let a prefetch judge whether the lease will run out
+	// before its deadline.
+	size      atomic.Int64
 	installed int64
 }
 
@@ -257,7 +258,7 @@ type lease struct {
 // server window).
 func (l *lease) short(now int64) bool {
 	left := l.left.Load()
-	used, elapsed := l.size-left, now-l.installed
+	used, elapsed := l.size.Load()-left, now-l.installed
 	if used <= 0 || elapsed <= 0 {
 		return false
 	}
@@ -444,7 +445,7 @@ func (s *Source) acquire(ctx context.Context, l *limit, req *flow.GlobalRequest,
 	slot := &l.leases[cpu.Pin()&l.mask]
 	if ls := slot.Load(); ls.take(now, n) {
 		s.admitted(ls.bucket, n)
-		if ls.left.Load() < ls.size/4 && ls.short(now) && l.prefetching.CompareAndSwap(false, true) {
+		if ls.left.Load() < ls.size.Load()/4 && ls.short(now) && l.prefetching.CompareAndSwap(false, true) {
 			r := *req
 			if !s.goRefill(func() { s.prefetch(l, slot, r) }) {
 				l.prefetching.Store(false)
@@ -552,6 +553,9 @@ func (s *Source) install(l *limit, slot *paddedLease, d decision, extra, sent in
 	switch {
 	case old != nil && old.bucket.Equal(d.BucketStart):
 		// Another lease within the same bucket: the last was nearly spent.
+		// size first, so that the pace short reads never counts the new
+		// tokens as spent.
+		old.size.Add(extra)
 		old.left.Add(extra)
 		l.batch.Store(min(batch*2, s.opts.MaxBatch))
 		return
@@ -565,7 +569,8 @@ func (s *Source) install(l *limit, slot *paddedLease, d decision, extra, sent in
 			l.giveBackLater(giveBack{bucket: old.bucket.UnixMicro(), n: n})
 		}
 	}
-	nl := &lease{deadline: deadline, bucket: d.BucketStart, size: extra, installed: s.opts.Clock.Now()}
+	nl := &lease{deadline: deadline, bucket: d.BucketStart, installed: s.opts.Clock.Now()}
+	nl.size.Store(extra)
 	nl.left.Store(extra)
 	slot.Store(nl)
 }
