@@ -645,24 +645,34 @@ func TestReclaimLosesAndRepeatsNothing(t *testing.T) {
 	}
 }
 
+// halfClaim leaves behind a slot that an Entry on prev held, then claims
+// it with tag as a new holder would, before storing its node and count:
+// the instant a rule load's walk can find.
+func halfClaim(t *testing.T, e *Engine, prev string, tag uint64) (*slot, uint64) {
+	t.Helper()
+	en, err := e.Entry(prev)
+	require.NoError(t, err)
+	sl := en.slot
+	en.Exit(nil) // the slot now remembers prev and a count of 1
+	w := sl.word.Load()
+	claimed := w&^slotFlags | slotHeld | tag<<tagShift
+	require.True(t, sl.word.CompareAndSwap(w, claimed))
+	return sl, claimed
+}
+
 // The walk of a rule load can find a slot claimed whose holder has not yet
 // stored its own node and count (they are the previous holder's): its tag
 // tells, the walk leaves it, and the holder, seeing the new rules, counts
 // itself.
 func TestWalkLeavesAHalfClaimedSlot(t *testing.T) {
 	e, _ := newEngine(t, stattest.NewClock(0))
-	en, err := e.Entry("api")
+	node, err := e.registry.Node("api")
 	require.NoError(t, err)
-	sl := en.slot
-	en.Exit(nil) // the slot now remembers api and a count of 1
-	node := e.registry.Lookup("api")
-	w := sl.word.Load()
-	claimed := w&^slotFlags | slotHeld | tagOf(node, 1000)<<tagShift
-	require.True(t, sl.word.CompareAndSwap(w, claimed), "claimed for a count of 1000, not stored yet")
+	sl, claimed := halfClaim(t, e, "api", tagOf(node, 1000)) // for a count of 1000, not stored yet
 	load(t, e, Rule{Resource: "api", Metric: Concurrency, Threshold: 1000})
 	assert.Zero(t, node.Concurrency(), "the walk left the slot")
 	sl.n.Store(1000)
-	w = e.slots.count(sl, claimed, node, 1000)
+	w := e.slots.count(sl, claimed, node, 1000)
 	assert.Equal(t, int64(1000), node.Concurrency(), "the holder counted itself")
 	_, err = e.Entry("api")
 	assert.ErrorIs(t, err, ErrBlocked, "1000 in flight, limit 1000")
@@ -675,18 +685,13 @@ func TestWalkLeavesAHalfClaimedSlot(t *testing.T) {
 // both.
 func TestWalkOverAStaleSlotWithAMatchingTag(t *testing.T) {
 	e, _ := newEngine(t, stattest.NewClock(0))
-	en, err := e.Entry("api")
+	node, err := e.registry.Node("api")
 	require.NoError(t, err)
-	sl := en.slot
-	en.Exit(nil)
-	node := e.registry.Lookup("api")
-	w := sl.word.Load()
-	claimed := w&^slotFlags | slotHeld | tagOf(node, 1)<<tagShift // as if tags collided
-	require.True(t, sl.word.CompareAndSwap(w, claimed))
+	sl, claimed := halfClaim(t, e, "api", tagOf(node, 1)) // as if tags collided
 	load(t, e, Rule{Resource: "api", Metric: Concurrency, Threshold: 1000})
 	assert.Equal(t, int64(1), node.Concurrency(), "the walk counted the stale count")
 	sl.n.Store(1000)
-	w = e.slots.count(sl, claimed, node, 1000)
+	w := e.slots.count(sl, claimed, node, 1000)
 	assert.Equal(t, int64(1001), node.Concurrency(), "the holder counts its own")
 	require.True(t, e.slots.release(sl, w, node, 1000))
 	assert.Zero(t, node.Concurrency(), "both given back")
@@ -696,16 +701,10 @@ func TestWalkOverAStaleSlotWithAMatchingTag(t *testing.T) {
 // on that other by a walk, and a later rule on its own resource counts it.
 func TestStaleSlotIsCountedByALaterRule(t *testing.T) {
 	e, _ := newEngine(t, stattest.NewClock(0))
-	en, err := e.Entry("z")
-	require.NoError(t, err)
-	sl := en.slot
-	en.Exit(nil) // the slot names z
 	y, err := e.registry.Node("y")
 	require.NoError(t, err)
+	sl, claimed := halfClaim(t, e, "z", tagOf(y, 1)) // claimed for y, fields still z
 	z := e.registry.Lookup("z")
-	w := sl.word.Load()
-	claimed := w&^slotFlags | slotHeld | tagOf(y, 1)<<tagShift
-	require.True(t, sl.word.CompareAndSwap(w, claimed), "claimed for y, fields still z")
 	load(t, e, Rule{Resource: "z", Metric: Concurrency, Threshold: 5})
 	assert.Zero(t, z.Concurrency(), "not counted on z")
 	sl.node.Store(y) // the holder stores its fields; z has no rule for it to see
