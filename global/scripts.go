@@ -59,13 +59,15 @@ threshold = math.min(threshold, tmin)
 
 // windowScript is the bucketed sliding window. KEYS[1] is the limit's hash,
 // KEYS[2] the call's reply key (see scriptReplay); ARGV: threshold per
-// window, window (µs), buckets, want (the request's count), max lease, TTL
-// (ms), the step tolerance (µs), the reply's TTL (ms), then pairs of a
-// bucket's start (µs) and the tokens leased in it that this instance gives
-// back unspent. It returns granted
-// (0: refused), the count in the window after the call, remaining,
-// retry-after (µs; -1: never), the limit's time (µs), the start and length
-// of the bucket counted in (µs).
+// window, window (µs), buckets, want (what the waiting requests ask), max
+// lease, TTL (ms), the step tolerance (µs), the reply's TTL (ms), need (the
+// smallest request among want: less than that is refused), then pairs of a bucket's
+// start (µs) and the tokens leased in it that this instance gives back
+// unspent. It grants what fits of want, at least need, plus a lease of up
+// to max lease and a quarter of the room left. It returns granted (0:
+// refused), the count in the window after the call, remaining, retry-after
+// (µs, for need; -1: never), the limit's time (µs), the start and length of
+// the bucket counted in (µs).
 var windowScript = redis.NewScript(`
 local hash = KEYS[1]
 local threshold = tonumber(ARGV[1])
@@ -76,10 +78,11 @@ local maxLease = tonumber(ARGV[5])
 local ttl = tonumber(ARGV[6])
 local step = tonumber(ARGV[7])
 local replyTTL = tonumber(ARGV[8])
+local need = tonumber(ARGV[9])
 ` + scriptReplay + scriptTime + `
--- Tokens this instance leased in earlier buckets and never spent (ARGV 9
+-- Tokens this instance leased in earlier buckets and never spent (ARGV 10
 -- on: bucket, count, ...): take them off those buckets still in the window.
-for i = 9, #ARGV - 1, 2 do
+for i = 10, #ARGV - 1, 2 do
   local back = tonumber(ARGV[i + 1])
   local had = tonumber(redis.call('HGET', hash, ARGV[i]) or '0')
   if had > 0 and back > 0 then
@@ -110,8 +113,8 @@ for i = 1, #kv, 2 do
 end
 local granted = 0
 local room = threshold - total
-if want <= room then
-  granted = math.max(want, math.min(maxLease, math.floor(room / 4)))
+if need <= room then
+  granted = math.max(need, math.min(want, room), math.min(maxLease, math.floor(room / 4)))
   redis.call('HINCRBY', hash, string.format('%.0f', cur), granted)
   total = total + granted
 end
@@ -122,13 +125,13 @@ redis.call('PEXPIRE', hash, ttl)
 local retry = 0
 if granted == 0 then
   retry = -1
-  if want <= threshold then
+  if need <= threshold then
     table.sort(live, function(a, b) return a[1] < b[1] end)
-    local need = total + want - threshold
+    local over = total + need - threshold
     local freed = 0
     for _, sc in ipairs(live) do
       freed = freed + sc[2]
-      if freed >= need then
+      if freed >= over then
         retry = math.max(0, sc[1] + window - now)
         break
       end
@@ -140,8 +143,9 @@ local res = {granted, total, threshold - total, retry, now, cur, blen}
 
 // logScript is the exact sliding log. KEYS[1] is the sorted set, KEYS[2]
 // the meta hash, KEYS[3] the call's reply key; ARGV: threshold, window
-// (µs), want, TTL (ms), the step tolerance (µs), the reply's TTL (ms). It returns what windowScript does, with the bucket being
-// the whole window.
+// (µs), want, TTL (ms), the step tolerance (µs), the reply's TTL (ms),
+// need. It admits what fits of want, at least need, and returns what
+// windowScript does, with the bucket being the whole window.
 var logScript = redis.NewScript(`
 local hash = KEYS[2]
 local threshold = tonumber(ARGV[1])
@@ -150,19 +154,20 @@ local want = tonumber(ARGV[3])
 local ttl = tonumber(ARGV[4])
 local step = tonumber(ARGV[5])
 local replyTTL = tonumber(ARGV[6])
+local need = tonumber(ARGV[7])
 ` + scriptReplay + scriptTime + `
 if now < latest then now = latest end
 ` + scriptThreshold + `
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.0f', now - window))
 local total = redis.call('ZCARD', KEYS[1])
 local granted = 0
-if total + want <= threshold then
-  for i = 1, want do
+if total + need <= threshold then
+  granted = math.min(want, threshold - total)
+  for i = 1, granted do
     local seq = redis.call('HINCRBY', hash, 'seq', 1)
     redis.call('ZADD', KEYS[1], now, string.format('%.0f-%d', now, seq))
   end
-  granted = want
-  total = total + want
+  total = total + granted
 end
 redis.call('HSET', hash, 'latest', string.format('%.0f', now))
 redis.call('PEXPIRE', KEYS[1], ttl)
@@ -170,9 +175,9 @@ redis.call('PEXPIRE', hash, ttl)
 local retry = 0
 if granted == 0 then
   retry = -1
-  if want <= threshold then
-    local need = total + want - threshold
-    local oldest = redis.call('ZRANGE', KEYS[1], need - 1, need - 1, 'WITHSCORES')
+  if need <= threshold then
+    local over = total + need - threshold
+    local oldest = redis.call('ZRANGE', KEYS[1], over - 1, over - 1, 'WITHSCORES')
     if #oldest == 2 then retry = math.max(0, tonumber(oldest[2]) + window - now) end
   end
 end

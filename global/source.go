@@ -24,18 +24,31 @@ import (
 type Options struct {
 	// Buckets is the number of buckets per window (default 10).
 	Buckets int
-	// MaxBatch is the most tokens one call leases (default 100,000; 1
-	// turns leasing off: one round trip per request). Leases start at 100,
-	// double while an instance spends a whole lease within one bucket and
-	// halve when most of one goes unspent (see the package doc).
+	// MaxBatch is the most tokens one call leases beyond what the waiting
+	// requests ask (default 100,000; 1 turns leasing off: each call asks
+	// only for the requests waiting on it). Leases start at 100, double
+	// while an instance spends a whole lease within one bucket and halve
+	// when most of one goes unspent (see the package doc).
 	MaxBatch int64
-	// Timeout bounds each Redis call (default 50 ms).
+	// Timeout is the most a request waits for Redis to decide (default
+	// 100 ms). A request still undecided then is refused (Stats.Late),
+	// not failed over: a late reply is not evidence that Redis is down.
+	// The defaults support a Redis up to 50 ms away (round trip).
 	Timeout time.Duration
+	// CallTimeout bounds each Redis call, which runs apart from the
+	// requests waiting on it (default 1 s, at least Timeout): a reply
+	// later than Timeout still installs its lease and counts as a
+	// success, and a connection is dialled within it.
+	CallTimeout time.Duration
+	// FailAfter is how many calls in a row must fail before the Source
+	// backs off Redis and the rules' fallbacks apply (default 2).
+	FailAfter int
 	// ExactBelow makes limits of at most this many admissions per window
 	// use the exact sliding log (default 0: never).
 	ExactBelow int64
-	// Backoff is the first pause after a failure (default 50 ms); it
-	// doubles up to MaxBackoff (default 5 s).
+	// Backoff is how long the Source stays off Redis before one call
+	// probes it (default 100 ms); it doubles after every FailAfter probes
+	// that fail, up to MaxBackoff (default 5 s).
 	Backoff, MaxBackoff time.Duration
 	// Prefix starts every key (default "leapflow").
 	Prefix string
@@ -59,13 +72,19 @@ func (o Options) withDefaults() Options {
 		o.MaxBatch = 100_000
 	}
 	if o.Timeout == 0 {
-		o.Timeout = 50 * time.Millisecond
+		o.Timeout = 100 * time.Millisecond
+	}
+	if o.CallTimeout == 0 {
+		o.CallTimeout = max(time.Second, o.Timeout)
+	}
+	if o.FailAfter == 0 {
+		o.FailAfter = 2
 	}
 	if o.Backoff == 0 {
-		o.Backoff = 50 * time.Millisecond
+		o.Backoff = 100 * time.Millisecond
 	}
 	if o.MaxBackoff == 0 {
-		o.MaxBackoff = 5 * time.Second
+		o.MaxBackoff = max(5*time.Second, o.Backoff)
 	}
 	if o.Prefix == "" {
 		o.Prefix = "leapflow"
@@ -87,6 +106,10 @@ func (o Options) validate() error {
 		return fmt.Errorf("global: MaxBatch must be >= 1, got %d", o.MaxBatch)
 	case o.Timeout < 0:
 		return fmt.Errorf("global: Timeout must be > 0, got %v", o.Timeout)
+	case o.CallTimeout < o.Timeout:
+		return fmt.Errorf("global: CallTimeout must be at least Timeout (%v), got %v", o.Timeout, o.CallTimeout)
+	case o.FailAfter < 1 || o.FailAfter > 1000:
+		return fmt.Errorf("global: FailAfter must be in [1, 1000], got %d", o.FailAfter)
 	case o.ExactBelow < 0:
 		return fmt.Errorf("global: ExactBelow must be >= 0, got %d", o.ExactBelow)
 	case o.Backoff < 0 || o.MaxBackoff < o.Backoff:
@@ -110,17 +133,22 @@ type Source struct {
 	opts   Options
 	limits sync.Map // limitID -> *limit
 
-	failures  atomic.Int64
+	failures  atomic.Int64 // calls failed in a row
 	downUntil atomic.Int64 // clock reading before which calls are refused
 	probing   atomic.Bool
 
-	calls, errs, refused, leased, returned atomic.Int64
+	calls, errs, refused, late, leased, returned atomic.Int64
+	// mostInFlight is the most calls one limit had out at once (tests).
+	mostInFlight atomic.Int64
 
 	// id names this instance in the IDs of its calls, seq numbers them.
 	id  string
 	seq atomic.Int64
 
-	// bgMu guards closed and adding to bg, the background refills.
+	// ctx is every call's parent: Close cancels it.
+	ctx    context.Context
+	cancel context.CancelFunc
+	// bgMu guards closed and adding to bg, the calls in flight.
 	bgMu   sync.Mutex
 	closed atomic.Bool
 	bg     sync.WaitGroup
@@ -130,19 +158,21 @@ type Source struct {
 // applies).
 var ErrClosed = errors.New("global: source closed")
 
-// Close stops the Source: it waits for the background refills it started
+// Close stops the Source: it cancels the calls in flight, waits for them,
 // and makes every later call that would reach Redis fail with ErrClosed.
 // Leases already held are still spent. It does not close the client.
 func (s *Source) Close() error {
 	s.bgMu.Lock()
 	s.closed.Store(true)
 	s.bgMu.Unlock()
+	s.cancel()
 	s.bg.Wait()
 	return nil
 }
 
-// goRefill runs a background refill unless the Source is closed.
-func (s *Source) goRefill(fn func()) bool {
+// goCall runs fn, a call to Redis, in the background unless the Source is
+// closed.
+func (s *Source) goCall(fn func()) bool {
 	s.bgMu.Lock()
 	defer s.bgMu.Unlock()
 	if s.closed.Load() {
@@ -165,7 +195,8 @@ func (s *Source) goRefill(fn func()) bool {
 }
 
 // New returns a Source on client. It returns an error naming the field and
-// value when an option is invalid.
+// value when an option is invalid. It loads the scripts in the background,
+// which also dials a first connection before any request waits for one.
 func New(client redis.UniversalClient, opts Options) (*Source, error) {
 	if client == nil {
 		return nil, errors.New("global: client must not be nil")
@@ -178,7 +209,15 @@ func New(client redis.UniversalClient, opts Options) (*Source, error) {
 	if _, err := rand.Read(id[:]); err != nil {
 		return nil, fmt.Errorf("global: an instance ID: %w", err)
 	}
-	return &Source{client: client, opts: opts, id: hex.EncodeToString(id[:]) + "-"}, nil
+	s := &Source{client: client, opts: opts, id: hex.EncodeToString(id[:]) + "-"}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.goCall(func() {
+		ctx, cancel := context.WithTimeout(s.ctx, s.opts.CallTimeout)
+		defer cancel()
+		_ = windowScript.Load(ctx, s.client).Err()
+		_ = logScript.Load(ctx, s.client).Err()
+	})
+	return s, nil
 }
 
 // keySchema versions the layout of a limit's keys. Instances on different
@@ -198,25 +237,29 @@ type limitID struct {
 	interval time.Duration
 }
 
-// limit is the state of one limit in this instance: its keys and the
-// current lease.
+// limit is the state of one limit in this instance: its keys, its leases
+// and its calls.
 type limit struct {
 	keys   keys
 	window int64 // µs
 	exact  bool
-	mu     sync.Mutex // one synchronous refill at a time per limit
 	// leases holds one lease per stripe (P): admissions from a lease
 	// touch only their own P's cache line.
 	leases []paddedLease
 	mask   int
-	// prefetching is set while a background refill runs; batch is the
-	// lease size asked for next.
-	prefetching atomic.Bool
-	batch       atomic.Int64
-	// backMu guards back: tokens of leases replaced by a lease of a later
-	// bucket before they expired, to give back with the next call.
-	backMu sync.Mutex
-	back   []giveBack
+	// cur is the limit's newest call: in flight, gathering requests for
+	// when the one in flight ends, or done (see flight).
+	cur      atomic.Pointer[flight]
+	inFlight atomic.Int64
+	// batch is the lease size asked for next.
+	batch atomic.Int64
+	// backMu guards back and reserves, touched only by calls: tokens of
+	// leases replaced before they expired, and calls whose requests may
+	// not have claimed all they asked for, to give back with the next
+	// call.
+	backMu   sync.Mutex
+	back     []giveBack
+	reserves []*flight
 	// closedUntil is when the window, full at the last refusal, first has
 	// room again (the Source's clock); requests before then are refused
 	// without a round trip.
@@ -233,52 +276,6 @@ func (l *limit) giveBackLater(g giveBack) {
 // initialBatch is the first lease size of a limit: at most one call per
 // 100 admissions from the start.
 const initialBatch = 100
-
-type paddedLease struct {
-	atomic.Pointer[lease]
-	_ [cpu.CacheLine - 8]byte
-}
-
-// lease is a batch of tokens counted in one server bucket, to be spent
-// before deadline (the Source's clock).
-type lease struct {
-	left     atomic.Int64
-	deadline int64
-	bucket   time.Time
-	// size (every token put in it, top-ups included) and installed (the
-	// Source's clock) let a prefetch judge whether the lease will run out
-	// before its deadline.
-	size      atomic.Int64
-	installed int64
-}
-
-// short reports whether, spent at the pace it has been so far, the lease
-// runs out before its deadline: only then is the next one worth fetching
-// within this bucket (tokens fetched and not spent stay counted in the
-// server window).
-func (l *lease) short(now int64) bool {
-	left := l.left.Load()
-	used, elapsed := l.size.Load()-left, now-l.installed
-	if used <= 0 || elapsed <= 0 {
-		return false
-	}
-	return used*(l.deadline-now) > left*elapsed
-}
-
-func (l *lease) take(now, n int64) bool {
-	if l == nil || now >= l.deadline {
-		return false
-	}
-	for {
-		left := l.left.Load()
-		if left < n {
-			return false
-		}
-		if l.left.CompareAndSwap(left, left-n) {
-			return true
-		}
-	}
-}
 
 // perWindow is a rule's threshold as admissions per window.
 func perWindow(req flow.GlobalRequest) int64 {
@@ -312,10 +309,318 @@ func (s *Source) limitFor(req flow.GlobalRequest) *limit {
 	return l.(*limit)
 }
 
+// leasing reports whether calls for l lease tokens beyond their requests.
+func (s *Source) leasing(l *limit) bool { return !l.exact && s.opts.MaxBatch > 1 }
+
+// Acquire implements flow.TokenSource: it admits req.Count from a lease if
+// it can, else waits for a call to Redis. When a lease runs low, the next
+// is fetched in the background, so a busy instance rarely waits at all.
+func (s *Source) Acquire(ctx context.Context, req flow.GlobalRequest) (bool, error) {
+	return s.acquire(ctx, s.limitFor(req), &req, req.Count)
+}
+
+// Bind implements flow.Binder: the limit of req is resolved once, when the
+// rules are loaded.
+func (s *Source) Bind(req flow.GlobalRequest) flow.BoundSource {
+	return &bound{s: s, l: s.limitFor(req), req: req}
+}
+
+type bound struct {
+	s   *Source
+	l   *limit
+	req flow.GlobalRequest
+}
+
+func (b *bound) Acquire(ctx context.Context, n int64) (bool, error) {
+	return b.s.acquire(ctx, b.l, &b.req, n)
+}
+
+// acquire is Acquire for limit l; req is read only when Redis is asked.
+func (s *Source) acquire(ctx context.Context, l *limit, req *flow.GlobalRequest, n int64) (bool, error) {
+	now := s.opts.Clock.Now()
+	p := cpu.Pin() & l.mask
+	if ls := l.leases[p].Load(); ls.take(now, n) {
+		s.admitted(ls.bucket, n)
+		if ls.left.Load() < ls.size.Load()/4 && ls.short(now) {
+			s.prefetch(l, p, req)
+		}
+		return true, nil
+	}
+	if s.takeAny(l, now, n) {
+		return true, nil
+	}
+	if now < l.closedUntil.Load() {
+		// Redis said the window is full until then: no need to ask again.
+		return false, nil
+	}
+	if until := s.downUntil.Load(); until != 0 && now < until {
+		// Backing off: do not even wait for a call.
+		s.refused.Inc()
+		return false, ErrUnavailable
+	}
+	return s.wait(ctx, l, p, req, n, now+int64(s.opts.Timeout))
+}
+
+// takeAny takes n from any of l's leases: tokens a P leased and stopped
+// using would otherwise crowd the window until they expire.
+func (s *Source) takeAny(l *limit, now, n int64) bool {
+	for i := range l.leases {
+		if ls := l.leases[i].Load(); ls.take(now, n) {
+			s.admitted(ls.bucket, n)
+			return true
+		}
+	}
+	return false
+}
+
+// wait joins the limit's next call and waits for its answer until
+// deadline (the Source's clock), then takes from what it brought; it
+// joins the following call while the window has room and time is left.
+// It never waits on a lock: a request that finds a call in flight joins
+// the one after it, which leaves as soon as the first is answered and
+// asks for every request that joined it.
+func (s *Source) wait(ctx context.Context, l *limit, p int, req *flow.GlobalRequest, n, deadline int64) (bool, error) {
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		f := s.join(l, p, req, n)
+		select {
+		case <-f.done:
+		default:
+			left := time.Duration(deadline - s.opts.Clock.Now())
+			if left <= 0 {
+				s.late.Inc()
+				return false, nil
+			}
+			if timer == nil {
+				timer = time.NewTimer(left)
+			} else {
+				timer.Reset(left)
+			}
+			select {
+			case <-f.done:
+			case <-ctx.Done():
+				return false, ctx.Err()
+			case <-timer.C:
+				select {
+				case <-f.done: // answered as the timer fired: use it
+				default:
+					s.late.Inc()
+					return false, nil
+				}
+			}
+		}
+		if f.err != nil {
+			return false, f.err
+		}
+		if f.claim(n) {
+			s.admitted(f.bucket, n)
+			return true, nil
+		}
+		now := s.opts.Clock.Now()
+		if s.takeAny(l, now, n) {
+			return true, nil
+		}
+		if f.refused || now < l.closedUntil.Load() {
+			return false, nil
+		}
+		if now >= deadline {
+			s.late.Inc()
+			return false, nil
+		}
+	}
+}
+
+// join adds n to what the limit's next call asks for, starting that call
+// if there is none, and returns it.
+func (s *Source) join(l *limit, p int, req *flow.GlobalRequest, n int64) *flight {
+	for {
+		f := l.cur.Load()
+		if f != nil && f.add(n) {
+			return f
+		}
+		nf := newFlight(f, n)
+		if l.cur.CompareAndSwap(f, nf) {
+			s.launch(l, nf, p, *req)
+			return nf
+		}
+	}
+}
+
+// prefetch starts a call that asks for no request, only a lease, unless
+// one is already out or gathering.
+func (s *Source) prefetch(l *limit, p int, req *flow.GlobalRequest) {
+	f := l.cur.Load()
+	if f != nil && !f.ended.Load() {
+		return
+	}
+	if nf := newFlight(f, 0); l.cur.CompareAndSwap(f, nf) {
+		s.launch(l, nf, p, *req)
+	}
+}
+
+// launch runs call f in the background.
+func (s *Source) launch(l *limit, f *flight, p int, req flow.GlobalRequest) {
+	if !s.goCall(func() { s.fly(l, f, p, req) }) {
+		f.err = ErrClosed
+		f.end()
+	}
+}
+
+// fly makes call f once the call before it has ended: it asks Redis for
+// every request that joined f, with a lease on top (installed in P p's
+// slot), and records the answer for them. It runs to the end whatever its
+// requests do: a reply later than their deadline still installs its lease
+// and tells the Source's health.
+func (s *Source) fly(l *limit, f *flight, p int, req flow.GlobalRequest) {
+	f.err = errNoAnswer // until there is one (a panic below)
+	defer f.end()
+	if f.prev != nil {
+		<-f.prev.done
+		f.prev = nil
+	}
+	want := f.seal()
+	need := max(f.need.Load(), 1)
+	if err := s.callable(); err != nil {
+		f.err = err
+		return
+	}
+	var maxLease int64
+	if s.leasing(l) {
+		maxLease = l.batch.Load()
+	}
+	in := l.inFlight.Inc()
+	for most := s.mostInFlight.Load(); in > most && !s.mostInFlight.CompareAndSwap(most, in); most = s.mostInFlight.Load() {
+	}
+	sent := s.opts.Clock.Now()
+	d, err := s.take(l, perWindow(req), need, want, maxLease)
+	l.inFlight.Dec()
+	switch {
+	case err != nil && s.closed.Load():
+		f.err = ErrClosed
+		return
+	case err != nil:
+		s.fail()
+		f.err = err
+		return
+	}
+	s.succeed()
+	f.err = nil
+	if !d.Allowed {
+		f.refused = true
+		if d.RetryAfter > 0 {
+			// Nothing leaves the window before then (server time, read
+			// after we sent): refuse locally until sent + RetryAfter.
+			l.closedUntil.Store(sent + int64(d.RetryAfter))
+		}
+		return
+	}
+	direct := min(d.Granted, want)
+	if direct > 0 {
+		f.bucket = d.BucketStart
+		f.left.Store(direct)
+		if !l.exact {
+			// What its requests do not claim (they gave up) goes back
+			// once they are all past their deadline.
+			f.expires = s.opts.Clock.Now() + int64(s.opts.Timeout)
+			l.backMu.Lock()
+			l.reserves = append(l.reserves, f)
+			l.backMu.Unlock()
+		}
+	}
+	s.install(l, &l.leases[p], d, d.Granted-direct, sent)
+}
+
+// errNoAnswer is the answer of a call that ended without one (a panic in a
+// user hook).
+var errNoAnswer = errors.New("global: the call ended without an answer")
+
+// flight is one call to Redis for a limit, and the requests waiting on it.
+// A limit has at most one call in flight: a flight started while another
+// is out (prev) gathers requests until that one ends, then seals what it
+// asks for and leaves.
+type flight struct {
+	prev *flight // ended and cleared before the call
+	// want is the sum of the requests that joined; the sealed bit is set
+	// when the call leaves. need is the smallest request among them.
+	want  atomic.Int64
+	need  atomic.Int64
+	done  chan struct{}
+	ended atomic.Bool
+	// The answer, written before done is closed: err, or refused, or
+	// left tokens counted for the requests in bucket, claimable until
+	// expires (then given back with the next call).
+	err     error
+	refused bool
+	left    atomic.Int64
+	bucket  time.Time
+	expires int64
+}
+
+const sealed = int64(1) << 62
+
+func newFlight(prev *flight, n int64) *flight {
+	f := &flight{prev: prev, done: make(chan struct{})}
+	f.want.Store(n)
+	if n > 0 {
+		f.need.Store(n)
+	}
+	return f
+}
+
+// add joins a request for n unless the call has left.
+func (f *flight) add(n int64) bool {
+	// need first: once want shows the request, the call may read need.
+	for need := f.need.Load(); (need == 0 || n < need) && !f.need.CompareAndSwap(need, n); need = f.need.Load() {
+	}
+	for {
+		w := f.want.Load()
+		if w&sealed != 0 {
+			return false
+		}
+		if f.want.CompareAndSwap(w, w+n) {
+			return true
+		}
+	}
+}
+
+// seal closes f to new requests and returns what its requests ask for.
+func (f *flight) seal() int64 {
+	for {
+		w := f.want.Load()
+		if f.want.CompareAndSwap(w, w|sealed) {
+			return w
+		}
+	}
+}
+
+// claim takes n of the tokens counted for f's requests.
+func (f *flight) claim(n int64) bool {
+	for {
+		left := f.left.Load()
+		if left < n {
+			return false
+		}
+		if f.left.CompareAndSwap(left, left-n) {
+			return true
+		}
+	}
+}
+
+// end publishes the answer.
+func (f *flight) end() {
+	f.ended.Store(true)
+	close(f.done)
+}
+
 // decision is one answer of the Redis script.
 type decision struct {
 	Allowed    bool
-	Granted    int64         // tokens counted for the caller (>= the request when allowed)
+	Granted    int64         // tokens counted for the caller (>= need when allowed)
 	Count      int64         // in the window after the call
 	Remaining  int64         // threshold minus Count
 	RetryAfter time.Duration // when refused: until enough leaves the window (-1: never)
@@ -326,15 +631,18 @@ type decision struct {
 	BucketLen   time.Duration
 }
 
-// takeFor asks Redis once, with no leasing, for n admissions of the limit of
-// req (maxLease tokens at most, at least n).
-func (s *Source) takeFor(ctx context.Context, req flow.GlobalRequest, maxLease int64) (decision, error) {
-	return s.take(ctx, s.limitFor(req), perWindow(req), req.Count, max(maxLease, req.Count))
+// takeFor asks Redis once, outside the request path, for n admissions of
+// the limit of req and a lease of up to maxLease.
+func (s *Source) takeFor(req flow.GlobalRequest, maxLease int64) (decision, error) {
+	return s.take(s.limitFor(req), perWindow(req), req.Count, req.Count, maxLease)
 }
 
-func (s *Source) take(ctx context.Context, l *limit, threshold, n, maxLease int64) (decision, error) {
+// take makes one call for l: want tokens for the waiting requests (at
+// least need, or none), a lease of up to maxLease, and the unspent tokens
+// given back.
+func (s *Source) take(l *limit, threshold, need, want, maxLease int64) (decision, error) {
 	back := s.unspent(l, s.opts.Clock.Now())
-	d, err := s.takeAs(ctx, s.id+strconv.FormatInt(s.seq.Inc(), 36), l, threshold, n, maxLease, back)
+	d, err := s.takeAs(s.id+strconv.FormatInt(s.seq.Inc(), 36), l, threshold, need, want, maxLease, back)
 	if err == nil {
 		for _, g := range back {
 			s.returned.Add(g.n)
@@ -353,13 +661,23 @@ type giveBack struct {
 }
 
 // unspent collects the tokens of l's leases whose deadline passed before
-// they were spent: they go back to their server buckets with the next
-// call. A take that raced the collection finds the lease empty (its
-// deadline had passed anyway).
+// they were spent, and of calls whose requests gave up before claiming
+// them: they go back to their server buckets with the next call. A take
+// that raced the collection finds nothing left.
 func (s *Source) unspent(l *limit, now int64) []giveBack {
 	l.backMu.Lock()
 	back := l.back
 	l.back = nil
+	keep := l.reserves[:0]
+	for _, f := range l.reserves {
+		if now < f.expires {
+			keep = append(keep, f)
+		} else if n := f.left.Swap(0); n > 0 {
+			back = append(back, giveBack{bucket: f.bucket.UnixMicro(), n: n})
+		}
+	}
+	clear(l.reserves[len(keep):])
+	l.reserves = keep
 	l.backMu.Unlock()
 	for i := range l.leases {
 		ls := l.leases[i].Load()
@@ -376,17 +694,17 @@ func (s *Source) unspent(l *limit, now int64) []giveBack {
 // takeAs is take for the call named id: a call that runs again with the
 // same id (a retry after a lost reply) gets the first answer and counts
 // nothing more.
-func (s *Source) takeAs(ctx context.Context, id string, l *limit, threshold, n, maxLease int64, back []giveBack) (decision, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+func (s *Source) takeAs(id string, l *limit, threshold, need, want, maxLease int64, back []giveBack) (decision, error) {
+	ctx, cancel := context.WithTimeout(s.ctx, s.opts.CallTimeout)
 	defer cancel()
 	s.calls.Inc()
 	ttl := 2*l.window/1000 + 1000
-	replyTTL := max(int64(time.Second), 2*int64(s.opts.Timeout)) / int64(time.Millisecond)
+	replyTTL := max(int64(time.Second), 2*int64(s.opts.CallTimeout)) / int64(time.Millisecond)
 	var cmd *redis.Cmd
 	if l.exact {
-		cmd = logScript.Run(ctx, s.client, []string{l.keys.log, l.keys.meta, l.keys.reply + id}, threshold, l.window, n, ttl, serverStep, replyTTL)
+		cmd = logScript.Run(ctx, s.client, []string{l.keys.log, l.keys.meta, l.keys.reply + id}, threshold, l.window, want, ttl, serverStep, replyTTL, need)
 	} else {
-		args := []any{threshold, l.window, s.opts.Buckets, n, maxLease, ttl, serverStep, replyTTL}
+		args := []any{threshold, l.window, s.opts.Buckets, want, maxLease, ttl, serverStep, replyTTL, need}
 		for _, g := range back {
 			args = append(args, strconv.FormatInt(g.bucket, 10), g.n)
 		}
@@ -415,175 +733,15 @@ func (s *Source) takeAs(ctx context.Context, id string, l *limit, threshold, n, 
 	return d, nil
 }
 
-// Acquire implements flow.TokenSource: it admits req.Count from the current
-// lease if it can, else asks Redis. When a lease runs low, one goroutine
-// fetches the next in the background, so a busy instance rarely waits for
-// Redis at all.
-func (s *Source) Acquire(ctx context.Context, req flow.GlobalRequest) (bool, error) {
-	return s.acquire(ctx, s.limitFor(req), &req, req.Count)
-}
-
-// Bind implements flow.Binder: the limit of req is resolved once, when the
-// rules are loaded.
-func (s *Source) Bind(req flow.GlobalRequest) flow.BoundSource {
-	return &bound{s: s, l: s.limitFor(req), req: req}
-}
-
-type bound struct {
-	s   *Source
-	l   *limit
-	req flow.GlobalRequest
-}
-
-func (b *bound) Acquire(ctx context.Context, n int64) (bool, error) {
-	return b.s.acquire(ctx, b.l, &b.req, n)
-}
-
-// acquire is Acquire for limit l; req is read only when Redis is asked.
-func (s *Source) acquire(ctx context.Context, l *limit, req *flow.GlobalRequest, n int64) (bool, error) {
-	now := s.opts.Clock.Now()
-	slot := &l.leases[cpu.Pin()&l.mask]
-	if ls := slot.Load(); ls.take(now, n) {
-		s.admitted(ls.bucket, n)
-		if ls.left.Load() < ls.size.Load()/4 && ls.short(now) && l.prefetching.CompareAndSwap(false, true) {
-			r := *req
-			if !s.goRefill(func() { s.prefetch(l, slot, r) }) {
-				l.prefetching.Store(false)
-			}
-		}
-		return true, nil
-	}
-	// Before asking Redis, take from another P's lease: tokens a P leased
-	// and stopped using would otherwise crowd the window until they expire.
-	for i := range l.leases {
-		if ls := l.leases[i].Load(); ls.take(now, n) {
-			s.admitted(ls.bucket, n)
-			return true, nil
-		}
-	}
-	if now < l.closedUntil.Load() {
-		// Redis said the window is full until then: no need to ask again.
-		return false, nil
-	}
-	if until := s.downUntil.Load(); until != 0 && now < until {
-		// Backing off: do not even queue for the refill.
-		s.refused.Inc()
-		return false, ErrUnavailable
-	}
-	leasing := !l.exact && s.opts.MaxBatch > 1
-	if leasing {
-		// One refill at a time: the others wait for its lease.
-		l.mu.Lock()
-		defer l.mu.Unlock()
-	}
-	// Another goroutine may have refilled, or failed, while we waited.
-	sent := s.opts.Clock.Now()
-	if ls := slot.Load(); ls.take(sent, n) {
-		s.admitted(ls.bucket, n)
-		return true, nil
-	}
-	if err := s.admit(); err != nil {
-		return false, err
-	}
-	maxLease := n
-	if leasing {
-		maxLease = max(n, l.batch.Load())
-	}
-	d, err := s.take(ctx, l, perWindow(*req), n, maxLease)
-	if err != nil {
-		if ctx.Err() != nil {
-			// The caller gave up; that says nothing about Redis.
-			s.probing.Store(false)
-			return false, err
-		}
-		s.fail()
-		return false, err
-	}
-	s.succeed()
-	if !d.Allowed {
-		if d.RetryAfter > 0 {
-			// Nothing leaves the window before then (server time, read
-			// after we sent): refuse locally until sent + RetryAfter.
-			l.closedUntil.Store(sent + int64(d.RetryAfter))
-		}
-		return false, nil
-	}
-	s.install(l, slot, d, d.Granted-n, sent)
-	s.admitted(d.BucketStart, n)
-	return true, nil
-}
-
-// prefetch leases the next batch before the current one runs out.
-func (s *Source) prefetch(l *limit, slot *paddedLease, req flow.GlobalRequest) {
-	defer l.prefetching.Store(false)
-	if s.admit() != nil {
-		return
-	}
-	sent := s.opts.Clock.Now()
-	d, err := s.take(context.Background(), l, perWindow(req), 1, l.batch.Load())
-	if err != nil {
-		s.fail()
-		return
-	}
-	s.succeed()
-	if d.Allowed {
-		s.install(l, slot, d, d.Granted, sent)
-	}
-}
-
-// install makes extra tokens of decision d spendable until their server
-// bucket ends, timed from when the call was sent (the server read its clock
-// after that). Tokens of the bucket the current lease is in join it. The
-// batch doubles when a whole lease was spent within one bucket and halves
-// when a bucket ended with most of one unspent.
-func (s *Source) install(l *limit, slot *paddedLease, d decision, extra, sent int64) {
-	if extra <= 0 {
-		return
-	}
-	deadline := sent + int64(d.BucketStart.Add(d.BucketLen).Sub(d.ServerTime)) - int64(s.opts.ClockSlack)
-	if deadline <= s.opts.Clock.Now() {
-		// The bucket ends before they could be spent (the call came in its
-		// last moments): give them back with the next call.
-		l.giveBackLater(giveBack{bucket: d.BucketStart.UnixMicro(), n: extra})
-		return
-	}
-	s.leased.Add(extra)
-	old := slot.Load()
-	batch := l.batch.Load()
-	switch {
-	case old != nil && old.bucket.Equal(d.BucketStart):
-		// Another lease within the same bucket: the last was nearly spent.
-		// size first, so that the pace short reads never counts the new
-		// tokens as spent.
-		old.size.Add(extra)
-		old.left.Add(extra)
-		l.batch.Store(min(batch*2, s.opts.MaxBatch))
-		return
-	case old != nil && old.left.Load() > batch/2:
-		l.batch.Store(max(batch/2, 1))
-	}
-	if old != nil && old.bucket.Before(d.BucketStart) {
-		// Replaced before its deadline (the call that leased the new one
-		// was sent in the old bucket): give its tokens back too.
-		if n := old.left.Swap(0); n > 0 {
-			l.giveBackLater(giveBack{bucket: old.bucket.UnixMicro(), n: n})
-		}
-	}
-	nl := &lease{deadline: deadline, bucket: d.BucketStart, installed: s.opts.Clock.Now()}
-	nl.size.Store(extra)
-	nl.left.Store(extra)
-	slot.Store(nl)
-}
-
 func (s *Source) admitted(bucket time.Time, n int64) {
 	if s.opts.OnAdmit != nil {
 		s.opts.OnAdmit(bucket, n)
 	}
 }
 
-// admit returns ErrUnavailable while backing off; once the backoff ends it
-// lets one caller through to probe.
-func (s *Source) admit() error {
+// callable returns ErrClosed after Close and ErrUnavailable while backing
+// off; once the backoff ends it lets one call through to probe.
+func (s *Source) callable() error {
 	if s.closed.Load() {
 		return ErrClosed
 	}
@@ -598,14 +756,19 @@ func (s *Source) admit() error {
 	return nil
 }
 
+// fail counts a failed call. After FailAfter in a row the Source backs
+// off; the backoff doubles after every FailAfter more (failed probes), so
+// one unlucky probe does not double it.
 func (s *Source) fail() {
 	s.errs.Inc()
 	f := s.failures.Inc()
-	backoff := s.opts.Backoff << min(f-1, 30)
-	if backoff > s.opts.MaxBackoff || backoff <= 0 {
-		backoff = s.opts.MaxBackoff
+	if k := int64(s.opts.FailAfter); f >= k {
+		backoff := s.opts.Backoff << min((f-k)/k, 30)
+		if backoff > s.opts.MaxBackoff || backoff <= 0 {
+			backoff = s.opts.MaxBackoff
+		}
+		s.downUntil.Store(s.opts.Clock.Now() + int64(backoff))
 	}
-	s.downUntil.Store(s.opts.Clock.Now() + int64(backoff))
 	s.probing.Store(false)
 }
 
@@ -622,7 +785,10 @@ type Stats struct {
 	Calls   int64 // round trips to Redis
 	Errors  int64 // calls that failed (timeouts included)
 	Refused int64 // requests answered ErrUnavailable while backing off
-	Leased  int64 // tokens leased beyond the requests that asked
+	// Late counts requests refused because no answer came within
+	// Options.Timeout while Redis was not known to be down.
+	Late   int64
+	Leased int64 // tokens leased beyond the requests that asked
 	// Returned counts leased tokens given back unspent to their server
 	// bucket.
 	Returned int64
@@ -630,7 +796,8 @@ type Stats struct {
 
 // Stats returns the counts so far.
 func (s *Source) Stats() Stats {
-	return Stats{Calls: s.calls.Load(), Errors: s.errs.Load(), Refused: s.refused.Load(), Leased: s.leased.Load(), Returned: s.returned.Load()}
+	return Stats{Calls: s.calls.Load(), Errors: s.errs.Load(), Refused: s.refused.Load(), Late: s.late.Load(),
+		Leased: s.leased.Load(), Returned: s.returned.Load()}
 }
 
 var (
