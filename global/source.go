@@ -686,6 +686,10 @@ func (s *Source) unspent(l *limit, now int64) []giveBack {
 		}
 		if n := ls.left.Swap(0); n > 0 {
 			back = append(back, giveBack{bucket: ls.bucket.UnixMicro(), n: n})
+			if batch := l.batch.Load(); n > batch/2 {
+				// Most of a lease went unspent: lease less.
+				l.batch.Store(max(batch/2, 1))
+			}
 		}
 	}
 	return back

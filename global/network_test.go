@@ -1,0 +1,57 @@
+package global
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/atomic"
+
+	"github.com/leapflow/leapflow/flow"
+	"github.com/leapflow/leapflow/global/redistest"
+)
+
+// TestFarRedisWorksWithDefaults: with Redis 1, 20 and 50 ms away (a
+// delaying proxy) and default Options on the README's client, requests are
+// decided by Redis, never by the fallback, and after every connection is
+// dropped the Source reconnects on its own. With the old defaults (50 ms
+// for a call, dial included) every call at 20 ms and more failed.
+func TestFarRedisWorksWithDefaults(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, rtt := range []time.Duration{time.Millisecond, 20 * time.Millisecond, 50 * time.Millisecond} {
+		t.Run(fmt.Sprintf("rtt=%v", rtt), func(t *testing.T) {
+			px := redistest.StartProxy(t, srv.Addr(), rtt)
+			var served atomic.Int64
+			src, err := New(px.Client(), Options{OnAdmit: func(time.Time, int64) { served.Inc() }})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = src.Close() })
+			eng, err := flow.New(flow.WithTokenSource(src))
+			require.NoError(t, err)
+			require.NoError(t, eng.LoadRules([]flow.Rule{{ID: fmt.Sprintf("far-%v", rtt), Resource: "api", Threshold: 1e6, Global: true, Fallback: flow.FallbackClosed}}))
+			var answered, admitted atomic.Int64
+			l := startLoad(eng, 4, func(err error) {
+				answered.Inc()
+				if err == nil {
+					admitted.Inc()
+				}
+			})
+			const long = 15 * time.Second
+			require.Eventually(t, func() bool { return served.Load() > 100 }, long, 5*time.Millisecond, "Redis decides")
+			time.Sleep(500 * time.Millisecond)
+			px.Drop()
+			from := served.Load()
+			require.Eventually(t, func() bool { return served.Load() > from+100 }, long, 5*time.Millisecond,
+				"Redis decides again after every connection dropped")
+			time.Sleep(300 * time.Millisecond)
+			l.Stop()
+			snap, _ := eng.Snapshot("api")
+			st := src.Stats()
+			t.Logf("rtt %v: %d of %d admitted, slowest Entry %v, fallbacks %d, %+v", rtt, admitted.Load(), answered.Load(), l.Slowest(), snap.Fallbacks, st)
+			assert.Zero(t, snap.Fallbacks, "no fallback: Redis is healthy, only far")
+			assert.Zero(t, st.Refused, "never backed off")
+			assert.GreaterOrEqual(t, admitted.Load()*10, answered.Load()*8, "most requests admitted (refused only while a call was late)")
+		})
+	}
+}

@@ -1,0 +1,192 @@
+package redistest
+
+import (
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/atomic"
+)
+
+// Proxy forwards connections on a loopback port to a server and delays
+// every byte by half the round trip it is set to, each way, as a server
+// that far away would: a command's reply comes a round trip after it was
+// sent, pipelined commands keep their order, and a new connection pays a
+// round trip per command of its handshake. It listens on 127.0.0.1 only
+// and holds nothing once closed.
+type Proxy struct {
+	t      testing.TB // nil outside tests
+	ln     net.Listener
+	target string
+	half   atomic.Int64 // ns each way
+
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// StartProxy starts a Proxy to target with round trip rtt, closed when
+// the test ends.
+func StartProxy(t testing.TB, target string, rtt time.Duration) *Proxy {
+	t.Helper()
+	p, err := NewProxy(target, rtt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.t = t
+	t.Cleanup(p.Close)
+	return p
+}
+
+// NewProxy starts a Proxy outside a test (the bench uses it); the caller
+// must Close it.
+func NewProxy(target string, rtt time.Duration) (*Proxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p.SetRTT(rtt)
+	p.wg.Add(1)
+	go p.serve()
+	return p, nil
+}
+
+// Addr returns the proxy's host:port.
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// SetRTT changes the round trip of every byte sent from now on.
+func (p *Proxy) SetRTT(rtt time.Duration) { p.half.Store(int64(rtt / 2)) }
+
+// Client returns a client of the server through the proxy with go-redis'
+// defaults, as the README configures one (context deadlines honoured),
+// closed when the test ends (outside a test, the caller closes it).
+func (p *Proxy) Client() *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: p.Addr(), ContextTimeoutEnabled: true})
+	if p.t != nil {
+		p.t.Cleanup(func() { c.Close() })
+	}
+	return c
+}
+
+// Drop closes every connection open through the proxy (a network fault);
+// new ones are accepted.
+func (p *Proxy) Drop() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		c.Close()
+	}
+}
+
+// Close stops the proxy and closes every connection through it.
+func (p *Proxy) Close() {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	p.ln.Close()
+	p.Drop()
+	p.wg.Wait()
+}
+
+// track adds c to the open connections, or closes it if the proxy is
+// closed.
+func (p *Proxy) track(c net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		c.Close()
+		return false
+	}
+	p.conns[c] = struct{}{}
+	return true
+}
+
+func (p *Proxy) untrack(c net.Conn) {
+	p.mu.Lock()
+	delete(p.conns, c)
+	p.mu.Unlock()
+	c.Close()
+}
+
+func (p *Proxy) serve() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		if !p.track(c) {
+			continue
+		}
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			defer p.untrack(c)
+			up, err := net.DialTimeout("tcp", p.target, time.Second)
+			if err != nil {
+				return
+			}
+			if !p.track(up) {
+				return
+			}
+			defer p.untrack(up)
+			done := make(chan struct{}, 2)
+			go func() { p.pump(up, c); done <- struct{}{} }()
+			go func() { p.pump(c, up); done <- struct{}{} }()
+			<-done // one side ended: close both, then wait for the other
+			c.Close()
+			up.Close()
+			<-done
+		}()
+	}
+}
+
+// chunk is bytes read at one moment, due at another.
+type chunk struct {
+	b   []byte
+	due time.Time
+}
+
+// pump copies from src to dst, each chunk half a round trip after it was
+// read.
+func (p *Proxy) pump(dst, src net.Conn) {
+	q := make(chan chunk, 1024)
+	writer := make(chan struct{})
+	go func() {
+		defer close(writer)
+		for ch := range q {
+			time.Sleep(time.Until(ch.due))
+			if _, err := dst.Write(ch.b); err != nil {
+				dst.Close()
+				src.Close()
+				for range q { // drain until the reader stops
+				}
+				return
+			}
+		}
+	}()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			q <- chunk{b: append([]byte(nil), buf[:n]...), due: time.Now().Add(time.Duration(p.half.Load()))}
+		}
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				dst.Close()
+			}
+			break
+		}
+	}
+	close(q)
+	<-writer
+	if tc, ok := dst.(*net.TCPConn); ok {
+		_ = tc.CloseWrite()
+	}
+}
