@@ -1,0 +1,118 @@
+package global
+
+import (
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/atomic"
+
+	"github.com/leapflow/leapflow/flow"
+	"github.com/leapflow/leapflow/global/redistest"
+)
+
+// spin runs g goroutines in a tight loop of Entry and Exit on resource
+// "api" for d, and returns how many were admitted. sample, if set, runs
+// every 50 ms meanwhile.
+func spin(eng *flow.Engine, g int, d time.Duration, sample func()) int64 {
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	end := time.Now().Add(d)
+	for range g {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(end) {
+				if en, err := eng.Entry("api"); err == nil {
+					admitted.Inc()
+					en.Exit(nil)
+				}
+			}
+		}()
+	}
+	for sample != nil && time.Now().Before(end) {
+		time.Sleep(50 * time.Millisecond)
+		sample()
+	}
+	wg.Wait()
+	return admitted.Load()
+}
+
+// waitingOnMutex counts the goroutines inside the Source that wait on a
+// mutex.
+func waitingOnMutex() (n int, stack string) {
+	buf := make([]byte, 8<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "global.(*Source)") && strings.Contains(g, "sync.(*Mutex).Lock") {
+			n, stack = n+1, g
+		}
+	}
+	return n, stack
+}
+
+// TestNoConvoy hammers one global rule near its limit from 64 goroutines,
+// leasing on and off: no request waits on a lock inside the Source, and
+// the limit never has more than one call to Redis in flight from the
+// instance. A per-limit mutex used to hold 39 of 64 goroutines, each
+// making its own call in turn.
+func TestNoConvoy(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, batch := range []int64{1, 100_000} {
+		t.Run(fmt.Sprintf("maxbatch=%d", batch), func(t *testing.T) {
+			src := newSource(t, srv.Client(), Options{MaxBatch: batch})
+			eng, err := flow.New(flow.WithTokenSource(src))
+			require.NoError(t, err)
+			require.NoError(t, eng.LoadRules([]flow.Rule{{ID: fmt.Sprintf("convoy-%d", batch), Resource: "api", Threshold: 2000, Global: true, Fallback: flow.FallbackClosed}}))
+			blocked, samples := 0, 0
+			var stack string
+			admitted := spin(eng, 64, 1500*time.Millisecond, func() {
+				n, s := waitingOnMutex()
+				blocked, samples = blocked+n, samples+1
+				if n > 0 {
+					stack = s
+				}
+			})
+			st := src.Stats()
+			t.Logf("admitted %d, %d stack samples, most calls in flight %d, %+v", admitted, samples, src.mostInFlight.Load(), st)
+			assert.Positive(t, samples)
+			assert.Zero(t, blocked, "a request waited on a mutex:\n%s", stack)
+			assert.Equal(t, int64(1), src.mostInFlight.Load(), "at most one call per limit in flight")
+			assert.Positive(t, admitted)
+		})
+	}
+}
+
+// TestSaturatedCPUKeepsRedis: with Redis healthy, 64 and then 256
+// goroutines spin on a global rule on a saturated CPU. The goroutine that
+// reads a reply may not run for long after it arrives; that used to time
+// the call out, back off Redis and put the rule on its fallback (millions
+// admitted against 1000/s under FallbackOpen). No request may fall back,
+// and no server window may hold more than the threshold.
+func TestSaturatedCPUKeepsRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, g := range []int{64, 256} {
+		t.Run(fmt.Sprintf("goroutines=%d", g), func(t *testing.T) {
+			audit := NewAudit()
+			src, err := New(srv.Client(), Options{OnAdmit: audit.Record}) // default timeouts
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = src.Close() })
+			eng, err := flow.New(flow.WithTokenSource(src))
+			require.NoError(t, err)
+			require.NoError(t, eng.LoadRules([]flow.Rule{{ID: fmt.Sprintf("busy-%d", g), Resource: "api", Threshold: 1000, Global: true, Fallback: flow.FallbackOpen}}))
+			admitted := spin(eng, g, 3*time.Second, nil)
+			snap, _ := eng.Snapshot("api")
+			st := src.Stats()
+			t.Logf("%d goroutines: admitted %d, counted %d, fullest window %d, fallbacks %d, %+v", g, admitted, audit.Total(), audit.Fullest(time.Second), snap.Fallbacks, st)
+			assert.Zero(t, snap.Fallbacks, "no fallback with Redis healthy")
+			assert.Zero(t, st.Errors, "no call failed")
+			assert.Equal(t, admitted, audit.Total(), "every admission counted by Redis")
+			assert.LessOrEqual(t, audit.Fullest(time.Second), int64(1000), "no server window over the threshold")
+		})
+	}
+}
