@@ -55,20 +55,19 @@ func (l *lease) take(now, n int64) bool {
 }
 
 // install makes extra tokens of decision d spendable until their server
-// bucket ends, timed from when the call was sent (the server read its clock
-// after that). Tokens of the bucket the current lease is in join it. The
+// bucket ends, timed from the middle of the call's round trip (when, on
+// paths as fast each way, the server read its clock): no later than a
+// direct answer counted at the end of the bucket would arrive. Tokens of the bucket the current lease is in join it. The
 // batch doubles when a whole lease was spent within one bucket and halves
-// when a bucket ended with most of one unspent.
-func (s *Source) install(l *limit, slot *paddedLease, d decision, extra, sent int64) {
-	if extra <= 0 {
-		return
-	}
-	deadline := sent + int64(d.BucketStart.Add(d.BucketLen).Sub(d.ServerTime)) - int64(s.opts.ClockSlack)
-	if deadline <= s.opts.Clock.Now() {
-		// The bucket ends before they could be spent (the call came in its
-		// last moments): give them back with the next call.
-		l.giveBackLater(giveBack{bucket: d.BucketStart.UnixMicro(), n: extra})
-		return
+// when a bucket ended with most of one unspent. It returns false, and
+// installs nothing, when the bucket ends before they could be spent (the
+// call came in its last moments).
+func (s *Source) install(l *limit, slot *paddedLease, d decision, extra, sent int64) bool {
+	now := s.opts.Clock.Now()
+	read := sent + (now-sent)/2
+	deadline := read + int64(d.BucketStart.Add(d.BucketLen).Sub(d.ServerTime)) - int64(s.opts.ClockSlack)
+	if deadline <= now {
+		return false
 	}
 	s.leased.Add(extra)
 	old := slot.Load()
@@ -81,7 +80,7 @@ func (s *Source) install(l *limit, slot *paddedLease, d decision, extra, sent in
 		old.size.Add(extra)
 		old.left.Add(extra)
 		l.batch.Store(min(batch*2, s.opts.MaxBatch))
-		return
+		return true
 	case old != nil && old.left.Load() > batch/2:
 		l.batch.Store(max(batch/2, 1))
 	}
@@ -92,8 +91,9 @@ func (s *Source) install(l *limit, slot *paddedLease, d decision, extra, sent in
 			l.giveBackLater(giveBack{bucket: old.bucket.UnixMicro(), n: n})
 		}
 	}
-	nl := &lease{deadline: deadline, bucket: d.BucketStart, installed: s.opts.Clock.Now()}
+	nl := &lease{deadline: deadline, bucket: d.BucketStart, installed: now}
 	nl.size.Store(extra)
 	nl.left.Store(extra)
 	slot.Store(nl)
+	return true
 }

@@ -36,7 +36,7 @@ func TestPartialLoadIsAdmitted(t *testing.T) {
 		}
 	}
 	st := src.Stats()
-	t.Logf("%d of %d admitted, %d calls, %d leased, %d given back", admitted, sent, st.Calls, st.Leased, st.Returned)
+	t.Logf("%d of %d admitted, %+v", admitted, sent, st)
 	assert.GreaterOrEqual(t, float64(admitted), 0.9*float64(sent))
 	assert.Positive(t, st.Returned, "unspent tokens went back")
 	assert.LessOrEqual(t, audit.Fullest(time.Second), int64(1000), "no server window over the threshold")

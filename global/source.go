@@ -417,11 +417,11 @@ func (s *Source) wait(ctx context.Context, l *limit, p int, req *flow.GlobalRequ
 		if f.err != nil {
 			return false, f.err
 		}
-		if f.claim(n) {
+		now := s.opts.Clock.Now()
+		if f.claim(now, n) {
 			s.admitted(f.bucket, n)
 			return true, nil
 		}
-		now := s.opts.Clock.Now()
 		if s.takeAny(l, now, n) {
 			return true, nil
 		}
@@ -479,11 +479,25 @@ func (s *Source) launch(l *limit, f *flight, p int, req flow.GlobalRequest) {
 func (s *Source) fly(l *limit, f *flight, p int, req flow.GlobalRequest) {
 	f.err = errNoAnswer // until there is one (a panic below)
 	defer f.end()
-	if f.prev != nil {
-		<-f.prev.done
+	prev := f.prev
+	if prev != nil {
+		<-prev.done
 		f.prev = nil
 	}
 	want := f.seal()
+	if prev != nil && prev.spare > 0 {
+		// The call before brought tokens too late to lease, and this one
+		// was gathering: its requests have them, and no call if enough.
+		if want > 0 && prev.spare >= want && s.opts.Clock.Now() < prev.expires {
+			f.err = nil
+			s.reserve(l, f, prev.bucket, want, prev.expires)
+			prev.spare -= want
+		}
+		l.giveBackLater(giveBack{bucket: prev.bucket.UnixMicro(), n: prev.spare})
+		if f.err == nil {
+			return
+		}
+	}
 	need := max(f.need.Load(), 1)
 	if err := s.callable(); err != nil {
 		f.err = err
@@ -519,20 +533,34 @@ func (s *Source) fly(l *limit, f *flight, p int, req flow.GlobalRequest) {
 		}
 		return
 	}
-	direct := min(d.Granted, want)
-	if direct > 0 {
-		f.bucket = d.BucketStart
-		f.left.Store(direct)
-		if !l.exact {
-			// What its requests do not claim (they gave up) goes back
-			// once they are all past their deadline.
-			f.expires = s.opts.Clock.Now() + int64(s.opts.Timeout)
-			l.backMu.Lock()
-			l.reserves = append(l.reserves, f)
-			l.backMu.Unlock()
+	reserved := min(d.Granted, want)
+	s.reserve(l, f, d.BucketStart, reserved, s.opts.Clock.Now()+int64(s.opts.Timeout))
+	if extra := d.Granted - reserved; extra > 0 && !s.install(l, &l.leases[p], d, extra, sent) {
+		// Too late to lease (the bucket ends before they could be
+		// spent): requests gathering for the next call may have them;
+		// else they go back with the next call.
+		if l.cur.Load() != f {
+			f.bucket, f.spare = d.BucketStart, extra
+		} else {
+			l.giveBackLater(giveBack{bucket: d.BucketStart.UnixMicro(), n: extra})
 		}
 	}
-	s.install(l, &l.leases[p], d, d.Granted-direct, sent)
+}
+
+// reserve makes n tokens counted in bucket claimable by f's requests until
+// expires. What they do not claim (they gave up) goes back with the first
+// call after that; in exact mode it stays counted for a window.
+func (s *Source) reserve(l *limit, f *flight, bucket time.Time, n, expires int64) {
+	f.bucket, f.expires = bucket, expires
+	if n <= 0 {
+		return
+	}
+	f.left.Store(n)
+	if !l.exact {
+		l.backMu.Lock()
+		l.reserves = append(l.reserves, f)
+		l.backMu.Unlock()
+	}
 }
 
 // errNoAnswer is the answer of a call that ended without one (a panic in a
@@ -552,13 +580,15 @@ type flight struct {
 	done  chan struct{}
 	ended atomic.Bool
 	// The answer, written before done is closed: err, or refused, or
-	// left tokens counted for the requests in bucket, claimable until
-	// expires (then given back with the next call).
+	// left tokens counted in bucket for the requests, claimable until
+	// expires (then given back with the next call), and spare tokens
+	// for the next call's requests (read only by that call).
 	err     error
 	refused bool
 	left    atomic.Int64
 	bucket  time.Time
 	expires int64
+	spare   int64
 }
 
 const sealed = int64(1) << 62
@@ -598,8 +628,12 @@ func (f *flight) seal() int64 {
 	}
 }
 
-// claim takes n of the tokens counted for f's requests.
-func (f *flight) claim(n int64) bool {
+// claim takes n of the tokens counted for f's requests, unless they
+// expired.
+func (f *flight) claim(now, n int64) bool {
+	if now >= f.expires {
+		return false
+	}
 	for {
 		left := f.left.Load()
 		if left < n {
