@@ -241,7 +241,11 @@ func (rr *resourceRules) group(w *metric.Window, interval time.Duration) *window
 
 // globalRequest is what global rule r asks its token source.
 func globalRequest(r *Rule) GlobalRequest {
-	return GlobalRequest{Key: globalKey(r), Resource: r.Resource, Threshold: r.Threshold, Interval: r.StatInterval}
+	g := GlobalRequest{Key: globalKey(r), Resource: r.Resource, Threshold: r.Threshold, Interval: r.StatInterval}
+	if r.Fallback == FallbackLocal {
+		g.LocalShare = r.LocalShare
+	}
+	return g
 }
 
 // globalKey names a global rule's limit: by its ID if it has one, else by

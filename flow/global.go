@@ -25,6 +25,10 @@ type GlobalRequest struct {
 	Threshold float64
 	Interval  time.Duration
 	Count     int64
+	// LocalShare is the part of Threshold the rule admits locally while
+	// the source fails (FallbackLocal; 0 otherwise): a source may keep
+	// it for this instance from the others while it cannot be reached.
+	LocalShare float64
 }
 
 // Binder is implemented by token sources that can resolve a rule's limit

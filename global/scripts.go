@@ -57,11 +57,67 @@ end
 threshold = math.min(threshold, tmin)
 `
 
+// scriptPresence reads the presence field f (value v, "expires,share,
+// until") of an instance into reserved: its share counts while its presence
+// has lapsed (it may be falling back, or cut off) for up to hold, and until
+// a window after it came back (what it admitted meanwhile is not counted
+// here); a presence lapsed longer than hold is forgotten.
+const scriptPresence = `
+local pe, ps, pu = string.match(v, '^(%d+),(%d+),(%d+)$')
+if pe then
+  pe, ps, pu = tonumber(pe), tonumber(ps), tonumber(pu)
+  if now >= pe + hold then
+    redis.call('HDEL', hash, f)
+  elseif now >= pe or now < pu then
+    reserved = reserved + ps
+  end
+end
+`
+
+// presenceScript renews an instance's presence in a limit's hash
+// (KEYS[1]); ARGV: the instance's ID, its share (admissions per window it
+// makes on its own while it falls back), the presence's TTL (µs), the
+// window (µs), whether it may have fallen back since it last renewed (1 or
+// 0), the least expiry of the hash (ms), the step tolerance (µs). An
+// instance whose presence lapsed, or that may have fallen back, has its
+// share kept from the others for a window from now (see scriptPresence).
+var presenceScript = redis.NewScript(`
+local hash = KEYS[1]
+local f = 'p:' .. ARGV[1]
+local share = tonumber(ARGV[2])
+local ttl = tonumber(ARGV[3])
+local window = tonumber(ARGV[4])
+local rejoin = tonumber(ARGV[5])
+local keep = tonumber(ARGV[6])
+local step = tonumber(ARGV[7])
+` + scriptTime + `
+local untilT = 0
+local prev = redis.call('HGET', hash, f)
+if prev then
+  local pe, ps, pu = string.match(prev, '^(%d+),(%d+),(%d+)$')
+  if pe then
+    untilT = tonumber(pu)
+    if now >= tonumber(pe) then rejoin = 1 end
+  end
+end
+if rejoin == 1 then untilT = math.max(untilT, now + window) end
+redis.call('HSET', hash, f, string.format('%.0f,%.0f,%.0f', now + ttl, share, untilT))
+if redis.call('PTTL', hash) < keep then redis.call('PEXPIRE', hash, keep) end
+return 1
+`)
+
+// scriptExpire makes the hash live at least ttl (ms) more: presence may
+// keep it longer.
+const scriptExpire = `
+if redis.call('PTTL', hash) < ttl then redis.call('PEXPIRE', hash, ttl) end
+`
+
 // windowScript is the bucketed sliding window. KEYS[1] is the limit's hash,
 // KEYS[2] the call's reply key (see scriptReplay); ARGV: threshold per
 // window, window (µs), buckets, want (what the waiting requests ask), max
 // lease, TTL (ms), the step tolerance (µs), the reply's TTL (ms), need (the
-// smallest request among want: less than that is refused), then pairs of a bucket's
+// smallest request among want: less than that is refused), hold (µs; see
+// scriptPresence), then pairs of a bucket's
 // start (µs) and the tokens leased in it that this instance gives back
 // unspent. It grants what fits of want, at least need, plus a lease of up
 // to max lease and a quarter of the room left. It returns granted (0:
@@ -79,10 +135,11 @@ local ttl = tonumber(ARGV[6])
 local step = tonumber(ARGV[7])
 local replyTTL = tonumber(ARGV[8])
 local need = tonumber(ARGV[9])
+local hold = tonumber(ARGV[10])
 ` + scriptReplay + scriptTime + `
--- Tokens this instance leased in earlier buckets and never spent (ARGV 10
+-- Tokens this instance leased in earlier buckets and never spent (ARGV 11
 -- on: bucket, count, ...): take them off those buckets still in the window.
-for i = 10, #ARGV - 1, 2 do
+for i = 11, #ARGV - 1, 2 do
   local back = tonumber(ARGV[i + 1])
   local had = tonumber(redis.call('HGET', hash, ARGV[i]) or '0')
   if had > 0 and back > 0 then
@@ -96,12 +153,13 @@ local cur = now - (now % blen)
 if cur < latest then cur = latest end
 ` + scriptThreshold + `
 local total = 0
+local reserved = 0
 local live = {}
 local kv = redis.call('HGETALL', hash)
 for i = 1, #kv, 2 do
   local f = kv[i]
-  if f ~= 'latest' and f ~= 'off' and f ~= 'tmin' and f ~= 'tmin_at' then
-    local s = tonumber(f)
+  local s = tonumber(f)
+  if s then
     if cur - s >= window then
       redis.call('HDEL', hash, f)
     else
@@ -109,8 +167,12 @@ for i = 1, #kv, 2 do
       total = total + c
       live[#live + 1] = {s, c}
     end
+  elseif string.sub(f, 1, 2) == 'p:' then
+    local v = kv[i + 1]
+` + scriptPresence + `
   end
 end
+threshold = math.max(0, threshold - reserved)
 local granted = 0
 local room = threshold - total
 if need <= room then
@@ -121,7 +183,7 @@ end
 if cur > latest then
   redis.call('HSET', hash, 'latest', string.format('%.0f', cur))
 end
-redis.call('PEXPIRE', hash, ttl)
+` + scriptExpire + `
 local retry = 0
 if granted == 0 then
   retry = -1
@@ -144,8 +206,9 @@ local res = {granted, total, threshold - total, retry, now, cur, blen}
 // logScript is the exact sliding log. KEYS[1] is the sorted set, KEYS[2]
 // the meta hash, KEYS[3] the call's reply key; ARGV: threshold, window
 // (µs), want, TTL (ms), the step tolerance (µs), the reply's TTL (ms),
-// need. It admits what fits of want, at least need, and returns what
-// windowScript does, with the bucket being the whole window.
+// need, hold (µs; see scriptPresence). It admits what fits of want, at
+// least need, and returns what windowScript does, with the bucket being
+// the whole window.
 var logScript = redis.NewScript(`
 local hash = KEYS[2]
 local threshold = tonumber(ARGV[1])
@@ -155,9 +218,20 @@ local ttl = tonumber(ARGV[4])
 local step = tonumber(ARGV[5])
 local replyTTL = tonumber(ARGV[6])
 local need = tonumber(ARGV[7])
+local hold = tonumber(ARGV[8])
 ` + scriptReplay + scriptTime + `
 if now < latest then now = latest end
 ` + scriptThreshold + `
+local reserved = 0
+local kv = redis.call('HGETALL', hash)
+for i = 1, #kv, 2 do
+  local f = kv[i]
+  if string.sub(f, 1, 2) == 'p:' then
+    local v = kv[i + 1]
+` + scriptPresence + `
+  end
+end
+threshold = math.max(0, threshold - reserved)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.0f', now - window))
 local total = redis.call('ZCARD', KEYS[1])
 local granted = 0
@@ -171,7 +245,7 @@ if total + need <= threshold then
 end
 redis.call('HSET', hash, 'latest', string.format('%.0f', now))
 redis.call('PEXPIRE', KEYS[1], ttl)
-redis.call('PEXPIRE', hash, ttl)
+` + scriptExpire + `
 local retry = 0
 if granted == 0 then
   retry = -1

@@ -50,6 +50,13 @@ type Options struct {
 	// probes it (default 100 ms); it doubles after every FailAfter probes
 	// that fail, up to MaxBackoff (default 5 s).
 	Backoff, MaxBackoff time.Duration
+	// PresenceTTL is how long an instance's presence in a limit lasts
+	// (default 1 s); it is renewed every third of that while Redis
+	// answers, for the limits of rules with FallbackLocal. Once it lapses
+	// the other instances keep the rule's LocalShare of the threshold
+	// from what they admit, for up to PresenceHold (default 30 s), since
+	// the instance may be admitting it on its own (see the package doc).
+	PresenceTTL, PresenceHold time.Duration
 	// Prefix starts every key (default "leapflow").
 	Prefix string
 	// Clock times leases; it must never read behind real time by more
@@ -86,6 +93,12 @@ func (o Options) withDefaults() Options {
 	if o.MaxBackoff == 0 {
 		o.MaxBackoff = max(5*time.Second, o.Backoff)
 	}
+	if o.PresenceTTL == 0 {
+		o.PresenceTTL = time.Second
+	}
+	if o.PresenceHold == 0 {
+		o.PresenceHold = max(30*time.Second, o.PresenceTTL)
+	}
 	if o.Prefix == "" {
 		o.Prefix = "leapflow"
 	}
@@ -114,6 +127,10 @@ func (o Options) validate() error {
 		return fmt.Errorf("global: ExactBelow must be >= 0, got %d", o.ExactBelow)
 	case o.Backoff < 0 || o.MaxBackoff < o.Backoff:
 		return fmt.Errorf("global: Backoff must be in [0, MaxBackoff], got %v (MaxBackoff %v)", o.Backoff, o.MaxBackoff)
+	case o.PresenceTTL < 10*time.Millisecond:
+		return fmt.Errorf("global: PresenceTTL must be at least 10ms, got %v", o.PresenceTTL)
+	case o.PresenceHold < o.PresenceTTL:
+		return fmt.Errorf("global: PresenceHold must be at least PresenceTTL (%v), got %v", o.PresenceTTL, o.PresenceHold)
 	case o.ClockSlack < 0:
 		return fmt.Errorf("global: ClockSlack must be >= 0, got %v", o.ClockSlack)
 	case strings.ContainsAny(o.Prefix, "{}"):
@@ -138,6 +155,11 @@ type Source struct {
 	probing   atomic.Bool
 
 	calls, errs, refused, late, leased, returned atomic.Int64
+	// fellBack is set when a request got an error (its rule's fallback
+	// applied) and cleared by the next renewal of presence, which then
+	// keeps this instance's shares from the others for a window.
+	fellBack atomic.Bool
+	presence sync.Once
 	// mostInFlight is the most calls one limit had out at once (tests).
 	mostInFlight atomic.Int64
 
@@ -167,6 +189,7 @@ func (s *Source) Close() error {
 	s.bgMu.Unlock()
 	s.cancel()
 	s.bg.Wait()
+	s.leave()
 	return nil
 }
 
@@ -264,6 +287,17 @@ type limit struct {
 	// room again (the Source's clock); requests before then are refused
 	// without a round trip.
 	closedUntil atomic.Int64
+	// share is what this instance admits per window on its own while it
+	// falls back (FallbackLocal): its presence is kept while it is > 0.
+	share atomic.Int64
+}
+
+// hash is the key of the limit's hash that holds presence.
+func (l *limit) hash() string {
+	if l.exact {
+		return l.keys.meta
+	}
+	return l.keys.window
 }
 
 // giveBackLater queues g for the next call.
@@ -284,9 +318,28 @@ func perWindow(req flow.GlobalRequest) int64 {
 
 func (s *Source) limitFor(req flow.GlobalRequest) *limit {
 	id := limitID{key: req.Key, limit: perWindow(req), interval: req.Interval}
-	if l, ok := s.limits.Load(id); ok {
-		return l.(*limit)
+	l, ok := s.limits.Load(id)
+	if !ok {
+		l = s.newLimit(id, req)
 	}
+	if req.LocalShare > 0 {
+		s.keepShare(l.(*limit), int64(math.Floor(req.Threshold*req.LocalShare*req.Interval.Seconds())))
+	}
+	return l.(*limit)
+}
+
+// keepShare records that this instance admits up to share per window of
+// l on its own while it falls back, and starts renewing its presence.
+func (s *Source) keepShare(l *limit, share int64) {
+	for old := l.share.Load(); share > old; old = l.share.Load() {
+		if l.share.CompareAndSwap(old, share) {
+			s.presence.Do(func() { s.goCall(s.renewPresence) })
+			return
+		}
+	}
+}
+
+func (s *Source) newLimit(id limitID, req flow.GlobalRequest) any {
 	// The key names the limit and the layout of its data, never its
 	// threshold: instances that disagree on the threshold share the limit
 	// (the smaller applies; see scriptThreshold).
@@ -306,7 +359,7 @@ func (s *Source) limitFor(req flow.GlobalRequest) *limit {
 	stripes := cpu.Stripes()
 	nl.leases, nl.mask = make([]paddedLease, stripes), stripes-1
 	l, _ := s.limits.LoadOrStore(id, nl)
-	return l.(*limit)
+	return l
 }
 
 // leasing reports whether calls for l lease tokens beyond their requests.
@@ -356,9 +409,14 @@ func (s *Source) acquire(ctx context.Context, l *limit, req *flow.GlobalRequest,
 	if until := s.downUntil.Load(); until != 0 && now < until {
 		// Backing off: do not even wait for a call.
 		s.refused.Inc()
+		s.fellBack.Store(true)
 		return false, ErrUnavailable
 	}
-	return s.wait(ctx, l, p, req, n, now+int64(s.opts.Timeout))
+	ok, err := s.wait(ctx, l, p, req, n, now+int64(s.opts.Timeout))
+	if err != nil {
+		s.fellBack.Store(true)
+	}
+	return ok, err
 }
 
 // takeAny takes n from any of l's leases: tokens a P leased and stopped
@@ -738,11 +796,12 @@ func (s *Source) takeAs(id string, l *limit, threshold, need, want, maxLease int
 	s.calls.Inc()
 	ttl := 2*l.window/1000 + 1000
 	replyTTL := max(int64(time.Second), 2*int64(s.opts.CallTimeout)) / int64(time.Millisecond)
+	hold := s.opts.PresenceHold.Microseconds()
 	var cmd *redis.Cmd
 	if l.exact {
-		cmd = logScript.Run(ctx, s.client, []string{l.keys.log, l.keys.meta, l.keys.reply + id}, threshold, l.window, want, ttl, serverStep, replyTTL, need)
+		cmd = logScript.Run(ctx, s.client, []string{l.keys.log, l.keys.meta, l.keys.reply + id}, threshold, l.window, want, ttl, serverStep, replyTTL, need, hold)
 	} else {
-		args := []any{threshold, l.window, s.opts.Buckets, want, maxLease, ttl, serverStep, replyTTL, need}
+		args := []any{threshold, l.window, s.opts.Buckets, want, maxLease, ttl, serverStep, replyTTL, need, hold}
 		for _, g := range back {
 			args = append(args, strconv.FormatInt(g.bucket, 10), g.n)
 		}

@@ -27,6 +27,7 @@ type Proxy struct {
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
 	closed bool
+	cut    bool
 	wg     sync.WaitGroup
 }
 
@@ -84,6 +85,22 @@ func (p *Proxy) Drop() {
 	}
 }
 
+// Cut closes every connection through the proxy and every new one at
+// once, until Restore: the server is unreachable.
+func (p *Proxy) Cut() {
+	p.mu.Lock()
+	p.cut = true
+	p.mu.Unlock()
+	p.Drop()
+}
+
+// Restore ends a Cut.
+func (p *Proxy) Restore() {
+	p.mu.Lock()
+	p.cut = false
+	p.mu.Unlock()
+}
+
 // Close stops the proxy and closes every connection through it.
 func (p *Proxy) Close() {
 	p.mu.Lock()
@@ -99,7 +116,7 @@ func (p *Proxy) Close() {
 func (p *Proxy) track(c net.Conn) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed {
+	if p.closed || p.cut {
 		c.Close()
 		return false
 	}

@@ -1,0 +1,81 @@
+package global
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// renewPresence renews this instance's presence in every limit it keeps a
+// share of, every third of Options.PresenceTTL, until Close. It renews
+// only while the Source is not backing off: an instance that cannot reach
+// Redis lets its presence lapse, and the others then keep its shares.
+func (s *Source) renewPresence() {
+	tick := time.NewTicker(s.opts.PresenceTTL / 3)
+	defer tick.Stop()
+	for {
+		if s.downUntil.Load() == 0 {
+			s.renew()
+		}
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// renew makes one round of renewals, pipelined.
+func (s *Source) renew() {
+	ctx, cancel := context.WithTimeout(s.ctx, s.opts.CallTimeout)
+	defer cancel()
+	rejoin := 0
+	if s.fellBack.Swap(false) {
+		rejoin = 1
+	}
+	keep := (s.opts.PresenceHold + s.opts.PresenceTTL).Milliseconds()
+	run := func(pipe redis.Pipeliner, sha bool) {
+		s.limits.Range(func(_, v any) bool {
+			l := v.(*limit)
+			if share := l.share.Load(); share > 0 {
+				keys := []string{l.hash()}
+				args := []any{s.id, share, s.opts.PresenceTTL.Microseconds(), l.window, rejoin, keep, serverStep}
+				if sha {
+					presenceScript.EvalSha(ctx, pipe, keys, args...)
+				} else {
+					presenceScript.Eval(ctx, pipe, keys, args...)
+				}
+			}
+			return true
+		})
+	}
+	_, err := s.client.Pipelined(ctx, func(pipe redis.Pipeliner) error { run(pipe, true); return nil })
+	if err != nil && strings.Contains(err.Error(), "NOSCRIPT") {
+		_, err = s.client.Pipelined(ctx, func(pipe redis.Pipeliner) error { run(pipe, false); return nil })
+	}
+	if err != nil && rejoin == 1 {
+		s.fellBack.Store(true) // not told: tell it next time
+	}
+}
+
+// leave removes this instance's presence when it closes, unless it fell
+// back since it last renewed (the others then keep its shares until the
+// presence lapses and for PresenceHold after).
+func (s *Source) leave() {
+	if s.fellBack.Load() || s.downUntil.Load() != 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.opts.CallTimeout)
+	defer cancel()
+	_, _ = s.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+		s.limits.Range(func(_, v any) bool {
+			if l := v.(*limit); l.share.Load() > 0 {
+				pipe.HDel(ctx, l.hash(), "p:"+s.id)
+			}
+			return true
+		})
+		return nil
+	})
+}
