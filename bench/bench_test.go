@@ -34,7 +34,9 @@ func TestQuickRun(t *testing.T) {
 	md, err := os.ReadFile(filepath.Join(out, "report.md"))
 	require.NoError(t, err)
 	for _, want := range []string{"# leapflow bench report", "## Throughput", "### one hot resource", "### 1000 resources", "## Accuracy", "## Memory", "![accuracy](accuracy.svg)",
-		"## Global limit on Redis", "| global, leasing |", "the fullest server window held", "## Saturated CPU", "| default (coarse) | 256 |"} {
+		"## Global limit on Redis", "| global, leasing |", "the fullest server window held", "## Saturated CPU", "| default (coarse) | 256 |",
+		"### Below the limit", "### Random arrivals against the oracle", "| poisson | 1000 | 4 |", "### Entry latency with Redis far away", "| 20ms |",
+		"### Saturated CPU, healthy Redis", "| 256 |"} {
 		assert.Contains(t, string(md), want)
 	}
 	for _, im := range impls {

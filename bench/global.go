@@ -28,17 +28,18 @@ type globalAccuracy struct {
 	admitted  int64
 	fullest   int64 // the fullest server window
 	calls     int64
+	fallbacks int64
 }
 
 // globalSection runs the global-limit measurements against a redis-server
 // it starts itself; it returns a note instead when there is none.
-func globalSection(cfg config, tick func(string)) ([]globalResult, *globalAccuracy, string) {
+func globalSection(cfg config, tick func(string)) ([]globalResult, *globalAccuracy, globalLoad, string) {
 	if _, err := exec.LookPath("redis-server"); err != nil {
-		return nil, nil, "skipped: redis-server not found (make test installs it from Debian's packages)"
+		return nil, nil, globalLoad{}, "skipped: redis-server not found (make test installs it from Debian's packages)"
 	}
 	srv, err := redistest.Launch()
 	if err != nil {
-		return nil, nil, "skipped: " + err.Error()
+		return nil, nil, globalLoad{}, "skipped: " + err.Error()
 	}
 	defer srv.Stop()
 	var out []globalResult
@@ -85,7 +86,8 @@ func globalSection(cfg config, tick func(string)) ([]globalResult, *globalAccura
 		}
 	}
 	tick("global accuracy")
-	return out, globalHammer(srv, cfg), ""
+	acc := globalHammer(srv, cfg)
+	return out, acc, loadSection(srv, cfg, tick), ""
 }
 
 // globalHammer runs four instances (engines with their own clients) on one
@@ -96,6 +98,7 @@ func globalHammer(srv *redistest.Server, cfg config) *globalAccuracy {
 	audit := global.NewAudit()
 	var admitted atomic.Int64
 	var sources []*global.Source
+	var engs []*flow.Engine
 	key := fmt.Sprintf("accuracy-%d", time.Now().UnixNano())
 	deadline := time.Now().Add(cfg.accDuration)
 	var wg sync.WaitGroup
@@ -114,6 +117,7 @@ func globalHammer(srv *redistest.Server, cfg config) *globalAccuracy {
 		if err := eng.LoadRules([]flow.Rule{{ID: key, Resource: "api", Threshold: float64(cfg.threshold), Global: true, Fallback: flow.FallbackClosed}}); err != nil {
 			panic(err)
 		}
+		engs = append(engs, eng)
 		for range cfg.accG / instances {
 			wg.Add(1)
 			go func() {
@@ -132,6 +136,10 @@ func globalHammer(srv *redistest.Server, cfg config) *globalAccuracy {
 	acc.fullest = audit.Fullest(time.Second)
 	for _, s := range sources {
 		acc.calls += s.Stats().Calls
+	}
+	for _, e := range engs {
+		snap, _ := e.Snapshot("api")
+		acc.fallbacks += snap.Fallbacks
 	}
 	return acc
 }

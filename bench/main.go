@@ -134,13 +134,14 @@ type report struct {
 	memory     []memResult
 	global     []globalResult
 	globalAcc  *globalAccuracy
+	globalLoad globalLoad
 	globalNote string
 	saturation []saturationResult
 }
 
 func run(cfg config, stdout, stderr io.Writer) error {
 	rep := &report{cfg: cfg, started: time.Now()}
-	steps := len(impls)*len(cfg.goroutines)*len(cfg.resources) + 3*len(accLimiters) + len(memCases) + 3*len(cfg.goroutines) + 2
+	steps := len(impls)*len(cfg.goroutines)*len(cfg.resources) + 3*len(accLimiters) + len(memCases) + 3*len(cfg.goroutines) + 2 + globalLoadSteps(cfg)
 	var bar *progressbar.ProgressBar
 	tick := func(desc string) {}
 	if cfg.progress {
@@ -177,7 +178,7 @@ func run(cfg config, stdout, stderr io.Writer) error {
 	}
 	tick("saturated CPU")
 	rep.saturation = saturation(cfg)
-	rep.global, rep.globalAcc, rep.globalNote = globalSection(cfg, tick)
+	rep.global, rep.globalAcc, rep.globalLoad, rep.globalNote = globalSection(cfg, tick)
 	if bar != nil {
 		_ = bar.Finish()
 	}

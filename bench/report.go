@@ -109,9 +109,10 @@ func (r *report) printTables(w io.Writer) {
 		}
 		tw.Flush()
 		if a := r.globalAcc; a != nil {
-			fmt.Fprintf(w, "%d instances, threshold %d/s: admitted %d, fullest server window %d, %d round trips\n",
-				a.instances, a.threshold, a.admitted, a.fullest, a.calls)
+			fmt.Fprintf(w, "%d instances, threshold %d/s: admitted %d, fullest server window %d, %d round trips (%.4f per admission), %d fallbacks\n",
+				a.instances, a.threshold, a.admitted, a.fullest, a.calls, float64(a.calls)/float64(max(a.admitted, 1)), a.fallbacks)
 		}
+		r.globalLoadTables(w, false)
 	}
 	fmt.Fprintf(w, "\nMemory: bytes per limiter, over %d of them\n", r.cfg.memN)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -258,9 +259,10 @@ func (r *report) markdown(w io.Writer) {
 		}
 		if a := r.globalAcc; a != nil {
 			fmt.Fprintf(w, "\n%d instances (engines with their own clients), %d goroutines in all, one global rule of %d/s for %v: "+
-				"admitted %d; the fullest server window held %d (threshold %d); %d round trips.\n",
-				a.instances, c.accG, a.threshold, c.accDuration, a.admitted, a.fullest, a.threshold, a.calls)
+				"admitted %d; the fullest server window held %d (threshold %d); %d round trips (%.4f per admission); %d fallbacks.\n",
+				a.instances, c.accG, a.threshold, c.accDuration, a.admitted, a.fullest, a.threshold, a.calls, float64(a.calls)/float64(max(a.admitted, 1)), a.fallbacks)
 		}
+		r.globalLoadTables(w, true)
 	}
 	fmt.Fprintf(w, "\n## Memory\n\nHeap bytes per limiter, measured with runtime.MemStats over %d of them.\n\n| limiter | bytes | what |\n|---|---:|---|\n", c.memN)
 	for _, m := range r.memory {

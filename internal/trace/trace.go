@@ -152,3 +152,17 @@ func Ratio(a, b int64) float64 {
 	}
 	return float64(a) / float64(b)
 }
+
+// Even is arrivals evenly spaced at rate per second over d, dealt to n
+// instances in turn.
+func Even(rate float64, d time.Duration, n int) []Arrival {
+	var out []Arrival
+	gap := float64(time.Second) / rate
+	for i := 0; ; i++ {
+		at := time.Duration(float64(i) * gap)
+		if at >= d {
+			return out
+		}
+		out = append(out, Arrival{at, i % n})
+	}
+}
