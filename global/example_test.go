@@ -16,8 +16,10 @@ import (
 func Example() {
 	client := redis.NewUniversalClient(&redis.UniversalOptions{
 		Addrs:                 []string{"127.0.0.1:6379"},
-		ContextTimeoutEnabled: true, // lets the Source's short timeout bound every call
+		ContextTimeoutEnabled: true, // lets the Source's CallTimeout bound every call
 	})
+	// Requests wait at most 50 ms for Redis (a Redis up to about 25 ms
+	// away); calls run on for up to a second in the background.
 	src, err := global.New(client, global.Options{Timeout: 50 * time.Millisecond})
 	if err != nil {
 		log.Fatal(err)
