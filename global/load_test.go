@@ -116,3 +116,23 @@ func TestSaturatedCPUKeepsRedis(t *testing.T) {
 		})
 	}
 }
+
+// TestLeaseTakeAllocatesNothing: a request admitted from a lease, the hot
+// path of a global rule, allocates nothing.
+func TestLeaseTakeAllocatesNothing(t *testing.T) {
+	srv := redistest.Start(t)
+	src := newSource(t, srv.Client(), Options{})
+	b := src.Bind(req("allocs", 1e9, time.Second, 1))
+	ctx := t.Context()
+	ok, err := b.Acquire(ctx, 1) // leases a batch of 100
+	require.NoError(t, err)
+	require.True(t, ok)
+	calls := src.Stats().Calls
+	allocs := testing.AllocsPerRun(50, func() {
+		if ok, err := b.Acquire(ctx, 1); !ok || err != nil {
+			panic("refused")
+		}
+	})
+	assert.Zero(t, allocs)
+	assert.Equal(t, calls, src.Stats().Calls, "all from the lease")
+}
