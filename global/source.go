@@ -556,6 +556,17 @@ func (s *Source) fly(l *limit, f *flight, p int, req flow.GlobalRequest) {
 			return
 		}
 	}
+	if prev != nil && want > 0 {
+		// Or it brought a lease that has enough for them.
+		now := s.opts.Clock.Now()
+		for i := range l.leases {
+			if ls := l.leases[i].Load(); ls.take(now, want) {
+				f.err = nil
+				s.reserve(l, f, ls.bucket, want, now+int64(s.opts.Timeout))
+				return
+			}
+		}
+	}
 	need := max(f.need.Load(), 1)
 	if err := s.callable(); err != nil {
 		f.err = err

@@ -24,6 +24,7 @@ type Proxy struct {
 	target string
 	half   atomic.Int64 // ns each way
 
+	quit   chan struct{} // closed by Close
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
 	closed bool
@@ -51,7 +52,7 @@ func NewProxy(target string, rtt time.Duration) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}, quit: make(chan struct{})}
 	p.SetRTT(rtt)
 	p.wg.Add(1)
 	go p.serve()
@@ -104,6 +105,9 @@ func (p *Proxy) Restore() {
 // Close stops the proxy and closes every connection through it.
 func (p *Proxy) Close() {
 	p.mu.Lock()
+	if !p.closed {
+		close(p.quit)
+	}
 	p.closed = true
 	p.mu.Unlock()
 	p.ln.Close()
@@ -171,14 +175,35 @@ type chunk struct {
 }
 
 // pump copies from src to dst, each chunk half a round trip after it was
-// read.
+// read. Chunks still held when the connection fails, or the proxy closes,
+// are dropped.
 func (p *Proxy) pump(dst, src net.Conn) {
 	q := make(chan chunk, 1024)
 	writer := make(chan struct{})
+	gone := make(chan struct{}) // closed when src fails
 	go func() {
 		defer close(writer)
 		for ch := range q {
-			time.Sleep(time.Until(ch.due))
+			if wait := time.Until(ch.due); wait > 0 {
+				t := time.NewTimer(wait)
+				select {
+				case <-t.C:
+				case <-gone:
+				case <-p.quit:
+				}
+				t.Stop()
+			}
+			select {
+			case <-gone:
+				for range q {
+				}
+				return
+			case <-p.quit:
+				for range q {
+				}
+				return
+			default:
+			}
 			if _, err := dst.Write(ch.b); err != nil {
 				dst.Close()
 				src.Close()
@@ -196,6 +221,7 @@ func (p *Proxy) pump(dst, src net.Conn) {
 		}
 		if err != nil {
 			if !errors.Is(err, io.EOF) {
+				close(gone)
 				dst.Close()
 			}
 			break
