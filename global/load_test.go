@@ -1,6 +1,7 @@
 package global
 
 import (
+	"context"
 	"fmt"
 	"runtime"
 	"strings"
@@ -8,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/atomic"
@@ -135,4 +137,46 @@ func TestLeaseTakeAllocatesNothing(t *testing.T) {
 	})
 	assert.Zero(t, allocs)
 	assert.Equal(t, calls, src.Stats().Calls, "all from the lease")
+}
+
+// lateHook delays every command, as a saturated CPU delays the goroutine
+// that sends it or reads its reply.
+type lateHook struct{ delay time.Duration }
+
+func (lateHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h lateHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		time.Sleep(h.delay)
+		return next(ctx, cmd)
+	}
+}
+func (h lateHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestLateRepliesKeepRedis: every call answers 150 ms late, three times the
+// time a request waits, as when the CPU is saturated. A late call used to
+// count as a failure: the Source backed off and the rule fell back (with
+// FallbackOpen, admitting without limit). Now the call completes in the
+// background and its lease serves the requests after it: no fallback, no
+// window over the threshold.
+func TestLateRepliesKeepRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client()
+	client.AddHook(lateHook{150 * time.Millisecond})
+	audit := NewAudit()
+	src, err := New(client, Options{Timeout: 50 * time.Millisecond, OnAdmit: audit.Record})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = src.Close() })
+	eng, err := flow.New(flow.WithTokenSource(src))
+	require.NoError(t, err)
+	require.NoError(t, eng.LoadRules([]flow.Rule{{ID: "late", Resource: "api", Threshold: 1000, Global: true, Fallback: flow.FallbackOpen}}))
+	admitted := spin(eng, 8, 2*time.Second, nil)
+	snap, _ := eng.Snapshot("api")
+	st := src.Stats()
+	t.Logf("admitted %d, counted %d, fullest window %d, fallbacks %d, %+v", admitted, audit.Total(), audit.Fullest(time.Second), snap.Fallbacks, st)
+	assert.Zero(t, snap.Fallbacks, "no fallback: Redis answered every call")
+	assert.Equal(t, admitted, audit.Total(), "every admission counted by Redis")
+	assert.LessOrEqual(t, audit.Fullest(time.Second), int64(1000))
+	assert.Positive(t, admitted)
 }
