@@ -227,6 +227,11 @@ func (e *Engine) global(node *stat.Node, g *globalRule, h *held, i, p int, now, 
 		}
 		return g.be
 	}
+	if ctx.Err() != nil {
+		// The caller gave up waiting: that says nothing about the source,
+		// and the fallback must not admit it.
+		return g.be
+	}
 	node.AddFallback()
 	switch g.fallback {
 	case FallbackOpen:

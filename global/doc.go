@@ -65,8 +65,12 @@
 // next call: the one in flight if it has not left yet, else the one that
 // leaves as soon as it is answered. A call asks for what every request
 // that joined it asks (Redis grants what fits, at least the smallest
-// request), plus a lease; tokens that come too late to lease go to the
-// requests gathering for the next call, which then needs no round trip.
+// request), plus a lease of up to a quarter of what is left; the requests
+// gathering for the next call take from that lease, or from tokens that
+// came too late to lease, and then need no round trip. A refusal closes
+// the window locally, until its retry-after, only to requests as large as
+// the one refused; a request larger than the threshold is refused without
+// a call.
 // With MaxBatch 1 a call asks only for its requests, so concurrent requests
 // still share round trips. A request waits at most Options.Timeout (100 ms)
 // for an answer; the call itself runs in the background for up to
@@ -82,6 +86,12 @@
 // The bound: every admission is counted, at the moment the script granted
 // it, in a server bucket, and every server window (n consecutive buckets) of
 // a limit counts at most its threshold, whatever the number of instances.
+// A window is Buckets whole buckets of floor(interval/Buckets): with an
+// interval they do not divide, a little shorter than the interval. A
+// lease is spendable only in a bucket longer than ClockSlack and the round
+// trip, so very short intervals (about 20 ms or less) cost a round trip
+// per call.
+//
 // Tokens counted and not spent make their window stricter, never looser:
 // per instance, the leases of the current bucket (each at most MaxBatch and
 // a quarter of the room left when it was granted) until the next call
@@ -113,8 +123,11 @@
 // Options.MaxBackoff (5 s); the first success ends it. So a Redis that
 // refuses connections is detected within FailAfter calls (milliseconds),
 // one that stops answering within FailAfter x CallTimeout (2 s), during
-// which requests without a lease are refused as late; a dead Redis is
-// probed at least every MaxBackoff. The script is idempotent per call (see
+// which requests without a lease are refused as late. Once the Source
+// backs off, requests fall back at once and never wait for a probe, which
+// runs in the background; a dead Redis is probed at least every
+// MaxBackoff. A request whose context ends while it waits is refused (flow
+// applies no fallback to it). The script is idempotent per call (see
 // above), so go-redis' retries (MaxRetries) are safe and left on.
 //
 // # Falling back on a local share
@@ -126,16 +139,22 @@
 // of Options.PresenceTTL (1 s) while Redis answers, and stops while it
 // backs off. The scripts keep the share of every instance whose presence
 // has lapsed from what the others are granted, for up to
-// Options.PresenceHold (30 s), and the share of an instance that may have
+// Options.PresenceHold (10 s), and the share of an instance that may have
 // fallen back for one window after it is back (what it admitted on its own
-// is not in Redis). An instance that closes cleanly takes its presence
-// away. The bound that remains: a server window can hold more than the
-// threshold, by at most their shares, only for instances that began to
-// fall back less than PresenceTTL before it (their presence had not
-// lapsed yet) or have fallen back for longer than PresenceHold; while an
-// instance is cut off, the others admit the threshold less its share
-// (tested: three of four instances cut off, all four together admit the
-// threshold).
+// is not in Redis). All lapsed instances together keep at most half the
+// threshold: instances that died without a word (a crash, a rolling deploy
+// that kills them) cannot close the limit, only halve it for PresenceHold.
+// An instance that closes cleanly takes its presence away, and a closed
+// Source refuses what its leases do not serve rather than fall back. The
+// bound that remains: a server window can hold more than the threshold, by
+// the shares of instances that began to fall back less than PresenceTTL
+// before it (their presence had not lapsed yet) or have fallen back for
+// longer than PresenceHold, and by what the shares of those falling back
+// add up to beyond half the threshold; while instances are cut off, the
+// others admit the threshold less their shares (tested: two of four
+// instances cut off, all four together admit the threshold). A reload that
+// drops a rule stops the renewal once the rule's bound source is
+// collected.
 //
 // # Exact mode
 //

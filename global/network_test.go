@@ -84,6 +84,10 @@ func TestSilentRedisIsDetected(t *testing.T) {
 	st := src.Stats()
 	assert.GreaterOrEqual(t, st.Errors-errsFrom, int64(2), "only after FailAfter calls failed")
 	assert.Positive(t, st.Late, "until then, requests were refused as late")
+	// Known down: requests fall back at once while probes run in the
+	// background, none waits for one.
+	require.Eventually(t, func() bool { return src.Stats().Errors >= st.Errors+2 }, long, 5*time.Millisecond, "probes fail")
+	assert.Equal(t, st.Late, src.Stats().Late, "no request waited on a probe")
 
 	px.SetRTT(0)
 	px.Drop()

@@ -27,7 +27,12 @@ func (s *Source) renewPresence() {
 	}
 }
 
-// renew makes one round of renewals, pipelined.
+// field is this instance's presence field in a limit's hash.
+func (s *Source) field() string { return "p:" + s.id }
+
+// renew makes one round of renewals, pipelined. Limits whose rules are
+// gone (every bound source collected) are forgotten, and limits this
+// instance no longer keeps a share of lose its presence.
 func (s *Source) renew() {
 	ctx, cancel := context.WithTimeout(s.ctx, s.opts.CallTimeout)
 	defer cancel()
@@ -36,27 +41,54 @@ func (s *Source) renew() {
 		rejoin = 1
 	}
 	keep := (s.opts.PresenceHold + s.opts.PresenceTTL).Milliseconds()
-	run := func(pipe redis.Pipeliner, sha bool) {
-		s.limits.Range(func(_, v any) bool {
-			l := v.(*limit)
-			if share := l.share.Load(); share > 0 {
-				keys := []string{l.hash()}
-				args := []any{s.id, share, s.opts.PresenceTTL.Microseconds(), l.window, rejoin, keep, serverStep}
-				if sha {
-					presenceScript.EvalSha(ctx, pipe, keys, args...)
-				} else {
-					presenceScript.Eval(ctx, pipe, keys, args...)
-				}
+	var renewed, left []*limit
+	s.limits.Range(func(id, v any) bool {
+		l := v.(*limit)
+		gone := l.bound.Load() && l.binds.Load() == 0
+		if gone {
+			s.limits.CompareAndDelete(id, l)
+			if l.binds.Load() > 0 { // bound again meanwhile
+				s.limits.LoadOrStore(id, l)
+				gone = false
 			}
-			return true
-		})
+		}
+		switch {
+		case l.share.Load() > 0 && !gone:
+			renewed = append(renewed, l)
+		case l.present:
+			left = append(left, l)
+		}
+		return true
+	})
+	run := func(pipe redis.Pipeliner, sha bool) {
+		for _, l := range renewed {
+			keys := []string{l.hash()}
+			args := []any{s.id, l.share.Load(), s.opts.PresenceTTL.Microseconds(), l.window, rejoin, keep, serverStep}
+			if sha {
+				presenceScript.EvalSha(ctx, pipe, keys, args...)
+			} else {
+				presenceScript.Eval(ctx, pipe, keys, args...)
+			}
+		}
+		for _, l := range left {
+			pipe.HDel(ctx, l.hash(), s.field())
+		}
 	}
 	_, err := s.client.Pipelined(ctx, func(pipe redis.Pipeliner) error { run(pipe, true); return nil })
 	if err != nil && strings.Contains(err.Error(), "NOSCRIPT") {
 		_, err = s.client.Pipelined(ctx, func(pipe redis.Pipeliner) error { run(pipe, false); return nil })
 	}
-	if err != nil && rejoin == 1 {
-		s.fellBack.Store(true) // not told: tell it next time
+	if err != nil {
+		if rejoin == 1 {
+			s.fellBack.Store(true) // not told: tell it next time
+		}
+		return
+	}
+	for _, l := range renewed {
+		l.present = true
+	}
+	for _, l := range left {
+		l.present = false
 	}
 }
 
@@ -71,8 +103,8 @@ func (s *Source) leave() {
 	defer cancel()
 	_, _ = s.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 		s.limits.Range(func(_, v any) bool {
-			if l := v.(*limit); l.share.Load() > 0 {
-				pipe.HDel(ctx, l.hash(), "p:"+s.id)
+			if l := v.(*limit); l.present {
+				pipe.HDel(ctx, l.hash(), s.field())
 			}
 			return true
 		})

@@ -14,9 +14,9 @@ import (
 )
 
 // TestFallbackLocalIsKeptFromTheOthers: four instances share 400/s, each
-// falling back to a quarter of it. Three are cut off from Redis (their
-// proxies close) and admit their share on their own; the one still
-// connected used to go on filling the whole window (about 700/s in all).
+// falling back to a quarter of it. Two are cut off from Redis (their
+// proxies close) and admit their share on their own; the two still
+// connected used to go on filling the whole window (about 600/s in all).
 // Once their presence lapses it keeps their shares free, so that all four
 // together admit about the threshold; and once they are back, Redis
 // decides for them again and the four still admit about the threshold.
@@ -74,11 +74,11 @@ func TestFallbackLocalIsKeptFromTheOthers(t *testing.T) {
 	fallbacks := func(i int) int64 { snap, _ := engs[i].Snapshot("api"); return snap.Fallbacks }
 
 	time.Sleep(1200 * time.Millisecond) // all connected: presence renewed
-	for i := 1; i < instances; i++ {
+	for i := 2; i < instances; i++ {
 		proxies[i].Cut()
 	}
 	require.Eventually(t, func() bool {
-		return fallbacks(1) > 0 && fallbacks(2) > 0 && fallbacks(3) > 0
+		return fallbacks(2) > 0 && fallbacks(3) > 0
 	}, 10*time.Second, 10*time.Millisecond, "the cut-off instances fall back")
 	time.Sleep(800 * time.Millisecond) // their presence lapses (300ms) and the window slides
 	const span = 2 * time.Second
@@ -86,11 +86,11 @@ func TestFallbackLocalIsKeptFromTheOthers(t *testing.T) {
 	time.Sleep(span)
 	cut := total() - from
 
-	for i := 1; i < instances; i++ {
+	for i := 2; i < instances; i++ {
 		proxies[i].Restore()
 	}
-	back := counted[1].Load()
-	require.Eventually(t, func() bool { return counted[1].Load() > back+10 }, 10*time.Second, 10*time.Millisecond,
+	back := counted[2].Load()
+	require.Eventually(t, func() bool { return counted[2].Load() > back+10 }, 10*time.Second, 10*time.Millisecond,
 		"Redis decides for the instances that were cut off")
 	// For a window after they are back, their shares are still kept: what
 	// they admitted on their own in the last window is not in Redis.
@@ -100,7 +100,7 @@ func TestFallbackLocalIsKeptFromTheOthers(t *testing.T) {
 	restored := total() - from
 	close(stop)
 	wg.Wait()
-	t.Logf("admitted in %v: %d with 3 of 4 cut off, %d once back", span, cut, restored)
+	t.Logf("admitted in %v: %d with 2 of 4 cut off, %d once back", span, cut, restored)
 	// The limit is 800 in 2 s; the cut-off instances' local windows and the
 	// server's slide by buckets, so allow some more.
 	assert.LessOrEqual(t, cut, int64(2*threshold*115/100), "together no more than the threshold while cut off")

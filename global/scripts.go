@@ -61,7 +61,9 @@ threshold = math.min(threshold, tmin)
 // until") of an instance into reserved: its share counts while its presence
 // has lapsed (it may be falling back, or cut off) for up to hold, and until
 // a window after it came back (what it admitted meanwhile is not counted
-// here); a presence lapsed longer than hold is forgotten.
+// here); a presence lapsed longer than hold is forgotten. The scripts keep
+// at most half the threshold for lapsed instances, so that instances that
+// died without a word never close the limit.
 const scriptPresence = `
 local pe, ps, pu = string.match(v, '^(%d+),(%d+),(%d+)$')
 if pe then
@@ -147,6 +149,9 @@ for i = 11, #ARGV - 1, 2 do
   end
 end
 local blen = math.floor(window / buckets)
+-- The window is whole buckets: with an interval that buckets do not
+-- divide, a little shorter than it.
+window = blen * buckets
 local cur = now - (now % blen)
 -- A step back smaller than the tolerance: count in the newest bucket,
 -- never in one the window has already passed.
@@ -172,11 +177,14 @@ for i = 1, #kv, 2 do
 ` + scriptPresence + `
   end
 end
-threshold = math.max(0, threshold - reserved)
+threshold = threshold - math.min(reserved, math.floor(threshold / 2))
 local granted = 0
 local room = threshold - total
 if need <= room then
-  granted = math.max(need, math.min(want, room), math.min(maxLease, math.floor(room / 4)))
+  -- What fits of what the requests want, then a lease of up to a quarter
+  -- of what is left.
+  granted = math.max(need, math.min(want, room))
+  granted = granted + math.max(0, math.min(maxLease, math.floor((room - granted) / 4)))
   redis.call('HINCRBY', hash, string.format('%.0f', cur), granted)
   total = total + granted
 end
@@ -231,7 +239,7 @@ for i = 1, #kv, 2 do
 ` + scriptPresence + `
   end
 end
-threshold = math.max(0, threshold - reserved)
+threshold = threshold - math.min(reserved, math.floor(threshold / 2))
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.0f', now - window))
 local total = redis.call('ZCARD', KEYS[1])
 local granted = 0

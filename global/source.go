@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -54,8 +55,9 @@ type Options struct {
 	// (default 1 s); it is renewed every third of that while Redis
 	// answers, for the limits of rules with FallbackLocal. Once it lapses
 	// the other instances keep the rule's LocalShare of the threshold
-	// from what they admit, for up to PresenceHold (default 30 s), since
-	// the instance may be admitting it on its own (see the package doc).
+	// (up to half the threshold for all lapsed instances together) from
+	// what they admit, for up to PresenceHold (default 10 s), since the
+	// instance may be admitting it on its own (see the package doc).
 	PresenceTTL, PresenceHold time.Duration
 	// Prefix starts every key (default "leapflow").
 	Prefix string
@@ -97,7 +99,7 @@ func (o Options) withDefaults() Options {
 		o.PresenceTTL = time.Second
 	}
 	if o.PresenceHold == 0 {
-		o.PresenceHold = max(30*time.Second, o.PresenceTTL)
+		o.PresenceHold = max(10*time.Second, o.PresenceTTL)
 	}
 	if o.Prefix == "" {
 		o.Prefix = "leapflow"
@@ -176,13 +178,14 @@ type Source struct {
 	bg     sync.WaitGroup
 }
 
-// ErrClosed is returned by a Source after Close (the rule's fallback
-// applies).
-var ErrClosed = errors.New("global: source closed")
+// errClosed ends the calls of a closed Source.
+var errClosed = errors.New("global: source closed")
 
 // Close stops the Source: it cancels the calls in flight, waits for them,
-// and makes every later call that would reach Redis fail with ErrClosed.
-// Leases already held are still spent. It does not close the client.
+// and takes this instance's presence away. Leases already held are still
+// spent; every other request is refused (Stats.Refused): a closed Source
+// can neither count an admission nor keep a fallback's share from the
+// others. It does not close the client.
 func (s *Source) Close() error {
 	s.bgMu.Lock()
 	s.closed.Store(true)
@@ -253,11 +256,12 @@ const keySchema = "v2"
 // time absorbs (µs; see scriptTime).
 const serverStep = 100_000
 
-// limitID identifies one limit's shape.
+// limitID identifies a limit and the layout of its keys; the threshold is
+// an argument of each call.
 type limitID struct {
 	key      string
-	limit    int64
 	interval time.Duration
+	exact    bool
 }
 
 // limit is the state of one limit in this instance: its keys, its leases
@@ -283,13 +287,30 @@ type limit struct {
 	backMu   sync.Mutex
 	back     []giveBack
 	reserves []*flight
-	// closedUntil is when the window, full at the last refusal, first has
-	// room again (the Source's clock); requests before then are refused
-	// without a round trip.
-	closedUntil atomic.Int64
+	// closed is when the window, full at the last refusal, first has room
+	// again for a request of need (the Source's clock): such requests
+	// before then are refused without a round trip.
+	closed atomic.Pointer[closedWindow]
+	// binds counts the live bound sources of l (see Bind); bound is set
+	// once it has had one.
+	binds atomic.Int64
+	bound atomic.Bool
+	// present is set while this instance's presence is in the hash
+	// (renewal goroutine only).
+	present bool
 	// share is what this instance admits per window on its own while it
 	// falls back (FallbackLocal): its presence is kept while it is > 0.
 	share atomic.Int64
+}
+
+// closedWindow is a full window: requests of need or more are refused
+// until until.
+type closedWindow struct{ until, need int64 }
+
+// full reports whether a request for n is refused without a round trip.
+func (l *limit) full(now, n int64) bool {
+	c := l.closed.Load()
+	return c != nil && now < c.until && n >= c.need
 }
 
 // hash is the key of the limit's hash that holds presence.
@@ -317,25 +338,21 @@ func perWindow(req flow.GlobalRequest) int64 {
 }
 
 func (s *Source) limitFor(req flow.GlobalRequest) *limit {
-	id := limitID{key: req.Key, limit: perWindow(req), interval: req.Interval}
+	id := limitID{key: req.Key, interval: req.Interval, exact: perWindow(req) <= s.opts.ExactBelow}
 	l, ok := s.limits.Load(id)
 	if !ok {
 		l = s.newLimit(id, req)
 	}
-	if req.LocalShare > 0 {
-		s.keepShare(l.(*limit), int64(math.Floor(req.Threshold*req.LocalShare*req.Interval.Seconds())))
-	}
 	return l.(*limit)
 }
 
-// keepShare records that this instance admits up to share per window of
-// l on its own while it falls back, and starts renewing its presence.
-func (s *Source) keepShare(l *limit, share int64) {
-	for old := l.share.Load(); share > old; old = l.share.Load() {
-		if l.share.CompareAndSwap(old, share) {
-			s.presence.Do(func() { s.goCall(s.renewPresence) })
-			return
-		}
+// keepShare records what this instance admits per window of l on its own
+// while it falls back (the latest rule's), and starts renewing its
+// presence.
+func (s *Source) keepShare(l *limit, req flow.GlobalRequest) {
+	share := int64(math.Floor(req.Threshold * req.LocalShare * req.Interval.Seconds()))
+	if l.share.Swap(share) != share && share > 0 {
+		s.presence.Do(func() { s.goCall(s.renewPresence) })
 	}
 }
 
@@ -344,7 +361,7 @@ func (s *Source) newLimit(id limitID, req flow.GlobalRequest) any {
 	// threshold: instances that disagree on the threshold share the limit
 	// (the smaller applies; see scriptThreshold).
 	shape := keySchema + "/" + strconv.FormatInt(req.Interval.Milliseconds(), 10) + "ms"
-	exact := id.limit <= s.opts.ExactBelow
+	exact := id.exact
 	if exact {
 		shape += "/log"
 	} else {
@@ -369,13 +386,25 @@ func (s *Source) leasing(l *limit) bool { return !l.exact && s.opts.MaxBatch > 1
 // it can, else waits for a call to Redis. When a lease runs low, the next
 // is fetched in the background, so a busy instance rarely waits at all.
 func (s *Source) Acquire(ctx context.Context, req flow.GlobalRequest) (bool, error) {
-	return s.acquire(ctx, s.limitFor(req), &req, req.Count)
+	l := s.limitFor(req)
+	if req.LocalShare > 0 && !l.bound.Load() {
+		s.keepShare(l, req)
+	}
+	return s.acquire(ctx, l, &req, req.Count)
 }
 
 // Bind implements flow.Binder: the limit of req is resolved once, when the
 // rules are loaded.
+// When the flow engine drops the rule (a reload) and the bound source is
+// collected, the limit stops renewing this instance's presence.
 func (s *Source) Bind(req flow.GlobalRequest) flow.BoundSource {
-	return &bound{s: s, l: s.limitFor(req), req: req}
+	l := s.limitFor(req)
+	b := &bound{s: s, l: l, req: req}
+	l.bound.Store(true)
+	l.binds.Inc()
+	runtime.AddCleanup(b, func(l *limit) { l.binds.Dec() }, l)
+	s.keepShare(l, req)
+	return b
 }
 
 type bound struct {
@@ -402,18 +431,30 @@ func (s *Source) acquire(ctx context.Context, l *limit, req *flow.GlobalRequest,
 	if s.takeAny(l, now, n) {
 		return true, nil
 	}
-	if now < l.closedUntil.Load() {
+	if l.full(now, n) {
 		// Redis said the window is full until then: no need to ask again.
 		return false, nil
 	}
-	if until := s.downUntil.Load(); until != 0 && now < until {
-		// Backing off: do not even wait for a call.
+	if n > perWindow(*req) {
+		// More than the threshold: never admitted.
+		return false, nil
+	}
+	if s.closed.Load() {
+		s.refused.Inc()
+		return false, nil
+	}
+	if until := s.downUntil.Load(); until != 0 {
+		// Backing off: requests fall back at once, and once the backoff
+		// ends a call probes Redis in the background.
+		if now >= until && !s.probing.Load() {
+			s.prefetch(l, p, req)
+		}
 		s.refused.Inc()
 		s.fellBack.Store(true)
 		return false, ErrUnavailable
 	}
 	ok, err := s.wait(ctx, l, p, req, n, now+int64(s.opts.Timeout))
-	if err != nil {
+	if err != nil && ctx.Err() == nil {
 		s.fellBack.Store(true)
 	}
 	return ok, err
@@ -472,6 +513,10 @@ func (s *Source) wait(ctx context.Context, l *limit, p int, req *flow.GlobalRequ
 				}
 			}
 		}
+		if f.err == errClosed {
+			s.refused.Inc()
+			return false, nil
+		}
 		if f.err != nil {
 			return false, f.err
 		}
@@ -483,7 +528,7 @@ func (s *Source) wait(ctx context.Context, l *limit, p int, req *flow.GlobalRequ
 		if s.takeAny(l, now, n) {
 			return true, nil
 		}
-		if f.refused || now < l.closedUntil.Load() {
+		if f.refused || l.full(now, n) {
 			return false, nil
 		}
 		if now >= deadline {
@@ -524,7 +569,7 @@ func (s *Source) prefetch(l *limit, p int, req *flow.GlobalRequest) {
 // launch runs call f in the background.
 func (s *Source) launch(l *limit, f *flight, p int, req flow.GlobalRequest) {
 	if !s.goCall(func() { s.fly(l, f, p, req) }) {
-		f.err = ErrClosed
+		f.err = errClosed
 		f.end()
 	}
 }
@@ -584,7 +629,7 @@ func (s *Source) fly(l *limit, f *flight, p int, req flow.GlobalRequest) {
 	l.inFlight.Dec()
 	switch {
 	case err != nil && s.closed.Load():
-		f.err = ErrClosed
+		f.err = errClosed
 		return
 	case err != nil:
 		s.fail()
@@ -598,7 +643,7 @@ func (s *Source) fly(l *limit, f *flight, p int, req flow.GlobalRequest) {
 		if d.RetryAfter > 0 {
 			// Nothing leaves the window before then (server time, read
 			// after we sent): refuse locally until sent + RetryAfter.
-			l.closedUntil.Store(sent + int64(d.RetryAfter))
+			l.closed.Store(&closedWindow{until: sent + int64(d.RetryAfter), need: need})
 		}
 		return
 	}
@@ -847,11 +892,11 @@ func (s *Source) admitted(bucket time.Time, n int64) {
 	}
 }
 
-// callable returns ErrClosed after Close and ErrUnavailable while backing
+// callable returns errClosed after Close and ErrUnavailable while backing
 // off; once the backoff ends it lets one call through to probe.
 func (s *Source) callable() error {
 	if s.closed.Load() {
-		return ErrClosed
+		return errClosed
 	}
 	until := s.downUntil.Load()
 	if until == 0 {
