@@ -124,11 +124,17 @@ func TestSaturatedCPUKeepsRedis(t *testing.T) {
 func TestLeaseTakeAllocatesNothing(t *testing.T) {
 	srv := redistest.Start(t)
 	src := newSource(t, srv.Client(), Options{})
-	b := src.Bind(req("allocs", 1e9, time.Second, 1))
+	r := req("allocs", 1e9, time.Second, 1)
+	b := src.Bind(r)
 	ctx := t.Context()
-	ok, err := b.Acquire(ctx, 1) // leases a batch of 100
-	require.NoError(t, err)
-	require.True(t, ok)
+	// A lease of 1000 tokens on every P, spendable for a minute.
+	l := src.limitFor(r)
+	for i := range l.leases {
+		ls := &lease{deadline: src.opts.Clock.Now() + int64(time.Minute), installed: src.opts.Clock.Now()}
+		ls.size.Store(1000)
+		ls.left.Store(1000)
+		l.leases[i].Store(ls)
+	}
 	calls := src.Stats().Calls
 	allocs := testing.AllocsPerRun(50, func() {
 		if ok, err := b.Acquire(ctx, 1); !ok || err != nil {

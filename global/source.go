@@ -27,7 +27,7 @@ type Options struct {
 	Buckets int
 	// MaxBatch is the most tokens one call leases beyond what the waiting
 	// requests ask (default 100,000; 1 turns leasing off: each call asks
-	// only for the requests waiting on it). Leases start at 100, double
+	// only for the requests waiting on it). Leases start at 4, double
 	// while an instance spends a whole lease within one bucket and halve
 	// when most of one goes unspent (see the package doc).
 	MaxBatch int64
@@ -328,9 +328,12 @@ func (l *limit) giveBackLater(g giveBack) {
 	l.backMu.Unlock()
 }
 
-// initialBatch is the first lease size of a limit: at most one call per
-// 100 admissions from the start.
-const initialBatch = 100
+// initialBatch is the first lease size of a limit. It starts small, so
+// that instances that see little of the traffic lease little (with 16
+// instances and one hot, a first lease of 100 kept an eighth of the window
+// away from the others); a busy instance doubles it with every top-up
+// within a bucket.
+const initialBatch = 4
 
 // perWindow is a rule's threshold as admissions per window.
 func perWindow(req flow.GlobalRequest) int64 {
