@@ -3,6 +3,7 @@ package global
 import (
 	"context"
 	"fmt"
+	"sync"
 	"strconv"
 	"testing"
 	"time"
@@ -163,3 +164,158 @@ func TestCallLeasesBeyondItsRequests(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, int64(400), d.Granted, "300 for the requests, 100 leased")
 }
+
+// An exact limit (sliding log) half full; Redis was backed off and the
+// backoff just ended: the probe (a call for no request) must not close the
+// window locally (its retry-after used to be read from the wrong end of
+// the log).
+func TestProbeOnExactLimitLeavesItOpen(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newSource(t, srv.Client(), Options{ExactBelow: 1000})
+	r := req("exactprobe", 10, time.Second, 1)
+	ctx := context.Background()
+	for range 5 {
+		ok, err := s.Acquire(ctx, r)
+		require.NoError(t, err)
+		require.True(t, ok)
+	}
+	l := s.limitFor(r)
+	// Backing off, and the backoff has just ended.
+	s.failures.Store(2)
+	s.downUntil.Store(s.opts.Clock.Now() - 1)
+	_, err := s.Acquire(ctx, r)
+	require.ErrorIs(t, err, ErrUnavailable)
+	require.Eventually(t, func() bool { f := l.cur.Load(); return f != nil && f.ended.Load() && s.downUntil.Load() == 0 },
+		2*time.Second, time.Millisecond)
+	f := l.cur.Load()
+	t.Logf("probe: err=%v refused=%v closed=%+v", f.err, f.refused, l.closed.Load())
+	admitted := 0
+	for range 5 {
+		if ok, _ := s.Acquire(ctx, r); ok {
+			admitted++
+		}
+	}
+	assert.Equal(t, 5, admitted, "5 of 10 used: 5 more fit, but the probe closed the window")
+}
+
+// Redis stalls for one CallTimeout while an instance has calls out on many
+// limits: they all fail at once, and the backoff must stay Backoff (it
+// used to jump to MaxBackoff, though no probe had failed).
+func TestManyFailedCallsDoNotDoubleTheBackoff(t *testing.T) {
+	srv := redistest.Start(t)
+	p := redistest.StartProxy(t, srv.Addr(), 0)
+	s := newSource(t, p.Client(), Options{Timeout: 50 * time.Millisecond, CallTimeout: 300 * time.Millisecond})
+	ctx := context.Background()
+	const limits = 20
+	for i := range limits { // warm: scripts loaded, connections made
+		_, err := s.Acquire(ctx, req(fmt.Sprint("k", i), 1000, time.Second, 1))
+		require.NoError(t, err)
+	}
+	// Stall: replies take 10 s. Requests on every limit without a lease.
+	p.SetRTT(10 * time.Second)
+	var wg sync.WaitGroup
+	for i := range limits {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _ = s.Acquire(ctx, req(fmt.Sprint("k", i), 1000, time.Second, 1000)) // no lease serves 1000
+		}()
+	}
+	wg.Wait()
+	time.Sleep(400 * time.Millisecond) // the calls time out
+	p.SetRTT(0)
+	p.Drop()
+	down := time.Duration(s.downUntil.Load() - s.opts.Clock.Now())
+	t.Logf("failures %d, backing off for %v more", s.failures.Load(), down)
+	assert.Less(t, down, 200*time.Millisecond, "doc: Backoff (100 ms) doubles only after FailAfter failed probes")
+}
+
+// Three instances hammer one limit of small buckets through a delaying
+// proxy whose connections drop every so often; one closes midway. Every
+// server window must hold at most the threshold; the race detector watches.
+func TestStressBoundUnderDropsAndClose(t *testing.T) {
+	srv := redistest.Start(t)
+	p := redistest.StartProxy(t, srv.Addr(), 4*time.Millisecond)
+	audit := NewAudit()
+	const perSec, interval = 500.0, 200 * time.Millisecond // 100 per window, buckets of 20 ms
+	var srcs []*Source
+	for range 3 {
+		srcs = append(srcs, newSource(t, p.Client(), Options{Timeout: 30 * time.Millisecond, OnAdmit: audit.Record}))
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var admitted [3]int64
+	var mu sync.Mutex
+	for i, s := range srcs {
+		for g := range 6 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				b := s.Bind(req("stress", perSec, interval, 1))
+				n := int64(1 + g%3)
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					ok, _ := b.Acquire(context.Background(), n)
+					if ok {
+						mu.Lock()
+						admitted[i] += n
+						mu.Unlock()
+					}
+					if g%2 == 0 {
+						time.Sleep(100 * time.Microsecond)
+					}
+				}
+			}()
+		}
+	}
+	for k := range 15 {
+		time.Sleep(100 * time.Millisecond)
+		if k%4 == 3 {
+			p.Drop()
+		}
+		if k == 8 {
+			require.NoError(t, srcs[2].Close())
+		}
+	}
+	close(stop)
+	wg.Wait()
+	t.Logf("admitted %v, fullest window %d (threshold 100), total %d", admitted, audit.Fullest(interval), audit.Total())
+	for _, s := range srcs {
+		t.Logf("%+v", s.Stats())
+	}
+	assert.LessOrEqual(t, audit.Fullest(interval), int64(100))
+}
+
+// After Close, lease takes that want a top-up make no chain of flights
+// (each used to keep the one before it).
+func TestNoFlightChainAfterClose(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newSource(t, srv.Client(), Options{})
+	r := req("chain", 1e6, time.Second, 1)
+	ok, err := s.Acquire(context.Background(), r)
+	require.NoError(t, err)
+	require.True(t, ok)
+	l := s.limitFor(r)
+	require.NoError(t, s.Close())
+	now := s.opts.Clock.Now()
+	for i := range l.leases {
+		ls := &lease{deadline: now + int64(time.Minute), installed: now - int64(time.Second)}
+		ls.size.Store(1_000_000)
+		ls.left.Store(200_000) // 80% spent in 1 s of a minute: short
+		l.leases[i].Store(ls)
+	}
+	for range 10_000 {
+		_, _ = s.Acquire(context.Background(), r)
+	}
+	depth := 0
+	for f := l.cur.Load(); f != nil; f = f.prev {
+		depth++
+	}
+	t.Logf("flight chain after 10000 lease takes: %d", depth)
+	assert.Less(t, depth, 3)
+}
+

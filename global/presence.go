@@ -31,8 +31,8 @@ func (s *Source) renewPresence() {
 func (s *Source) field() string { return "p:" + s.id }
 
 // renew makes one round of renewals, pipelined. Limits whose rules are
-// gone (every bound source collected) are forgotten, and limits this
-// instance no longer keeps a share of lose its presence.
+// gone (every bound source collected), and limits this instance no longer
+// keeps a share of, lose its presence.
 func (s *Source) renew() {
 	ctx, cancel := context.WithTimeout(s.ctx, s.opts.CallTimeout)
 	defer cancel()
@@ -42,16 +42,11 @@ func (s *Source) renew() {
 	}
 	keep := (s.opts.PresenceHold + s.opts.PresenceTTL).Milliseconds()
 	var renewed, left []*limit
-	s.limits.Range(func(id, v any) bool {
+	s.limits.Range(func(_, v any) bool {
 		l := v.(*limit)
+		// A limit whose rules are all gone stays in the map (a reload
+		// may bind it again) but is not renewed.
 		gone := l.bound.Load() && l.binds.Load() == 0
-		if gone {
-			s.limits.CompareAndDelete(id, l)
-			if l.binds.Load() > 0 { // bound again meanwhile
-				s.limits.LoadOrStore(id, l)
-				gone = false
-			}
-		}
 		switch {
 		case l.share.Load() > 0 && !gone:
 			renewed = append(renewed, l)

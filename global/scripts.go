@@ -195,7 +195,7 @@ end
 local retry = 0
 if granted == 0 then
   retry = -1
-  if need <= threshold then
+  if need <= threshold and total + need > threshold then
     table.sort(live, function(a, b) return a[1] < b[1] end)
     local over = total + need - threshold
     local freed = 0
@@ -255,7 +255,9 @@ redis.call('HSET', hash, 'latest', string.format('%.0f', now))
 redis.call('PEXPIRE', KEYS[1], ttl)
 ` + scriptExpire + `
 local retry = 0
-if granted == 0 then
+if granted == 0 and total + need <= threshold then
+  retry = 0 -- nothing asked (a probe): room
+elseif granted == 0 then
   retry = -1
   if need <= threshold then
     local over = total + need - threshold

@@ -152,9 +152,10 @@ type Source struct {
 	opts   Options
 	limits sync.Map // limitID -> *limit
 
-	failures  atomic.Int64 // calls failed in a row
-	downUntil atomic.Int64 // clock reading before which calls are refused
-	probing   atomic.Bool
+	failures   atomic.Int64 // calls failed in a row
+	probeFails atomic.Int64 // probes failed in a row
+	downUntil  atomic.Int64 // clock reading before which calls are refused
+	probing    atomic.Bool
 
 	calls, errs, refused, late, leased, returned atomic.Int64
 	// fellBack is set when a request got an error (its rule's fallback
@@ -212,7 +213,7 @@ func (s *Source) goCall(fn func()) bool {
 			// process down from a goroutine no caller owns: count it as a
 			// failed call.
 			if recover() != nil {
-				s.fail()
+				s.fail(true)
 			}
 		}()
 		fn()
@@ -403,8 +404,8 @@ func (s *Source) Acquire(ctx context.Context, req flow.GlobalRequest) (bool, err
 func (s *Source) Bind(req flow.GlobalRequest) flow.BoundSource {
 	l := s.limitFor(req)
 	b := &bound{s: s, l: l, req: req}
-	l.bound.Store(true)
 	l.binds.Inc()
+	l.bound.Store(true)
 	runtime.AddCleanup(b, func(l *limit) { l.binds.Dec() }, l)
 	s.keepShare(l, req)
 	return b
@@ -495,6 +496,7 @@ func (s *Source) wait(ctx context.Context, l *limit, p int, req *flow.GlobalRequ
 		default:
 			left := time.Duration(deadline - s.opts.Clock.Now())
 			if left <= 0 {
+				f.withdraw(n)
 				s.late.Inc()
 				return false, nil
 			}
@@ -506,11 +508,13 @@ func (s *Source) wait(ctx context.Context, l *limit, p int, req *flow.GlobalRequ
 			select {
 			case <-f.done:
 			case <-ctx.Done():
+				f.withdraw(n)
 				return false, ctx.Err()
 			case <-timer.C:
 				select {
 				case <-f.done: // answered as the timer fired: use it
 				default:
+					f.withdraw(n)
 					s.late.Inc()
 					return false, nil
 				}
@@ -560,6 +564,9 @@ func (s *Source) join(l *limit, p int, req *flow.GlobalRequest, n int64) *flight
 // prefetch starts a call that asks for no request, only a lease, unless
 // one is already out or gathering.
 func (s *Source) prefetch(l *limit, p int, req *flow.GlobalRequest) {
+	if s.closed.Load() {
+		return
+	}
 	f := l.cur.Load()
 	if f != nil && !f.ended.Load() {
 		return
@@ -572,6 +579,7 @@ func (s *Source) prefetch(l *limit, p int, req *flow.GlobalRequest) {
 // launch runs call f in the background.
 func (s *Source) launch(l *limit, f *flight, p int, req flow.GlobalRequest) {
 	if !s.goCall(func() { s.fly(l, f, p, req) }) {
+		f.prev = nil
 		f.err = errClosed
 		f.end()
 	}
@@ -593,13 +601,16 @@ func (s *Source) fly(l *limit, f *flight, p int, req flow.GlobalRequest) {
 	want := f.seal()
 	if prev != nil && prev.spare > 0 {
 		// The call before brought tokens too late to lease, and this one
-		// was gathering: its requests have them, and no call if enough.
-		if want > 0 && prev.spare >= want && s.opts.Clock.Now() < prev.expires {
+		// was gathering: its requests have them, without a call, as far
+		// as they go (those left out join the next call).
+		if got := min(prev.spare, want); got > 0 && got >= f.need.Load() && s.opts.Clock.Now() < prev.expires {
 			f.err = nil
-			s.reserve(l, f, prev.bucket, want, prev.expires)
-			prev.spare -= want
+			s.reserve(l, f, prev.bucket, got, prev.expires)
+			prev.spare -= got
 		}
-		l.giveBackLater(giveBack{bucket: prev.bucket.UnixMicro(), n: prev.spare})
+		if prev.spare > 0 {
+			l.giveBackLater(giveBack{bucket: prev.bucket.UnixMicro(), n: prev.spare})
+		}
 		if f.err == nil {
 			return
 		}
@@ -616,7 +627,8 @@ func (s *Source) fly(l *limit, f *flight, p int, req flow.GlobalRequest) {
 		}
 	}
 	need := max(f.need.Load(), 1)
-	if err := s.callable(); err != nil {
+	probe, err := s.callable()
+	if err != nil {
 		f.err = err
 		return
 	}
@@ -635,7 +647,7 @@ func (s *Source) fly(l *limit, f *flight, p int, req flow.GlobalRequest) {
 		f.err = errClosed
 		return
 	case err != nil:
-		s.fail()
+		s.fail(probe)
 		f.err = err
 		return
 	}
@@ -661,6 +673,9 @@ func (s *Source) fly(l *limit, f *flight, p int, req flow.GlobalRequest) {
 		} else {
 			l.giveBackLater(giveBack{bucket: d.BucketStart.UnixMicro(), n: extra})
 		}
+		// Replies this late need more than a lease's worth for the
+		// requests that gather meanwhile.
+		l.batch.Store(min(max(l.batch.Load(), want)*2, s.opts.MaxBatch))
 	}
 }
 
@@ -721,16 +736,30 @@ func newFlight(prev *flight, n int64) *flight {
 
 // add joins a request for n unless the call has left.
 func (f *flight) add(n int64) bool {
-	// need first: once want shows the request, the call may read need.
-	for need := f.need.Load(); (need == 0 || n < need) && !f.need.CompareAndSwap(need, n); need = f.need.Load() {
-	}
 	for {
 		w := f.want.Load()
 		if w&sealed != 0 {
 			return false
 		}
 		if f.want.CompareAndSwap(w, w+n) {
-			return true
+			break
+		}
+	}
+	// need after want: a call that has left by now asks with a need
+	// larger than n at worst, which only risks a refusal when room is
+	// short.
+	for need := f.need.Load(); (need == 0 || n < need) && !f.need.CompareAndSwap(need, n); need = f.need.Load() {
+	}
+	return true
+}
+
+// withdraw takes a request for n back unless the call has left (the
+// request gave up waiting).
+func (f *flight) withdraw(n int64) {
+	for {
+		w := f.want.Load()
+		if w&sealed != 0 || f.want.CompareAndSwap(w, w-n) {
+			return
 		}
 	}
 }
@@ -897,40 +926,49 @@ func (s *Source) admitted(bucket time.Time, n int64) {
 
 // callable returns errClosed after Close and ErrUnavailable while backing
 // off; once the backoff ends it lets one call through to probe.
-func (s *Source) callable() error {
+func (s *Source) callable() (probe bool, err error) {
 	if s.closed.Load() {
-		return errClosed
+		return false, errClosed
 	}
 	until := s.downUntil.Load()
 	if until == 0 {
-		return nil
+		return false, nil
 	}
 	if s.opts.Clock.Now() < until || !s.probing.CompareAndSwap(false, true) {
-		s.refused.Inc()
-		return ErrUnavailable
+		return false, ErrUnavailable
 	}
-	return nil
+	return true, nil
 }
 
 // fail counts a failed call. After FailAfter in a row the Source backs
-// off; the backoff doubles after every FailAfter more (failed probes), so
-// one unlucky probe does not double it.
-func (s *Source) fail() {
+// off; the backoff doubles after every FailAfter failed probes, so neither
+// one unlucky probe nor the calls of many limits failing together double
+// it.
+func (s *Source) fail(probe bool) {
 	s.errs.Inc()
 	f := s.failures.Inc()
-	if k := int64(s.opts.FailAfter); f >= k {
-		backoff := s.opts.Backoff << min((f-k)/k, 30)
-		if backoff > s.opts.MaxBackoff || backoff <= 0 {
-			backoff = s.opts.MaxBackoff
-		}
-		s.downUntil.Store(s.opts.Clock.Now() + int64(backoff))
+	k := int64(s.opts.FailAfter)
+	if f < k {
+		return
 	}
-	s.probing.Store(false)
+	var probes int64
+	if probe {
+		probes = s.probeFails.Inc()
+		s.probing.Store(false)
+	} else {
+		probes = s.probeFails.Load()
+	}
+	backoff := s.opts.Backoff << min(probes/k, 30)
+	if backoff > s.opts.MaxBackoff || backoff <= 0 {
+		backoff = s.opts.MaxBackoff
+	}
+	s.downUntil.Store(s.opts.Clock.Now() + int64(backoff))
 }
 
 func (s *Source) succeed() {
-	if s.downUntil.Load() != 0 || s.failures.Load() != 0 {
+	if s.downUntil.Load() != 0 || s.failures.Load() != 0 || s.probeFails.Load() != 0 {
 		s.failures.Store(0)
+		s.probeFails.Store(0)
 		s.downUntil.Store(0)
 	}
 	s.probing.Store(false)
@@ -938,9 +976,11 @@ func (s *Source) succeed() {
 
 // Stats counts what a Source has done.
 type Stats struct {
-	Calls   int64 // round trips to Redis
-	Errors  int64 // calls that failed (timeouts included)
-	Refused int64 // requests answered ErrUnavailable while backing off
+	Calls  int64 // round trips to Redis
+	Errors int64 // calls that failed (timeouts included)
+	// Refused counts requests answered ErrUnavailable while backing
+	// off, and requests refused after Close.
+	Refused int64
 	// Late counts requests refused because no answer came within
 	// Options.Timeout while Redis was not known to be down.
 	Late   int64
