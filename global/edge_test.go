@@ -3,8 +3,8 @@ package global
 import (
 	"context"
 	"fmt"
-	"sync"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -318,4 +318,3 @@ func TestNoFlightChainAfterClose(t *testing.T) {
 	t.Logf("flight chain after 10000 lease takes: %d", depth)
 	assert.Less(t, depth, 3)
 }
-
