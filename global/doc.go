@@ -116,9 +116,11 @@
 // ContextTimeoutEnabled, or have read and write timeouts as short). The
 // requests waiting on a failed call get its error, and flow applies their
 // rule's fallback (a local share of the threshold, open, or closed),
-// counted in the resource's statistics. After Options.FailAfter calls in a
-// row fail (2), the Source backs off: it answers ErrUnavailable without
-// calling Redis for Options.Backoff (100 ms), then lets one call probe it.
+// counted in the resource's statistics. Health is kept per limit, so that
+// in a Redis Cluster a failing node fails only the limits on its slots.
+// After Options.FailAfter calls of a limit in a row fail (2), the Source
+// backs off that limit: it answers ErrUnavailable without calling Redis
+// for Options.Backoff (100 ms), then lets one call probe it.
 // The backoff doubles only after FailAfter probes in a row fail, up to
 // Options.MaxBackoff (5 s); the first success ends it. So a Redis that
 // refuses connections is detected within FailAfter calls (milliseconds),
@@ -136,8 +138,8 @@
 // LocalShare of the threshold on their own, uncounted by Redis. So that
 // the others do not fill the whole window on top of it, each instance
 // renews its presence in the limits of its FallbackLocal rules every third
-// of Options.PresenceTTL (1 s) while Redis answers, and stops while it
-// backs off. The scripts keep the share of every instance whose presence
+// of Options.PresenceTTL (1 s) while Redis answers, and stops for a limit
+// while it backs off. The scripts keep the share of every instance whose presence
 // has lapsed from what the others are granted, for up to
 // Options.PresenceHold (10 s), and the share of an instance that may have
 // fallen back for one window after it is back (what it admitted on its own

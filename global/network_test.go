@@ -1,10 +1,14 @@
 package global
 
 import (
+	"cmp"
+	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/atomic"
@@ -95,4 +99,84 @@ func TestSilentRedisIsDetected(t *testing.T) {
 	require.Eventually(t, func() bool { return served.Load() > from }, long, 5*time.Millisecond, "recovers on its own")
 	l.Stop()
 	t.Logf("answered %d, fallbacks %d, %+v", answered.Load(), fallbacks(), src.Stats())
+}
+
+// TestClusterNodeFailsAlone: in a Redis Cluster, one silent master fails
+// the limits on its slots, which fall back, while the limits on the other
+// masters go on being decided by Redis. With one health for the whole
+// Source, the other masters' successes kept resetting the count of
+// failures: the silent master's limits were refused as late, never fell
+// back.
+func TestClusterNodeFailsAlone(t *testing.T) {
+	cl := redistest.StartCluster(t, 3)
+	c := cl.Client(t)
+	ctx := t.Context()
+	slots, err := c.ClusterSlots(ctx).Result()
+	require.NoError(t, err)
+	owner := func(id string) string {
+		slot, err := c.ClusterKeySlot(ctx, hashTag("id:"+id)).Result()
+		require.NoError(t, err)
+		for _, r := range slots {
+			if int64(r.Start) <= slot && slot <= int64(r.End) {
+				return r.Nodes[0].Addr
+			}
+		}
+		t.Fatalf("no node for slot %d", slot)
+		return ""
+	}
+	silent := cl.Servers[0].Addr()
+	var onSilent, onOther string
+	for i := 0; onSilent == "" || onOther == ""; i++ {
+		id := fmt.Sprintf("node-%d", i)
+		if owner(id) == silent {
+			onSilent = cmp.Or(onSilent, id)
+		} else {
+			onOther = cmp.Or(onOther, id)
+		}
+	}
+	var served atomic.Int64
+	src := newSource(t, c, Options{Timeout: 50 * time.Millisecond, CallTimeout: 200 * time.Millisecond, MaxBatch: 1,
+		OnAdmit: func(time.Time, int64) { served.Inc() }})
+	eng, err := flow.New(flow.WithTokenSource(src))
+	require.NoError(t, err)
+	require.NoError(t, eng.LoadRules([]flow.Rule{
+		{ID: onSilent, Resource: "silent", Threshold: 1e6, Global: true, Fallback: flow.FallbackOpen},
+		{ID: onOther, Resource: "other", Threshold: 1e6, Global: true, Fallback: flow.FallbackOpen},
+	}))
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, res := range []string{"silent", "other"} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if en, err := eng.Entry(res); err == nil {
+					en.Exit(nil)
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}()
+	}
+	fallbacks := func(res string) int64 { snap, _ := eng.Snapshot(res); return snap.Fallbacks }
+	require.Eventually(t, func() bool { return served.Load() > 50 }, 15*time.Second, 5*time.Millisecond, "Redis decides")
+
+	stall := redis.NewClient(&redis.Options{Addr: silent})
+	defer stall.Close()
+	stalled := make(chan error, 1)
+	go func() { stalled <- stall.Do(context.Background(), "DEBUG", "SLEEP", "1.2").Err() }()
+	require.Eventually(t, func() bool { return fallbacks("silent") > 0 }, 10*time.Second, 5*time.Millisecond,
+		"the silent master's limit falls back")
+	from := served.Load()
+	require.Eventually(t, func() bool { return served.Load() > from+50 }, 10*time.Second, 5*time.Millisecond,
+		"the other master's limit is still decided by Redis")
+	require.NoError(t, <-stalled)
+	close(stop)
+	wg.Wait()
+	t.Logf("fallbacks: silent %d, other %d; %+v", fallbacks("silent"), fallbacks("other"), src.Stats())
+	assert.Zero(t, fallbacks("other"), "the other limit never fell back")
 }

@@ -9,16 +9,14 @@ import (
 )
 
 // renewPresence renews this instance's presence in every limit it keeps a
-// share of, every third of Options.PresenceTTL, until Close. It renews
-// only while the Source is not backing off: an instance that cannot reach
-// Redis lets its presence lapse, and the others then keep its shares.
+// share of, every third of Options.PresenceTTL, until Close. It does not
+// renew a limit that backs off: an instance that cannot reach Redis lets
+// its presence lapse, and the others then keep its shares.
 func (s *Source) renewPresence() {
 	tick := time.NewTicker(s.opts.PresenceTTL / 3)
 	defer tick.Stop()
 	for {
-		if s.downUntil.Load() == 0 {
-			s.renew()
-		}
+		s.renew()
 		select {
 		case <-s.ctx.Done():
 			return
@@ -48,6 +46,8 @@ func (s *Source) renew() {
 		// may bind it again) but is not renewed.
 		gone := l.bound.Load() && l.binds.Load() == 0
 		switch {
+		case l.downUntil.Load() != 0:
+			// Backing off: let the presence lapse.
 		case l.share.Load() > 0 && !gone:
 			renewed = append(renewed, l)
 		case l.present:
@@ -91,14 +91,14 @@ func (s *Source) renew() {
 // back since it last renewed (the others then keep its shares until the
 // presence lapses and for PresenceHold after).
 func (s *Source) leave() {
-	if s.fellBack.Load() || s.downUntil.Load() != 0 {
+	if s.fellBack.Load() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.CallTimeout)
 	defer cancel()
 	_, _ = s.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 		s.limits.Range(func(_, v any) bool {
-			if l := v.(*limit); l.present {
+			if l := v.(*limit); l.present && l.downUntil.Load() == 0 {
 				pipe.HDel(ctx, l.hash(), s.field())
 			}
 			return true

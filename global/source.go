@@ -41,8 +41,9 @@ type Options struct {
 	// later than Timeout still installs its lease and counts as a
 	// success, and a connection is dialled within it.
 	CallTimeout time.Duration
-	// FailAfter is how many calls in a row must fail before the Source
-	// backs off Redis and the rules' fallbacks apply (default 2).
+	// FailAfter is how many calls of a limit in a row must fail before
+	// the Source backs off Redis for it and its rules' fallbacks apply
+	// (default 2).
 	FailAfter int
 	// ExactBelow makes limits of at most this many admissions per window
 	// use the exact sliding log (default 0: never).
@@ -152,11 +153,6 @@ type Source struct {
 	opts   Options
 	limits sync.Map // limitID -> *limit
 
-	failures   atomic.Int64 // calls failed in a row
-	probeFails atomic.Int64 // probes failed in a row
-	downUntil  atomic.Int64 // clock reading before which calls are refused
-	probing    atomic.Bool
-
 	calls, errs, refused, late, leased, returned atomic.Int64
 	// fellBack is set when a request got an error (its rule's fallback
 	// applied) and cleared by the next renewal of presence, which then
@@ -210,11 +206,9 @@ func (s *Source) goCall(fn func()) bool {
 		defer s.bg.Done()
 		defer func() {
 			// A panic in a user hook (Options.Clock) must not take the
-			// process down from a goroutine no caller owns: count it as a
-			// failed call.
-			if recover() != nil {
-				s.fail(true)
-			}
+			// process down from a goroutine no caller owns (fly counts it
+			// as a failed call).
+			_ = recover()
 		}()
 		fn()
 	}()
@@ -302,6 +296,11 @@ type limit struct {
 	// share is what this instance admits per window on its own while it
 	// falls back (FallbackLocal): its presence is kept while it is > 0.
 	share atomic.Int64
+	// Health, per limit (in a Redis Cluster a limit fails with its
+	// node): calls and probes failed in a row, the clock reading before
+	// which calls are refused (0: healthy), and whether a probe is out.
+	failures, probeFails, downUntil atomic.Int64
+	probing                         atomic.Bool
 }
 
 // closedWindow is a full window: requests of need or more are refused
@@ -447,10 +446,10 @@ func (s *Source) acquire(ctx context.Context, l *limit, req *flow.GlobalRequest,
 		s.refused.Inc()
 		return false, nil
 	}
-	if until := s.downUntil.Load(); until != 0 {
+	if until := l.downUntil.Load(); until != 0 {
 		// Backing off: requests fall back at once, and once the backoff
 		// ends a call probes Redis in the background.
-		if now >= until && !s.probing.Load() {
+		if now >= until && !l.probing.Load() {
 			s.prefetch(l, p, req)
 		}
 		s.refused.Inc()
@@ -593,6 +592,13 @@ func (s *Source) launch(l *limit, f *flight, p int, req flow.GlobalRequest) {
 func (s *Source) fly(l *limit, f *flight, p int, req flow.GlobalRequest) {
 	f.err = errNoAnswer // until there is one (a panic below)
 	defer f.end()
+	var probe bool
+	defer func() {
+		if v := recover(); v != nil {
+			s.fail(l, probe)
+			panic(v) // to goCall, which ends it
+		}
+	}()
 	prev := f.prev
 	if prev != nil {
 		<-prev.done
@@ -627,7 +633,7 @@ func (s *Source) fly(l *limit, f *flight, p int, req flow.GlobalRequest) {
 		}
 	}
 	need := max(f.need.Load(), 1)
-	probe, err := s.callable()
+	probe, err := s.callable(l)
 	if err != nil {
 		f.err = err
 		return
@@ -647,11 +653,11 @@ func (s *Source) fly(l *limit, f *flight, p int, req flow.GlobalRequest) {
 		f.err = errClosed
 		return
 	case err != nil:
-		s.fail(probe)
+		s.fail(l, probe)
 		f.err = err
 		return
 	}
-	s.succeed()
+	s.succeed(l)
 	f.err = nil
 	if !d.Allowed {
 		f.refused = true
@@ -926,15 +932,15 @@ func (s *Source) admitted(bucket time.Time, n int64) {
 
 // callable returns errClosed after Close and ErrUnavailable while backing
 // off; once the backoff ends it lets one call through to probe.
-func (s *Source) callable() (probe bool, err error) {
+func (s *Source) callable(l *limit) (probe bool, err error) {
 	if s.closed.Load() {
 		return false, errClosed
 	}
-	until := s.downUntil.Load()
+	until := l.downUntil.Load()
 	if until == 0 {
 		return false, nil
 	}
-	if s.opts.Clock.Now() < until || !s.probing.CompareAndSwap(false, true) {
+	if s.opts.Clock.Now() < until || !l.probing.CompareAndSwap(false, true) {
 		return false, ErrUnavailable
 	}
 	return true, nil
@@ -944,34 +950,34 @@ func (s *Source) callable() (probe bool, err error) {
 // off; the backoff doubles after every FailAfter failed probes, so neither
 // one unlucky probe nor the calls of many limits failing together double
 // it.
-func (s *Source) fail(probe bool) {
+func (s *Source) fail(l *limit, probe bool) {
 	s.errs.Inc()
-	f := s.failures.Inc()
+	f := l.failures.Inc()
 	k := int64(s.opts.FailAfter)
 	if f < k {
 		return
 	}
 	var probes int64
 	if probe {
-		probes = s.probeFails.Inc()
-		s.probing.Store(false)
+		probes = l.probeFails.Inc()
+		l.probing.Store(false)
 	} else {
-		probes = s.probeFails.Load()
+		probes = l.probeFails.Load()
 	}
 	backoff := s.opts.Backoff << min(probes/k, 30)
 	if backoff > s.opts.MaxBackoff || backoff <= 0 {
 		backoff = s.opts.MaxBackoff
 	}
-	s.downUntil.Store(s.opts.Clock.Now() + int64(backoff))
+	l.downUntil.Store(s.opts.Clock.Now() + int64(backoff))
 }
 
-func (s *Source) succeed() {
-	if s.downUntil.Load() != 0 || s.failures.Load() != 0 || s.probeFails.Load() != 0 {
-		s.failures.Store(0)
-		s.probeFails.Store(0)
-		s.downUntil.Store(0)
+func (s *Source) succeed(l *limit) {
+	if l.downUntil.Load() != 0 || l.failures.Load() != 0 || l.probeFails.Load() != 0 {
+		l.failures.Store(0)
+		l.probeFails.Store(0)
+		l.downUntil.Store(0)
 	}
-	s.probing.Store(false)
+	l.probing.Store(false)
 }
 
 // Stats counts what a Source has done.
