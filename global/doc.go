@@ -76,7 +76,10 @@
 // for an answer; the call itself runs in the background for up to
 // Options.CallTimeout (1 s), so a late reply (a Redis far away, a new
 // connection, a saturated CPU that runs the reading goroutine late) still
-// installs its lease and counts as a success. A request still undecided at
+// installs its lease for the requests after and counts as a success; the
+// requests that waited for it are refused as late. Replies later than
+// Timeout most of the time therefore refuse most requests: raise Timeout
+// above the round trip seen under load. A request still undecided at
 // its deadline is refused and counted in Stats.Late, not failed over: a
 // late reply is no evidence that Redis is down. The defaults are meant for
 // a Redis up to 50 ms away (tested through a delaying proxy at 1, 20 and

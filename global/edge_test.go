@@ -37,7 +37,10 @@ func TestCancelledRequestDoesNotFallBack(t *testing.T) {
 	}
 	snap, _ := eng.Snapshot("api")
 	assert.Zero(t, snap.Fallbacks)
-	assert.False(t, src.fellBack.Load(), "not counted as a fallback of the instance")
+	src.limits.Range(func(_, v any) bool {
+		assert.False(t, v.(*limit).fellBack.Load(), "not counted as a fallback of the limit")
+		return true
+	})
 }
 
 // A rule reloaded with other thresholds keeps one limit in the Source, and

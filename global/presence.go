@@ -32,12 +32,10 @@ func (s *Source) field() string { return "p:" + s.id }
 // gone (every bound source collected), and limits this instance no longer
 // keeps a share of, lose its presence.
 func (s *Source) renew() {
+	s.renewMu.Lock()
+	defer s.renewMu.Unlock()
 	ctx, cancel := context.WithTimeout(s.ctx, s.opts.CallTimeout)
 	defer cancel()
-	rejoin := 0
-	if s.fellBack.Swap(false) {
-		rejoin = 1
-	}
 	keep := (s.opts.PresenceHold + s.opts.PresenceTTL).Milliseconds()
 	var renewed, left []*limit
 	s.limits.Range(func(_, v any) bool {
@@ -55,8 +53,17 @@ func (s *Source) renew() {
 		}
 		return true
 	})
+	// Only the limits renewed now are told they fell back: a limit that
+	// backs off keeps its flag for the renewal after its backoff.
+	rejoins := make([]int, len(renewed))
+	for i, l := range renewed {
+		if l.fellBack.Swap(false) {
+			rejoins[i] = 1
+		}
+	}
 	run := func(pipe redis.Pipeliner, sha bool) {
-		for _, l := range renewed {
+		for i, l := range renewed {
+			rejoin := rejoins[i]
 			keys := []string{l.hash()}
 			args := []any{s.id, l.share.Load(), s.opts.PresenceTTL.Microseconds(), l.window, rejoin, keep, serverStep}
 			if sha {
@@ -69,36 +76,51 @@ func (s *Source) renew() {
 			pipe.HDel(ctx, l.hash(), s.field())
 		}
 	}
-	_, err := s.client.Pipelined(ctx, func(pipe redis.Pipeliner) error { run(pipe, true); return nil })
-	if err != nil && strings.Contains(err.Error(), "NOSCRIPT") {
-		_, err = s.client.Pipelined(ctx, func(pipe redis.Pipeliner) error { run(pipe, false); return nil })
+	// Each command is judged on its own: in a Redis Cluster one node can
+	// fail while the others answer.
+	cmds, _ := s.client.Pipelined(ctx, func(pipe redis.Pipeliner) error { run(pipe, true); return nil })
+	if noScript(cmds) {
+		cmds, _ = s.client.Pipelined(ctx, func(pipe redis.Pipeliner) error { run(pipe, false); return nil })
 	}
-	if err != nil {
-		if rejoin == 1 {
-			s.fellBack.Store(true) // not told: tell it next time
+	failed := func(i int) bool { return i >= len(cmds) || cmds[i].Err() != nil }
+	for i, l := range renewed {
+		if failed(i) {
+			if rejoins[i] == 1 {
+				l.fellBack.Store(true) // not told: tell it next time
+			}
+			continue
 		}
-		return
-	}
-	for _, l := range renewed {
 		l.present = true
 	}
-	for _, l := range left {
-		l.present = false
+	for i, l := range left {
+		if !failed(len(renewed) + i) {
+			l.present = false
+		}
 	}
 }
 
-// leave removes this instance's presence when it closes, unless it fell
-// back since it last renewed (the others then keep its shares until the
-// presence lapses and for PresenceHold after).
-func (s *Source) leave() {
-	if s.fellBack.Load() {
-		return
+// noScript reports whether a command of a pipeline found its script
+// missing (a restarted or flushed Redis).
+func noScript(cmds []redis.Cmder) bool {
+	for _, c := range cmds {
+		if err := c.Err(); err != nil && strings.Contains(err.Error(), "NOSCRIPT") {
+			return true
+		}
 	}
+	return false
+}
+
+// leave removes this instance's presence when it closes, except from
+// limits that fell back since they were last renewed (the others then keep
+// its share of them until the presence lapses and for PresenceHold after).
+func (s *Source) leave() {
+	s.renewMu.Lock()
+	defer s.renewMu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.CallTimeout)
 	defer cancel()
 	_, _ = s.client.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 		s.limits.Range(func(_, v any) bool {
-			if l := v.(*limit); l.present && l.downUntil.Load() == 0 {
+			if l := v.(*limit); l.present && l.downUntil.Load() == 0 && !l.fellBack.Load() {
 				pipe.HDel(ctx, l.hash(), s.field())
 			}
 			return true

@@ -1,10 +1,16 @@
 package global
 
 import (
+	"cmp"
+	"context"
+	"errors"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/atomic"
@@ -107,4 +113,114 @@ func TestFallbackLocalIsKeptFromTheOthers(t *testing.T) {
 	assert.GreaterOrEqual(t, cut, int64(2*threshold*70/100), "the fallbacks admit their shares")
 	assert.LessOrEqual(t, restored, int64(2*threshold*115/100), "no more than the threshold once back")
 	assert.GreaterOrEqual(t, restored, int64(2*threshold*70/100), "the threshold is used once back")
+}
+
+// failKeyHook fails every command that names a key containing tag while on
+// is set, as a down Redis Cluster node fails only the limits on its slots.
+type failKeyHook struct {
+	tag string
+	on  *atomic.Bool
+}
+
+func (h failKeyHook) fails(cmd redis.Cmder) bool {
+	if !h.on.Load() {
+		return false
+	}
+	for _, a := range cmd.Args() {
+		if s, ok := a.(string); ok && strings.Contains(s, h.tag) {
+			return true
+		}
+	}
+	return false
+}
+
+func (failKeyHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h failKeyHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if h.fails(cmd) {
+			cmd.SetErr(errors.New("CLUSTERDOWN node down"))
+			return cmd.Err()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h failKeyHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		var rest []redis.Cmder
+		var failed error
+		for _, c := range cmds {
+			if h.fails(c) {
+				failed = errors.New("CLUSTERDOWN node down")
+				c.SetErr(failed)
+			} else {
+				rest = append(rest, c)
+			}
+		}
+		return cmp.Or(next(ctx, rest), failed)
+	}
+}
+
+// keptUntil is when the others stop keeping this instance's share of l
+// (server clock, µs), and the server's now.
+func keptUntil(t *testing.T, c redis.UniversalClient, src *Source, l *limit) (until, now int64) {
+	t.Helper()
+	v, err := c.HGet(t.Context(), l.hash(), src.field()).Result()
+	require.NoError(t, err)
+	parts := strings.Split(v, ",")
+	require.Len(t, parts, 3, "presence %q", v)
+	until, err = strconv.ParseInt(parts[2], 10, 64)
+	require.NoError(t, err)
+	tm, err := c.Time(t.Context()).Result()
+	require.NoError(t, err)
+	return until, tm.UnixMicro()
+}
+
+// TestFailingLimitKeepsOthersShares: one limit of a Source fails (its
+// Cluster node is down) and falls back. The renewal must tell only that
+// limit that this instance fell back: healthy limits told so kept this
+// instance's share from the others for a window at every renewal, half
+// their threshold with two instances. And the failing limit, skipped while
+// it backs off, must still be told once it is back: a flag for the whole
+// Source was cleared by the renewal that skipped it.
+func TestFailingLimitKeepsOthersShares(t *testing.T) {
+	srv := redistest.Start(t)
+	down := atomic.NewBool(false)
+	c := srv.Client()
+	c.AddHook(failKeyHook{tag: hashTag("id:a"), on: down})
+	src := newSource(t, c, Options{PresenceTTL: time.Minute, Timeout: time.Second, CallTimeout: time.Second,
+		Backoff: 50 * time.Millisecond, MaxBatch: 1})
+	bind := func(id string) (flow.BoundSource, *limit) {
+		r := flow.GlobalRequest{Key: "id:" + id, Resource: id, Threshold: 100, Interval: time.Second, LocalShare: 0.5}
+		b := src.Bind(r)
+		ok, err := b.Acquire(t.Context(), 1)
+		require.NoError(t, err)
+		require.True(t, ok)
+		return b, src.limitFor(r)
+	}
+	a, la := bind("a")
+	_, lb := bind("b")
+	src.renew()
+	check := srv.Client()
+
+	down.Store(true)
+	require.Eventually(t, func() bool {
+		_, err := a.Acquire(t.Context(), 1)
+		return errors.Is(err, ErrUnavailable)
+	}, 5*time.Second, time.Millisecond, "the failing limit backs off")
+	src.renew()
+	until, now := keptUntil(t, check, src, lb)
+	assert.LessOrEqual(t, until, now, "the healthy limit is not told this instance fell back")
+	assert.True(t, la.fellBack.Load(), "the failing limit keeps its flag while it is not renewed")
+
+	down.Store(false)
+	require.Eventually(t, func() bool {
+		_, _ = a.Acquire(t.Context(), 1) // probes once the backoff ends
+		return la.downUntil.Load() == 0
+	}, 5*time.Second, time.Millisecond, "the probe ends the backoff")
+	src.renew()
+	until, now = keptUntil(t, check, src, la)
+	assert.Greater(t, until, now, "the limit that fell back is told so once it is back")
+	assert.False(t, la.fellBack.Load())
 }

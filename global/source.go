@@ -154,11 +154,9 @@ type Source struct {
 	limits sync.Map // limitID -> *limit
 
 	calls, errs, refused, late, leased, returned atomic.Int64
-	// fellBack is set when a request got an error (its rule's fallback
-	// applied) and cleared by the next renewal of presence, which then
-	// keeps this instance's shares from the others for a window.
-	fellBack atomic.Bool
-	presence sync.Once
+	presence                                     sync.Once
+	// renewMu serialises renewals of presence and the leave at Close.
+	renewMu sync.Mutex
 	// mostInFlight is the most calls one limit had out at once (tests).
 	mostInFlight atomic.Int64
 
@@ -291,7 +289,7 @@ type limit struct {
 	binds atomic.Int64
 	bound atomic.Bool
 	// present is set while this instance's presence is in the hash
-	// (renewal goroutine only).
+	// (guarded by the Source's renewMu).
 	present bool
 	// share is what this instance admits per window on its own while it
 	// falls back (FallbackLocal): its presence is kept while it is > 0.
@@ -301,6 +299,12 @@ type limit struct {
 	// which calls are refused (0: healthy), and whether a probe is out.
 	failures, probeFails, downUntil atomic.Int64
 	probing                         atomic.Bool
+	// fellBack is set when a request of this limit got an error (its
+	// rule's fallback applied) and cleared by the limit's next renewal of
+	// presence, which then keeps this instance's share from the others
+	// for a window. It is per limit: a failing limit must not take the
+	// shares of healthy ones.
+	fellBack atomic.Bool
 }
 
 // closedWindow is a full window: requests of need or more are refused
@@ -453,12 +457,12 @@ func (s *Source) acquire(ctx context.Context, l *limit, req *flow.GlobalRequest,
 			s.prefetch(l, p, req)
 		}
 		s.refused.Inc()
-		s.fellBack.Store(true)
+		l.fellBack.Store(true)
 		return false, ErrUnavailable
 	}
 	ok, err := s.wait(ctx, l, p, req, n, now+int64(s.opts.Timeout))
 	if err != nil && ctx.Err() == nil {
-		s.fellBack.Store(true)
+		l.fellBack.Store(true)
 	}
 	return ok, err
 }
@@ -589,6 +593,16 @@ func (s *Source) launch(l *limit, f *flight, p int, req flow.GlobalRequest) {
 // slot), and records the answer for them. It runs to the end whatever its
 // requests do: a reply later than their deadline still installs its lease
 // and tells the Source's health.
+// takeCounted is take, counted in l.inFlight while it runs (a panic
+// included).
+func (s *Source) takeCounted(l *limit, threshold, need, want, maxLease int64) (decision, error) {
+	in := l.inFlight.Inc()
+	defer l.inFlight.Dec()
+	for most := s.mostInFlight.Load(); in > most && !s.mostInFlight.CompareAndSwap(most, in); most = s.mostInFlight.Load() {
+	}
+	return s.take(l, threshold, need, want, maxLease)
+}
+
 func (s *Source) fly(l *limit, f *flight, p int, req flow.GlobalRequest) {
 	f.err = errNoAnswer // until there is one (a panic below)
 	defer f.end()
@@ -642,12 +656,8 @@ func (s *Source) fly(l *limit, f *flight, p int, req flow.GlobalRequest) {
 	if s.leasing(l) {
 		maxLease = l.batch.Load()
 	}
-	in := l.inFlight.Inc()
-	for most := s.mostInFlight.Load(); in > most && !s.mostInFlight.CompareAndSwap(most, in); most = s.mostInFlight.Load() {
-	}
 	sent := s.opts.Clock.Now()
-	d, err := s.take(l, perWindow(req), need, want, maxLease)
-	l.inFlight.Dec()
+	d, err := s.takeCounted(l, perWindow(req), need, want, maxLease)
 	switch {
 	case err != nil && s.closed.Load():
 		f.err = errClosed
@@ -991,8 +1001,10 @@ type Stats struct {
 	// Options.Timeout while Redis was not known to be down.
 	Late   int64
 	Leased int64 // tokens leased beyond the requests that asked
-	// Returned counts leased tokens given back unspent to their server
-	// bucket.
+	// Returned counts tokens given back unspent to their server bucket:
+	// leases replaced before they expired, and tokens granted to requests
+	// that had given up (their deadline passed or their context ended)
+	// before the reply came.
 	Returned int64
 }
 
