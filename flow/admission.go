@@ -33,6 +33,10 @@ type slot struct {
 	// stale for a moment: see track.
 	node atomic.Pointer[stat.Node]
 	n    atomic.Int64
+	// kc is the key state a PerKey Concurrency rule counted the holder in
+	// (nil: none), stored like node; only the holder reads it.
+	kc atomic.Pointer[keyState]
+	kt atomic.Pointer[keyTable]
 	// walkedNode and walkedN are what track counted the admission as;
 	// written before slotWalked is set, and never while it is.
 	walkedNode atomic.Pointer[stat.Node]
@@ -106,7 +110,7 @@ func newSlots(e *Engine) *slots {
 // claim takes a free slot on stripe p for an admission of n on node
 // (counted in its concurrency if counted) and returns it with the word to
 // release it with.
-func (s *slots) claim(p int, node *stat.Node, n int64, counted bool) (*slot, uint64) {
+func (s *slots) claim(p int, node *stat.Node, n int64, counted bool, kc *keyState, kt *keyTable) (*slot, uint64) {
 	flags := uint64(slotHeld) | tagOf(node, n)<<tagShift
 	if counted {
 		flags |= slotCounted
@@ -134,6 +138,10 @@ func (s *slots) claim(p int, node *stat.Node, n int64, counted bool) (*slot, uin
 	if sl.n.Load() != n {
 		sl.n.Store(n)
 	}
+	if sl.kc.Load() != kc {
+		sl.kc.Store(kc)
+		sl.kt.Store(kt)
+	}
 	return sl, w | flags
 }
 
@@ -159,6 +167,7 @@ func (s *slots) claimOverflow(flags uint64) (*slot, uint64) {
 // Entry that exited already.
 func (s *slots) release(sl *slot, w uint64, node *stat.Node, n int64) bool {
 	cur := w
+	kc, kt := sl.kc.Load(), sl.kt.Load() // the holder's: read before the slot is free
 	for {
 		var walked *stat.Node
 		var walkedN int64
@@ -173,6 +182,9 @@ func (s *slots) release(sl *slot, w uint64, node *stat.Node, n int64) bool {
 			}
 			if walked != nil {
 				walked.ReleaseConcurrency(walkedN)
+			}
+			if kc != nil {
+				kt.release(kc, n)
 			}
 			break
 		}

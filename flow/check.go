@@ -13,22 +13,22 @@ import (
 // enter checks a request against rr (nil: no rules), from rule set set,
 // and counts it on node.
 func (e *Engine) enter(set *ruleSet, rr *resourceRules, node *stat.Node, opts []EntryOption) (Entry, error) {
-	n, priority, ctx := int64(1), false, context.Context(nil)
+	q := request{n: 1}
 	if len(opts) > 0 {
-		var err error
-		if n, priority, ctx, err = parseOptions(opts); err != nil {
+		if err := parseOptions(&q, opts); err != nil {
 			return Entry{}, err
 		}
 	}
+	n := q.n
 	p, now := e.pinNow()
 	if rr == nil {
 		node.Second().AddOn(p, now, metric.Pass, n)
 		if node.Dropped() {
 			node = e.recount(node, p, now, metric.Pass, n)
 		}
-		return e.admitted(set, node, p, now, n, false), nil
+		return e.admitted(set, node, p, now, n, false, nil, nil), nil
 	}
-	if w := rr.single; w != nil && !priority {
+	if w := rr.single; w != nil && !q.priority {
 		// The common shape, one Reject limit on the node's window: one
 		// admission, nothing to give back.
 		r, ok := w.AdmitOn(p, now, n, rr.singleLimit)
@@ -37,15 +37,38 @@ func (e *Engine) enter(set *ruleSet, rr *resourceRules, node *stat.Node, opts []
 			return blocked(float64(r.Seen())), rr.singleBE
 		}
 		// A now behind the newest bucket was counted in it: start there.
-		return e.admitted(set, node, p, max(now, r.Start()), n, false), nil
+		return e.admitted(set, node, p, max(now, r.Start()), n, false, nil, nil), nil
 	}
-	return e.check(set, rr, p, now, n, priority, ctx)
+	if kr := rr.singleKey; kr != nil {
+		// One PerKey limit: one admission on the key, the pass or block
+		// counted on the node.
+		if !q.hasKey {
+			node.AddKeyless()
+		}
+		var kh keyHeld
+		ev := metric.Pass
+		_, seen, ok := kr.admit(&q, now, &kh)
+		if !ok {
+			ev = metric.Block
+		}
+		node.Second().AddOn(p, now, ev, n)
+		if node.Dropped() {
+			node = e.recount(node, p, now, ev, n)
+		}
+		if !ok {
+			return blocked(seen), kr.be
+		}
+		// A now behind the key's newest bucket was counted in it.
+		return e.admitted(set, node, p, max(now, kh.b*kr.t.bucketLen), n, false, nil, nil), nil
+	}
+	return e.check(set, rr, p, now, &q)
 }
 
 // admitted records an admission in a slot and returns its Entry; counted
-// says whether a concurrency rule counted it.
-func (e *Engine) admitted(set *ruleSet, node *stat.Node, p int, start, n int64, counted bool) Entry {
-	sl, w := e.slots.claim(p, node, n, counted)
+// says whether a concurrency rule counted it, kc is the key state a PerKey
+// Concurrency rule counted it in (Exit releases both).
+func (e *Engine) admitted(set *ruleSet, node *stat.Node, p int, start, n int64, counted bool, kc *keyState, kt *keyTable) Entry {
+	sl, w := e.slots.claim(p, node, n, counted, kc, kt)
 	if !counted && e.rules.Load() != set {
 		// Rules were loaded since this request read them: if they add a
 		// concurrency rule, their walk may have passed this slot (see
@@ -78,6 +101,8 @@ type held struct {
 	more  []metric.Reservation
 	paced [maxPacedRules]int64 // costs, by index into rr.paced
 	gres  [maxGlobalRules]metric.Reservation
+	kc    *keyState // counted by the PerKey Concurrency rule
+	keys  [maxKeyRules]keyHeld
 }
 
 func (h *held) addRes(r metric.Reservation) {
@@ -107,6 +132,12 @@ func (e *Engine) release(rr *resourceRules, h *held, n int64) {
 	for i := range rr.globals {
 		h.gres[i].Cancel(proto.Token{})
 	}
+	if h.kc != nil {
+		rr.keyConc.t.release(h.kc, n)
+	}
+	for i := range rr.keyed {
+		rr.keyed[i].undo(h.keys[i], n)
+	}
 }
 
 func (e *Engine) block(rr *resourceRules, h *held, p int, now, n int64, be *BlockError, seen float64) (Entry, error) {
@@ -122,9 +153,20 @@ func (e *Engine) block(rr *resourceRules, h *held, p int, now, n int64, be *Bloc
 // check runs every rule of a resource: concurrency, global, windows,
 // related resources, then pacing, and waits last if any of them queued the
 // request.
-func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now, n int64, priority bool, ctx context.Context) (Entry, error) {
+func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now int64, q *request) (Entry, error) {
 	var h held
 	node := rr.node
+	n, priority, ctx := q.n, q.priority, q.ctx
+	if rr.hasKeyed() {
+		keyless(node, q)
+	}
+	if rr.keyConc.t != nil {
+		st, seen, ok := rr.keyConc.acquire(q)
+		if !ok {
+			return e.block(rr, &h, p, now, n, rr.keyConc.be, float64(seen))
+		}
+		h.kc = st
+	}
 	if rr.concLimit >= 0 {
 		if g := rr.counting; g != nil {
 			g.wait() // the rule is new: until what is in flight is counted
@@ -165,6 +207,17 @@ func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now, n int64, pri
 		}
 		return e.block(rr, &h, p, now, n, be, float64(r.Seen()))
 	}
+	for i := range rr.keyed {
+		kr := &rr.keyed[i]
+		d, seen, ok := kr.admit(q, now, &h.keys[i])
+		if !ok {
+			return e.block(rr, &h, p, now, n, kr.be, seen)
+		}
+		if kr.t.kind == keyWindow {
+			now = max(now, h.keys[i].b*kr.t.bucketLen)
+		}
+		wait = max(wait, d)
+	}
 	for _, rel := range rr.related {
 		if seen := rel.node.Rate(now, metric.Pass); seen+float64(n) > rel.threshold {
 			return e.block(rr, &h, p, now, n, rel.be, seen)
@@ -201,7 +254,7 @@ func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now, n int64, pri
 			node = e.recount(node, p, now, metric.Pass, n)
 		}
 	}
-	return e.admitted(set, node, p, now, n, h.conc), nil
+	return e.admitted(set, node, p, now, n, h.conc, h.kc, rr.keyConc.t), nil
 }
 
 // wait runs the engine's sleep, turning a panic in it into an error.

@@ -1,6 +1,7 @@
 package flow
 
 import (
+	"fmt"
 	"math"
 	"time"
 
@@ -19,15 +20,21 @@ type ruleSet struct {
 	warm   map[ruleKey]*warmUp
 	pacers map[ruleKey]*pacer
 	locals map[ruleKey]*metric.Window
+	// tables holds per-key rules' keys, kept across reloads.
+	tables map[tableID]*keyTable
 }
 
-// ruleKey identifies a rule's state across reloads: the rule, and which of
-// the identical copies of it in the set it is (two identical Throttle rules
-// are two timelines, and stay two when loaded again).
+// ruleKey identifies a rule's state across reloads: the rule (every field
+// of it, printed: a Rule with Keys is not comparable), and which of the
+// identical copies of it in the set it is (two identical Throttle rules are
+// two timelines, and stay two when loaded again).
 type ruleKey struct {
-	Rule
+	rule string
 	copy int
 }
+
+// fingerprint is a rule's every field, for ruleKey.
+func fingerprint(r *Rule) string { return fmt.Sprintf("%#v", *r) }
 
 // resourceRules is everything Entry needs for one resource with rules.
 type resourceRules struct {
@@ -38,9 +45,12 @@ type resourceRules struct {
 	single      *metric.Window
 	singleLimit int64
 	singleBE    *BlockError
-	node        *stat.Node
-	concLimit   int64 // -1: no concurrency rule
-	concBE      *BlockError
+	// singleKey is set when the resource's only rule is one PerKey Reject
+	// QPS rule: Entry then takes a short path too.
+	singleKey *keyRule
+	node      *stat.Node
+	concLimit int64 // -1: no concurrency rule
+	concBE    *BlockError
 	// counting is set when the rule set adds the concurrency rule: Entry
 	// waits for it until the requests already in flight are counted.
 	counting   *gate
@@ -49,7 +59,14 @@ type resourceRules struct {
 	paced      []pacedRule
 	related    []relatedRule
 	globals    []globalRule
+	// keyed are the PerKey QPS rules, keyConc the PerKey Concurrency rule
+	// (t nil: none).
+	keyed   []keyRule
+	keyConc keyRule
 }
+
+// hasKeyed reports whether the resource has PerKey rules.
+func (rr *resourceRules) hasKeyed() bool { return len(rr.keyed) > 0 || rr.keyConc.t != nil }
 
 // windowGroup is every Reject and WarmUp rule that counts in one window:
 // they admit together, with one Admit at the smallest of their limits, so a
@@ -129,18 +146,32 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stat.Node, bounds []Bound
 		warm:       map[ruleKey]*warmUp{},
 		pacers:     map[ruleKey]*pacer{},
 		locals:     map[ruleKey]*metric.Window{},
+		tables:     map[tableID]*keyTable{},
 	}
-	copies := map[Rule]int{}
+	copies := map[string]int{}
+	tableCopies := map[tableID]int{}
 	for i := range norm {
-		k := ruleKey{norm[i], copies[norm[i]]}
-		copies[norm[i]]++
+		fp := fingerprint(&norm[i])
+		k := ruleKey{fp, copies[fp]}
+		copies[fp]++
+		if r := &norm[i]; r.PerKey {
+			id := tableID{resource: r.Resource, id: r.ID, metric: r.Metric, behavior: r.Behavior, interval: r.StatInterval, maxQueue: r.MaxQueueing}
+			id.copy = tableCopies[id]
+			tableCopies[id]++
+			e.addKeyed(next, old, e.resourceRules(next, r, nodes), r, id)
+			continue
+		}
 		e.add(next, old, &norm[i], k, nodes, bounds[i])
 	}
 	for _, rr := range next.byResource {
 		if len(rr.groups) == 1 && rr.countsNode && len(rr.groups[0].warm) == 0 && rr.concLimit < 0 &&
-			len(rr.globals) == 0 && len(rr.related) == 0 && len(rr.paced) == 0 {
+			len(rr.globals) == 0 && len(rr.related) == 0 && len(rr.paced) == 0 && !rr.hasKeyed() {
 			g := &rr.groups[0]
 			rr.single, rr.singleLimit, rr.singleBE = g.w, g.static, g.staticBE
+		}
+		if len(rr.groups) == 0 && rr.concLimit < 0 && len(rr.globals) == 0 && len(rr.related) == 0 && len(rr.paced) == 0 &&
+			rr.keyConc.t == nil && len(rr.keyed) == 1 && rr.keyed[0].t.kind == keyWindow {
+			rr.singleKey = &rr.keyed[0]
 		}
 	}
 	return next
@@ -149,11 +180,7 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stat.Node, bounds []Bound
 // add adds rule r, whose state is keyed k, to the set being built; bound
 // is its bound token source, if any.
 func (e *Engine) add(next, old *ruleSet, r *Rule, k ruleKey, nodes map[string]*stat.Node, bound BoundSource) {
-	rr := next.byResource[r.Resource]
-	if rr == nil {
-		rr = &resourceRules{node: nodes[r.Resource], concLimit: -1}
-		next.byResource[r.Resource] = rr
-	}
+	rr := e.resourceRules(next, r, nodes)
 	switch {
 	case r.Metric == Concurrency:
 		limit := int64(r.Threshold) // at most MaxThreshold: no overflow
@@ -204,6 +231,17 @@ func (e *Engine) add(next, old *ruleSet, r *Rule, k ruleKey, nodes map[string]*s
 			g.static, g.staticBE = limit, newBlockError(r, ReasonFlow)
 		}
 	}
+}
+
+// resourceRules returns r's resource's rules in the set being built,
+// adding them if needed.
+func (e *Engine) resourceRules(next *ruleSet, r *Rule, nodes map[string]*stat.Node) *resourceRules {
+	rr := next.byResource[r.Resource]
+	if rr == nil {
+		rr = &resourceRules{node: nodes[r.Resource], concLimit: -1}
+		next.byResource[r.Resource] = rr
+	}
+	return rr
 }
 
 // window returns the node window a rule with this interval counts in.

@@ -29,6 +29,7 @@ type Engine struct {
 	sampleCount   int
 	sleep         sleepFunc
 	slots         *slots
+	maxKeys       int
 
 	rules atomic.Pointer[ruleSet]
 	mu    sync.Mutex // serialises LoadRules
@@ -51,6 +52,7 @@ func New(opts ...Option) (*Engine, error) {
 		occupyTimeout: int64(cfg.occupyTimeout),
 		sampleCount:   cfg.sampleCount,
 		sleep:         cfg.sleep,
+		maxKeys:       cfg.maxKeys,
 	}
 	e.slots = newSlots(e)
 	e.clock = cfg.clock
@@ -64,7 +66,7 @@ func New(opts ...Option) (*Engine, error) {
 		return nil, err // validated above: cannot happen
 	}
 	e.registry = reg
-	e.rules.Store(&ruleSet{byResource: map[string]*resourceRules{}})
+	e.rules.Store(&ruleSet{byResource: map[string]*resourceRules{}, tables: map[tableID]*keyTable{}})
 	return e, nil
 }
 
@@ -191,9 +193,14 @@ func (e *Engine) normalise(rules []Rule) ([]Rule, error) {
 	norm := make([]Rule, len(rules))
 	paced := map[string]int{}
 	globals := map[string]int{}
+	keyed := map[string][2]int{}
+	var keys int
 	for i, r := range rules {
 		r = r.withDefaults()
 		if err := r.validate(i); err != nil {
+			return nil, err
+		}
+		if err := e.checkKeyRules(i, &r, keyed, &keys); err != nil {
 			return nil, err
 		}
 		if r.Global && e.source == nil {
@@ -206,6 +213,7 @@ func (e *Engine) normalise(rules []Rule) ([]Rule, error) {
 			if globals[r.Resource]++; globals[r.Resource] > maxGlobalRules {
 				return nil, r.errorf(i, "Global", true, "exceeds %d global rules for resource %s", maxGlobalRules, names.Abbrev(r.Resource))
 			}
+		case r.PerKey:
 		case r.Behavior == Throttle || r.Behavior == WarmUpThrottle:
 			if paced[r.Resource]++; paced[r.Resource] > maxPacedRules {
 				return nil, r.errorf(i, "Behavior", r.Behavior, "exceeds %d throttling rules for resource %s", maxPacedRules, names.Abbrev(r.Resource))

@@ -27,7 +27,18 @@ type EntryOption struct {
 	count    int64
 	hasCount bool
 	priority bool
+	hasKey   bool
 	ctx      context.Context
+	key      string
+}
+
+// request is a request's options, read.
+type request struct {
+	n        int64
+	priority bool
+	hasKey   bool
+	ctx      context.Context
+	key      string
 }
 
 // WithCount makes the request count as n (a batch), 1 <= n <= MaxCount: it
@@ -110,7 +121,8 @@ func (en *Entry) Exit(err error) {
 // it is admitted, counts it and returns an Entry to Exit when done. A
 // blocked request gets a *BlockError (errors.Is(err, ErrBlocked)); a wait
 // cut short by the context gets the context's error; a bad WithCount gets
-// an error matching ErrInvalidCount, an empty or overlong name one matching
+// an error matching ErrInvalidCount, a bad WithKey one matching
+// ErrInvalidKey, an empty or overlong name one matching
 // stat.ErrInvalidName, and a new resource past the registry cap one matching
 // stat.ErrTooManyResources; in every error case nothing is held and Exit on
 // the Entry does nothing.
@@ -187,22 +199,28 @@ func (r *Resource) Entry(opts ...EntryOption) (Entry, error) {
 	return r.eng.enter(set, nil, node, opts)
 }
 
-// parseOptions reads a request's options.
-func parseOptions(opts []EntryOption) (n int64, priority bool, ctx context.Context, err error) {
-	n = 1
-	for _, o := range opts {
+// parseOptions reads a request's options into q.
+func parseOptions(q *request, opts []EntryOption) error {
+	for i := range opts {
+		o := &opts[i]
 		if o.hasCount {
-			n = o.count
+			q.n = o.count
 		}
-		priority = priority || o.priority
+		q.priority = q.priority || o.priority
 		if o.ctx != nil {
-			ctx = o.ctx
+			q.ctx = o.ctx
+		}
+		if o.hasKey {
+			q.key, q.hasKey = o.key, true
 		}
 	}
-	if n < 1 || n > MaxCount {
-		return 0, false, nil, fmt.Errorf("%w, got %d", ErrInvalidCount, n)
+	if q.n < 1 || q.n > MaxCount {
+		return fmt.Errorf("%w, got %d", ErrInvalidCount, q.n)
 	}
-	return n, priority, ctx, nil
+	if q.hasKey && (q.key == "" || len(q.key) > MaxKeyLen) {
+		return fmt.Errorf("%w, got %d bytes", ErrInvalidKey, len(q.key))
+	}
+	return nil
 }
 
 // pin returns the caller's stripe hint and the time.

@@ -20,6 +20,7 @@ type config struct {
 	source        TokenSource
 	occupyTimeout time.Duration
 	sleep         sleepFunc
+	maxKeys       int
 }
 
 // sleepFunc waits for d or until ctx ends.
@@ -32,6 +33,7 @@ func defaultConfig() config {
 		sampleCount:   stat.DefaultSampleCount,
 		occupyTimeout: DefaultOccupyTimeout,
 		sleep:         sleep,
+		maxKeys:       DefaultEngineMaxKeys,
 	}
 }
 
@@ -49,7 +51,7 @@ func (c *config) validate() error {
 	case c.sleep == nil:
 		return fmt.Errorf("flow: WithSleep: function must not be nil")
 	}
-	return nil
+	return validateMaxKeys(c.maxKeys)
 }
 
 // WithClock sets the engine's clock (default stat.DefaultClock(): a shared

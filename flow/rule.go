@@ -129,7 +129,42 @@ type Rule struct {
 	// LocalShare is the part of Threshold a Global rule enforces locally
 	// under FallbackLocal (default 1, in (0, 1]; left zero otherwise).
 	LocalShare float64
+	// PerKey applies Threshold to each key of the resource separately (a
+	// limit per user, per client IP, per tenant): requests name their key
+	// with WithKey. A request without a key is limited under one shared
+	// "no key" entry and counted in the resource's Keyless statistic,
+	// never refused for it. QPS rules with Behavior Reject or Throttle,
+	// and Concurrency rules; see the package doc for the memory bound.
+	PerKey bool
+	// MaxKeys is the most keys a PerKey rule tracks at once (default
+	// DefaultMaxKeys, at most MaxMaxKeys; left zero otherwise). Keys
+	// listed in Keys are tracked beside them, never evicted.
+	MaxKeys int
+	// Keys gives specific keys of a PerKey rule their own thresholds (a
+	// premium tenant at ten times the rule's, a known abuser at 0).
+	Keys []KeyLimit
 }
+
+// KeyLimit is a specific key's threshold in a PerKey rule.
+type KeyLimit struct {
+	Key       string
+	Threshold float64
+}
+
+// Per-key bounds.
+const (
+	// DefaultMaxKeys is the MaxKeys of a PerKey rule with none.
+	DefaultMaxKeys = 100_000
+	// MaxMaxKeys is the largest MaxKeys a rule accepts.
+	MaxMaxKeys = 1 << 24
+	// MaxKeyLen is the longest key WithKey accepts, in bytes.
+	MaxKeyLen = 1024
+	// MaxKeyWindowCount is the most a PerKey QPS rule (or a specific key)
+	// may admit per window: Threshold x StatInterval / 1s.
+	MaxKeyWindowCount = 1<<32 - 1
+	// maxKeyLimits bounds a rule's Keys.
+	maxKeyLimits = 10_000
+)
 
 // MaxThreshold is the largest Threshold a rule accepts: a trillion a second
 // (or in flight) is beyond any real limit, and keeps every counter of an
@@ -179,6 +214,12 @@ func (r Rule) withDefaults() Rule {
 	}
 	if r.Global && r.Fallback == FallbackLocal && r.LocalShare == 0 {
 		r.LocalShare = 1
+	}
+	if r.PerKey && r.MaxKeys == 0 {
+		r.MaxKeys = DefaultMaxKeys
+	}
+	if len(r.Keys) > 0 {
+		r.Keys = append([]KeyLimit(nil), r.Keys...) // the caller's slice stays theirs
 	}
 	return r
 }
@@ -273,6 +314,11 @@ func (r *Rule) validate(i int) error {
 		}
 		return bad("StatInterval", r.StatInterval, "must be 1s (or left zero) for "+what)
 	}
+	if r.PerKey {
+		if err := r.validatePerKey(i); err != nil {
+			return err
+		}
+	}
 	if r.Behavior == WarmUp || r.Behavior == WarmUpThrottle {
 		switch {
 		case r.WarmUpPeriod <= 0:
@@ -306,10 +352,63 @@ func (r *Rule) validateUnused(i int) error {
 		{"MaxQueueing", r.MaxQueueing, r.MaxQueueing != 0, r.Behavior == Throttle || r.Behavior == WarmUpThrottle, "Throttle and WarmUpThrottle rules"},
 		{"Fallback", r.Fallback, r.Fallback != FallbackLocal, r.Global, "Global rules"},
 		{"LocalShare", r.LocalShare, r.LocalShare != 0, r.Global && r.Fallback == FallbackLocal, "Global rules with Fallback Local"},
+		{"MaxKeys", r.MaxKeys, r.MaxKeys != 0, r.PerKey, "PerKey rules"},
+		{"Keys", len(r.Keys), len(r.Keys) != 0, r.PerKey, "PerKey rules"},
 	} {
 		if f.set && !f.used {
 			return r.errorf(i, f.name, f.value, "is used only by "+f.where+" and must be left zero here")
 		}
+	}
+	return nil
+}
+
+// validatePerKey checks what a PerKey rule adds.
+func (r *Rule) validatePerKey(i int) error {
+	bad := func(field string, value any, reason string) error { return r.errorf(i, field, value, reason) }
+	switch {
+	case r.Behavior == WarmUp || r.Behavior == WarmUpThrottle:
+		return bad("Behavior", r.Behavior, "must be Reject or Throttle for a PerKey rule")
+	case r.RelatedResource != "":
+		return bad("RelatedResource", r.RelatedResource, "cannot be combined with PerKey")
+	case r.Global:
+		return bad("Global", r.Global, "cannot be combined with PerKey yet")
+	case r.MaxKeys < 1 || r.MaxKeys > MaxMaxKeys:
+		return bad("MaxKeys", r.MaxKeys, fmt.Sprintf("must be in [1, %d]", MaxMaxKeys))
+	case len(r.Keys) > maxKeyLimits:
+		return bad("Keys", len(r.Keys), fmt.Sprintf("must list at most %d keys", maxKeyLimits))
+	}
+	if err := r.validateKeyThreshold(i, "Threshold", r.Threshold); err != nil {
+		return err
+	}
+	seen := make(map[string]bool, len(r.Keys))
+	for k, kl := range r.Keys {
+		field := fmt.Sprintf("Keys[%d]", k)
+		switch {
+		case kl.Key == "":
+			return bad(field+".Key", `""`, "must not be empty")
+		case len(kl.Key) > MaxKeyLen:
+			return bad(field+".Key", names.Abbrev(kl.Key), fmt.Sprintf("must be at most %d bytes", MaxKeyLen))
+		case seen[kl.Key]:
+			return bad(field+".Key", names.Abbrev(kl.Key), "is listed twice")
+		case math.IsNaN(kl.Threshold) || math.IsInf(kl.Threshold, 0) || kl.Threshold < 0 || kl.Threshold > MaxThreshold:
+			return bad(field+".Threshold", kl.Threshold, fmt.Sprintf("must be a finite number in [0, %g]", float64(MaxThreshold)))
+		}
+		seen[kl.Key] = true
+		if err := r.validateKeyThreshold(i, field+".Threshold", kl.Threshold); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// validateKeyThreshold checks a per-key threshold against what a key's
+// compact state holds.
+func (r *Rule) validateKeyThreshold(i int, field string, t float64) error {
+	switch {
+	case r.Metric == QPS && r.Behavior == Reject && perWindow(t, r.StatInterval) > MaxKeyWindowCount:
+		return r.errorf(i, field, t, "admits %d per window, more than a key's window holds (MaxKeyWindowCount, %d)", perWindow(t, r.StatInterval), int64(MaxKeyWindowCount))
+	case r.Behavior == Throttle && t > 0 && t < minPacedRate:
+		return r.errorf(i, field, t, "must be 0 or at least 0.001 (one request per 1000 s) for Throttle")
 	}
 	return nil
 }

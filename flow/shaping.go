@@ -106,6 +106,11 @@ const maxCost = int64(1) << 61
 // reserve claims a slot for n at rate. It returns how long to wait and the
 // cost to give back if the request is abandoned.
 func (p *pacer) reserve(now, n int64, rate float64) (wait, cost int64, ok bool) {
+	return reservePace(&p.latest, p.maxQueue, now, n, rate)
+}
+
+// reservePace is pacer.reserve on a timeline head of its own (a key's).
+func reservePace(latest *atomic.Int64, maxQueue, now, n int64, rate float64) (wait, cost int64, ok bool) {
 	if rate <= 0 {
 		return 0, 0, false
 	}
@@ -117,20 +122,20 @@ func (p *pacer) reserve(now, n int64, rate float64) (wait, cost int64, ok bool) 
 	}
 	cost = int64(c)
 	for {
-		last := p.latest.Load()
+		last := latest.Load()
 		expected := last + cost
 		if expected <= now {
 			// Idle: the timeline restarts at now, no queueing.
-			if p.latest.CompareAndSwap(last, now) {
+			if latest.CompareAndSwap(last, now) {
 				return 0, cost, true
 			}
 			continue
 		}
 		wait = expected - now
-		if wait > p.maxQueue {
+		if wait > maxQueue {
 			return 0, 0, false
 		}
-		if p.latest.CompareAndSwap(last, expected) {
+		if latest.CompareAndSwap(last, expected) {
 			return wait, cost, true
 		}
 		// Another request moved the head; queue behind it.

@@ -65,6 +65,10 @@ type Node struct {
 	// fallbacks counts requests a global rule decided locally because its
 	// token source failed.
 	fallbacks atomic.Int64
+	// keyless counts requests without a key checked by a per-key rule;
+	// keyEvictions counts keys a per-key rule evicted from its table
+	// while their window still held admissions.
+	keyless, keyEvictions atomic.Int64
 
 	mu      sync.Mutex // guards adding to windows; reads go through the pointer
 	windows atomic.Pointer[map[time.Duration]*metric.Window]
@@ -227,6 +231,22 @@ func (n *Node) AddFallback() { n.fallbacks.Inc() }
 // fallback since the node was made.
 func (n *Node) Fallbacks() int64 { return n.fallbacks.Load() }
 
+// AddKeyless counts a request without a key that a per-key rule limited
+// under its shared no-key entry.
+func (n *Node) AddKeyless() { n.keyless.Inc() }
+
+// Keyless returns how many requests without a key per-key rules checked
+// since the node was made.
+func (n *Node) Keyless() int64 { return n.keyless.Load() }
+
+// AddKeyEviction counts a key evicted from a per-key rule's table while
+// its window still held admissions.
+func (n *Node) AddKeyEviction() { n.keyEvictions.Inc() }
+
+// KeyEvictions returns how many keys per-key rules evicted while active
+// since the node was made.
+func (n *Node) KeyEvictions() int64 { return n.keyEvictions.Load() }
+
 // Rate returns event e per second over the last second.
 func (n *Node) Rate(now int64, e metric.Event) float64 { return n.second.Rate(now, e) }
 
@@ -285,6 +305,8 @@ type Snapshot struct {
 	MinuteErrors   int64
 	BorrowedFuture int64 // admitted against future buckets, not yet current
 	Fallbacks      int64 // decided by a global rule's fallback, ever
+	Keyless        int64 // checked by a per-key rule without a key, ever
+	KeyEvictions   int64 // keys evicted by a per-key rule while active, ever
 }
 
 // Snapshot reads every statistic at now.
@@ -308,5 +330,7 @@ func (n *Node) Snapshot(now int64) Snapshot {
 		MinuteErrors:   n.Minute(now, metric.Exception),
 		BorrowedFuture: n.second.Borrowed(),
 		Fallbacks:      n.Fallbacks(),
+		Keyless:        n.Keyless(),
+		KeyEvictions:   n.KeyEvictions(),
 	}
 }

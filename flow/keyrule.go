@@ -1,0 +1,216 @@
+package flow
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/leapflow/leapflow/stat"
+)
+
+// ErrInvalidKey matches the error of an Entry whose WithKey is empty or
+// longer than MaxKeyLen. Such a request is neither admitted nor counted as
+// blocked.
+var ErrInvalidKey = errors.New("flow: WithKey must be 1 to MaxKeyLen bytes")
+
+// WithKey names the caller a request comes from (a user ID, an API key, a
+// client address: see AddrKey), for the resource's PerKey rules; on a
+// resource without them it changes nothing. The key is copied when the
+// rule first tracks it, so it may point into a buffer the caller reuses.
+func WithKey(key string) EntryOption { return EntryOption{key: key, hasKey: true} }
+
+// tableID identifies a per-key rule's table across reloads: everything
+// but its thresholds and MaxKeys, which a reload may change while the keys
+// keep their counts; and which of the rules alike it is.
+type tableID struct {
+	resource, id string
+	metric       Metric
+	behavior     Behavior
+	interval     time.Duration
+	maxQueue     time.Duration
+	copy         int
+}
+
+// keyRule is a compiled PerKey rule.
+type keyRule struct {
+	t        *keyTable
+	limit    int64   // keyWindow: per window; keyConc: in flight
+	rate     float64 // keyPace
+	maxQueue int64   // keyPace
+	// spec holds the keys listed in the rule's Keys; nil when none.
+	spec map[string]keySpec
+	be   *BlockError
+}
+
+// keySpec is a listed key: its state, kept apart from the table (never
+// evicted), and its own threshold.
+type keySpec struct {
+	st    *keyState
+	limit int64
+	rate  float64
+}
+
+// keyHeld is what a request took from a key, to give back if a later
+// check blocks it.
+type keyHeld struct {
+	st *keyState
+	b  int64 // keyWindow: the bucket counted in; keyPace: the cost
+}
+
+// maxKeyRules bounds a resource's PerKey QPS rules (held on the stack
+// during Entry); it has at most one PerKey Concurrency rule.
+const maxKeyRules = 4
+
+// addKeyed adds PerKey rule r, whose table is identified by id, to rr.
+func (e *Engine) addKeyed(next, old *ruleSet, rr *resourceRules, r *Rule, id tableID) {
+	t := old.tables[id]
+	if t == nil || t.capacity() != newKeyTableCap(r.MaxKeys) {
+		nt := newKeyTable(r, rr.node, e.now)
+		if t != nil {
+			nt.migrate(t)
+		}
+		t = nt
+	}
+	t.node.Store(rr.node)
+	next.tables[id] = t
+	kr := keyRule{t: t, be: newBlockError(r, ReasonFlow)}
+	limitOf := func(threshold float64) (int64, float64) {
+		switch t.kind {
+		case keyConc:
+			return int64(threshold), 0
+		case keyPace:
+			return 0, threshold
+		}
+		return perWindow(threshold, r.StatInterval), 0
+	}
+	kr.limit, kr.rate = limitOf(r.Threshold)
+	switch t.kind {
+	case keyConc:
+		kr.be = newBlockError(r, ReasonConcurrency)
+	case keyPace:
+		kr.maxQueue = int64(r.MaxQueueing)
+		kr.be = newBlockError(r, ReasonQueue)
+	}
+	if len(r.Keys) > 0 {
+		kr.spec = make(map[string]keySpec, len(r.Keys))
+		for _, kl := range r.Keys {
+			limit, rate := limitOf(kl.Threshold)
+			kr.spec[kl.Key] = keySpec{st: t.specific(kl.Key), limit: limit, rate: rate}
+		}
+	}
+	if t.kind == keyConc {
+		rr.keyConc = kr
+	} else {
+		rr.keyed = append(rr.keyed, kr)
+	}
+}
+
+// state returns the state and limits of the request's key.
+func (kr *keyRule) state(key string, hasKey bool) (*keyState, int64, float64) {
+	if !hasKey {
+		return kr.t.noKey, kr.limit, kr.rate
+	}
+	if kr.spec != nil {
+		if s, ok := kr.spec[key]; ok {
+			return s.st, s.limit, s.rate
+		}
+	}
+	return kr.t.get(key), kr.limit, kr.rate
+}
+
+// acquireKeyConc counts the request in its key's concurrency.
+func (kr *keyRule) acquire(q *request) (*keyState, int64, bool) {
+	for {
+		st, limit, _ := kr.state(q.key, q.hasKey)
+		seen, ok, dead := acquireConc(st, q.n, limit)
+		if !dead {
+			return st, seen, ok
+		}
+		// Its state left the table as we counted: look again.
+	}
+}
+
+// admit checks the request against a PerKey QPS rule. It returns how long
+// a throttled request waits, or false and what the rule saw.
+func (kr *keyRule) admit(q *request, now int64, held *keyHeld) (wait int64, seen float64, ok bool) {
+	for {
+		st, limit, rate := kr.state(q.key, q.hasKey)
+		if kr.t.kind == keyPace {
+			d, cost, ok := reservePace(&st.head, kr.maxQueue, now, q.n, rate)
+			if !ok {
+				return 0, rate, false
+			}
+			if st.dead.Load() {
+				st.head.Sub(cost)
+				continue
+			}
+			*held = keyHeld{st: st, b: cost}
+			return d, 0, true
+		}
+		b, s, ok, dead := kr.t.admitWindow(st, now, q.n, limit)
+		if dead {
+			continue
+		}
+		if !ok {
+			return 0, float64(s), false
+		}
+		*held = keyHeld{st: st, b: b}
+		return 0, 0, true
+	}
+}
+
+// undo gives back what a request took from a key.
+func (kr *keyRule) undo(h keyHeld, n int64) {
+	if h.st == nil {
+		return
+	}
+	if kr.t.kind == keyPace {
+		h.st.head.Sub(h.b)
+		return
+	}
+	undoBucket(h.st, h.b, n)
+}
+
+// checkKeyRules counts how many PerKey rules a rule set has per resource
+// and in all, against the bounds (load time).
+func (e *Engine) checkKeyRules(i int, r *Rule, perRes map[string][2]int, total *int) error {
+	if !r.PerKey {
+		return nil
+	}
+	c := perRes[r.Resource]
+	if r.Metric == Concurrency {
+		if c[1]++; c[1] > 1 {
+			return r.errorf(i, "PerKey", true, "is a second PerKey Concurrency rule for resource %s: give one rule Keys instead", r.Resource)
+		}
+	} else if c[0]++; c[0] > maxKeyRules {
+		return r.errorf(i, "PerKey", true, "exceeds %d PerKey QPS rules for resource %s", maxKeyRules, r.Resource)
+	}
+	perRes[r.Resource] = c
+	if *total += r.MaxKeys; *total > e.maxKeys {
+		return r.errorf(i, "MaxKeys", r.MaxKeys, "takes the rule set's keys to %d, over the engine's WithMaxKeys (%d)", *total, e.maxKeys)
+	}
+	return nil
+}
+
+// DefaultEngineMaxKeys is the most keys an engine's PerKey rules may track
+// together (the sum of their MaxKeys) unless WithMaxKeys says otherwise.
+const DefaultEngineMaxKeys = 1_000_000
+
+// WithMaxKeys bounds the sum of MaxKeys over an engine's PerKey rules
+// (default DefaultEngineMaxKeys): each tracked key costs about 230 bytes,
+// so the default bounds per-key state near 230 MB.
+func WithMaxKeys(n int) Option { return func(cfg *config) { cfg.maxKeys = n } }
+
+func validateMaxKeys(n int) error {
+	if n < 1 || n > 1<<30 {
+		return fmt.Errorf("flow: WithMaxKeys must be in [1, 2^30], got %d", n)
+	}
+	return nil
+}
+
+// keyless counts a request without a key checked by per-key rules.
+func keyless(node *stat.Node, q *request) {
+	if !q.hasKey {
+		node.AddKeyless()
+	}
+}

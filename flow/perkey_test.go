@@ -1,0 +1,504 @@
+package flow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/leapflow/leapflow/stat/stattest"
+)
+
+// try enters resource with opts and exits at once; it reports whether the
+// request was admitted.
+func try(e *Engine, resource string, opts ...EntryOption) bool {
+	en, err := e.Entry(resource, opts...)
+	if err != nil {
+		return false
+	}
+	en.Exit(nil)
+	return true
+}
+
+// admitted counts the requests of tries admitted for key ("": no key).
+func admitted(e *Engine, resource, key string, tries int) int {
+	var opts []EntryOption
+	if key != "" {
+		opts = append(opts, WithKey(key))
+	}
+	ok := 0
+	for range tries {
+		if try(e, resource, opts...) {
+			ok++
+		}
+	}
+	return ok
+}
+
+func TestPerKeyValidation(t *testing.T) {
+	long := strings.Repeat("k", MaxKeyLen+1)
+	for _, tc := range []struct {
+		rules []Rule
+		want  string
+	}{
+		{[]Rule{{Resource: "api", PerKey: true, Behavior: WarmUp, WarmUpPeriod: time.Second}}, "Behavior must be Reject or Throttle for a PerKey rule, got WarmUp"},
+		{[]Rule{{Resource: "api", PerKey: true, RelatedResource: "db"}}, "RelatedResource cannot be combined with PerKey, got db"},
+		{[]Rule{{Resource: "api", PerKey: true, MaxKeys: -1}}, "MaxKeys must be in [1, 16777216], got -1"},
+		{[]Rule{{Resource: "api", PerKey: true, MaxKeys: MaxMaxKeys + 1}}, "MaxKeys must be in [1, 16777216], got 16777217"},
+		{[]Rule{{Resource: "api", MaxKeys: 10}}, "MaxKeys is used only by PerKey rules and must be left zero here, got 10"},
+		{[]Rule{{Resource: "api", Keys: []KeyLimit{{Key: "a", Threshold: 1}}}}, "Keys is used only by PerKey rules and must be left zero here, got 1"},
+		{[]Rule{{Resource: "api", PerKey: true, Keys: []KeyLimit{{Key: "", Threshold: 1}}}}, `Keys[0].Key must not be empty, got ""`},
+		{[]Rule{{Resource: "api", PerKey: true, Keys: []KeyLimit{{Key: long, Threshold: 1}}}}, "Keys[0].Key must be at most 1024 bytes"},
+		{[]Rule{{Resource: "api", PerKey: true, Keys: []KeyLimit{{Key: "a", Threshold: 1}, {Key: "a", Threshold: 2}}}}, `Keys[1].Key is listed twice, got "a"`},
+		{[]Rule{{Resource: "api", PerKey: true, Keys: []KeyLimit{{Key: "a", Threshold: -1}}}}, "Keys[0].Threshold must be a finite number in [0, 1e+12], got -1"},
+		{[]Rule{{Resource: "api", PerKey: true, Threshold: 5e9}}, "Threshold admits 5000000000 per window, more than a key's window holds"},
+		{[]Rule{{Resource: "api", PerKey: true, Threshold: 1, Keys: []KeyLimit{{Key: "vip", Threshold: 1e10}}}}, "Keys[0].Threshold admits 10000000000 per window"},
+		{[]Rule{{Resource: "api", PerKey: true, Behavior: Throttle, Keys: []KeyLimit{{Key: "a", Threshold: 1e-4}}}}, "Keys[0].Threshold must be 0 or at least 0.001"},
+		{[]Rule{{Resource: "api", PerKey: true, Metric: Concurrency, Threshold: 1}, {Resource: "api", PerKey: true, Metric: Concurrency, Threshold: 2}}, "is a second PerKey Concurrency rule for resource api"},
+		{[]Rule{{Resource: "a", PerKey: true, MaxKeys: 600_000}, {Resource: "b", PerKey: true, MaxKeys: 600_000}}, "MaxKeys takes the rule set's keys to 1200000, over the engine's WithMaxKeys (1000000), got 600000"},
+	} {
+		e, _ := newEngine(t, stattest.NewClock(0))
+		load(t, e, Rule{Resource: "keep", Threshold: 1})
+		err := e.LoadRules(tc.rules)
+		require.Error(t, err, "%+v", tc.rules)
+		assert.Contains(t, err.Error(), tc.want)
+		assert.ErrorIs(t, err, ErrInvalidRule)
+		assert.Equal(t, []Rule{{Resource: "keep", Threshold: 1, StatInterval: time.Second}}, e.Rules(), "a bad rule set changes nothing")
+	}
+	_, err := New(WithMaxKeys(0))
+	assert.ErrorContains(t, err, "WithMaxKeys must be in [1, 2^30], got 0")
+}
+
+func TestPerKeyDefaultsAndRoundTrip(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(0))
+	keys := []KeyLimit{{Key: "vip", Threshold: 30}}
+	load(t, e, Rule{Resource: "api", Threshold: 3, PerKey: true, Keys: keys})
+	got := e.Rules()
+	require.Len(t, got, 1)
+	assert.Equal(t, DefaultMaxKeys, got[0].MaxKeys)
+	keys[0].Threshold = 1 // the caller's slice is theirs
+	assert.Equal(t, 30.0, e.Rules()[0].Keys[0].Threshold)
+	require.NoError(t, e.LoadRules(got), "the normalised rules load again")
+	assert.Equal(t, got, e.Rules())
+}
+
+func TestWithKeyErrors(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(0))
+	load(t, e, Rule{Resource: "api", Threshold: 3, PerKey: true})
+	for _, key := range []string{"", strings.Repeat("x", MaxKeyLen+1)} {
+		en, err := e.Entry("api", WithKey(key))
+		require.ErrorIs(t, err, ErrInvalidKey)
+		en.Exit(nil)
+	}
+	snap, _ := e.Snapshot("api")
+	assert.Zero(t, snap.PassQPS+snap.BlockQPS, "neither admitted nor blocked")
+	assert.True(t, try(e, "api", WithKey(strings.Repeat("x", MaxKeyLen))), "MaxKeyLen bytes is a key")
+}
+
+// TestPerKeyRejectSteps: each key has its own sliding window of four
+// buckets; specific keys have their own thresholds; requests without a
+// key share one entry.
+func TestPerKeyRejectSteps(t *testing.T) {
+	clock := stattest.NewClock(0)
+	e, _ := newEngine(t, clock)
+	load(t, e, Rule{Resource: "api", Threshold: 4, PerKey: true,
+		Keys: []KeyLimit{{Key: "premium", Threshold: 40}, {Key: "abuser", Threshold: 0}}})
+	steps := []struct {
+		at         time.Duration
+		key        string
+		tries, got int
+	}{
+		{0, "alice", 3, 3},
+		{0, "bob", 10, 4},
+		{250 * ms, "alice", 3, 1}, // 3 in the first bucket, 1 here
+		{999 * ms, "alice", 1, 0},
+		{1000 * ms, "alice", 5, 3}, // the first bucket left the window
+		{1250 * ms, "alice", 5, 1},
+		{1250 * ms, "premium", 50, 40},
+		{1250 * ms, "abuser", 5, 0},
+		{1250 * ms, "", 10, 4},
+		{1250 * ms, "bob", 10, 4},
+		{2250 * ms, "premium", 50, 40},
+	}
+	for _, st := range steps {
+		clock.Set(st.at)
+		assert.Equal(t, st.got, admitted(e, "api", st.key, st.tries), "%v %q", st.at, st.key)
+	}
+	snap, _ := e.Snapshot("api")
+	assert.Equal(t, int64(10), snap.Keyless)
+	assert.Zero(t, snap.KeyEvictions)
+}
+
+// TestPerKeyBatches: a batch is admitted or blocked whole per key.
+func TestPerKeyBatches(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(0))
+	load(t, e, Rule{Resource: "api", Threshold: 10, PerKey: true})
+	assert.False(t, try(e, "api", WithKey("a"), WithCount(11)))
+	assert.True(t, try(e, "api", WithKey("a"), WithCount(7)))
+	assert.False(t, try(e, "api", WithKey("a"), WithCount(4)))
+	assert.True(t, try(e, "api", WithKey("a"), WithCount(3)))
+	assert.True(t, try(e, "api", WithKey("b"), WithCount(10)))
+}
+
+func TestPerKeyThrottleSteps(t *testing.T) {
+	clock := stattest.NewClock(0)
+	e, s := newEngine(t, clock)
+	load(t, e, Rule{Resource: "api", Threshold: 10, Behavior: Throttle, MaxQueueing: 200 * ms, PerKey: true,
+		Keys: []KeyLimit{{Key: "fast", Threshold: 100}}})
+	for _, key := range []string{"a", "b"} {
+		for i := range 3 {
+			assert.True(t, try(e, "api", WithKey(key)), "%s #%d queues at most 200ms", key, i)
+		}
+		assert.False(t, try(e, "api", WithKey(key)), "%s: a fourth would wait 300ms", key)
+	}
+	assert.Equal(t, []time.Duration{100 * ms, 200 * ms, 100 * ms, 200 * ms}, s.waits, "each key queues on its own")
+	s.waits = nil
+	for range 3 {
+		assert.True(t, try(e, "api", WithKey("fast")))
+	}
+	assert.Equal(t, []time.Duration{10 * ms, 20 * ms}, s.waits)
+	clock.Advance(time.Second)
+	assert.True(t, try(e, "api", WithKey("a")), "the timeline is in the past")
+
+	// A cancelled wait gives its slot back.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := e.Entry("api", WithKey("c"), WithContext(ctx)) // first: no wait
+	require.NoError(t, err)
+	_, err = e.Entry("api", WithKey("c"), WithContext(ctx))
+	require.ErrorIs(t, err, context.Canceled)
+	s.waits = nil
+	assert.True(t, try(e, "api", WithKey("c")))
+	assert.Equal(t, []time.Duration{100 * ms}, s.waits, "the cancelled request's slot was given back")
+}
+
+func TestPerKeyConcurrency(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(0))
+	load(t, e, Rule{Resource: "api", Metric: Concurrency, Threshold: 2, PerKey: true,
+		Keys: []KeyLimit{{Key: "big", Threshold: 5}}})
+	var held []Entry
+	for range 2 {
+		en, err := e.Entry("api", WithKey("a"))
+		require.NoError(t, err)
+		held = append(held, en)
+	}
+	_, err := e.Entry("api", WithKey("a"))
+	var be *BlockError
+	require.ErrorAs(t, err, &be)
+	assert.Equal(t, ReasonConcurrency, be.Reason)
+	assert.True(t, try(e, "api", WithKey("b")), "another key has its own limit")
+	assert.Equal(t, 5, admittedHeld(t, e, "big", 10))
+	cp := held[0]
+	held[0].Exit(nil)
+	cp.Exit(nil) // a copy exits nothing more
+	assert.True(t, try(e, "api", WithKey("a")))
+	en, err := e.Entry("api", WithKey("a"))
+	require.NoError(t, err)
+	_, err = e.Entry("api", WithKey("a"))
+	require.Error(t, err, "one exit frees one place")
+	en.Exit(nil)
+	held[1].Exit(nil)
+	assert.Equal(t, 2, admittedHeld(t, e, "a", 3))
+}
+
+// admittedHeld enters tries requests for key without exiting, counts those
+// admitted, then exits them all.
+func admittedHeld(t *testing.T, e *Engine, key string, tries int) int {
+	t.Helper()
+	var held []Entry
+	for range tries {
+		if en, err := e.Entry("api", WithKey(key)); err == nil {
+			held = append(held, en)
+		}
+	}
+	for i := range held {
+		held[i].Exit(nil)
+	}
+	return len(held)
+}
+
+// TestPerKeyConcurrencyKeyInFlightIsNeverEvicted: a key with requests in
+// flight that a flood of other keys pushes out of a small table keeps its
+// count, and frees it when they exit.
+func TestPerKeyConcurrencyKeyInFlightIsNeverEvicted(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(0))
+	load(t, e, Rule{Resource: "api", Metric: Concurrency, Threshold: 2, PerKey: true, MaxKeys: 4})
+	a1, err := e.Entry("api", WithKey("a"))
+	require.NoError(t, err)
+	a2, err := e.Entry("api", WithKey("a"))
+	require.NoError(t, err)
+	var flood []Entry
+	for i := range 200 {
+		en, err := e.Entry("api", WithKey(fmt.Sprint("k", i)))
+		require.NoError(t, err)
+		if i%50 == 0 {
+			flood = append(flood, en) // some stay in flight too
+		} else {
+			en.Exit(nil)
+		}
+	}
+	assert.False(t, try(e, "api", WithKey("a")), "still two in flight")
+	a1.Exit(nil)
+	assert.Equal(t, 1, admittedHeld(t, e, "a", 3))
+	a2.Exit(nil)
+	assert.Equal(t, 2, admittedHeld(t, e, "a", 3))
+	for _, en := range flood {
+		en.Exit(nil)
+	}
+	tbl := e.rules.Load().byResource["api"].keyConc.t
+	tbl.specMu.Lock()
+	assert.Empty(t, tbl.pinned, "no state stays pinned once its requests exited")
+	tbl.specMu.Unlock()
+}
+
+// TestPerKeyEvictionAttack: one hot key, and between each of its requests
+// a flood of fresh keys that push it out of a table of 8. Evicted and
+// admitted again, it must start from what it had: in no window may it
+// pass its threshold.
+func TestPerKeyEvictionAttack(t *testing.T) {
+	clock := stattest.NewClock(0)
+	e, _ := newEngine(t, clock)
+	const threshold = 10
+	load(t, e, Rule{Resource: "api", Threshold: threshold, PerKey: true, MaxKeys: 8})
+	var times []time.Duration
+	fresh := 0
+	for step := range 400 {
+		clock.Set(time.Duration(step) * 10 * ms) // 4 s
+		if try(e, "api", WithKey("hot")) {
+			times = append(times, time.Duration(step)*10*ms)
+		}
+		for range 20 {
+			fresh++
+			try(e, "api", WithKey(fmt.Sprint("fresh-", fresh)))
+		}
+	}
+	most := mostInWindow(times, time.Second, 250*ms)
+	assert.LessOrEqual(t, most, threshold, "the hot key in any of its windows")
+	assert.GreaterOrEqual(t, len(times), 3*threshold, "it is limited, not shut out")
+	snap, _ := e.Snapshot("api")
+	assert.Positive(t, snap.KeyEvictions, "evictions of active keys are counted")
+	t.Logf("hot key admitted %d in 4 s, at most %d in a window; %d active evictions", len(times), most, snap.KeyEvictions)
+}
+
+// mostInWindow is the most admissions in any window of length w aligned
+// to buckets of bucket (the windows the rule counts in).
+func mostInWindow(times []time.Duration, w, bucket time.Duration) int {
+	most := 0
+	for i, at := range times {
+		start := at - at%bucket
+		n := 0
+		for _, x := range times[i:] {
+			if x < start+w {
+				n++
+			}
+		}
+		// Admissions earlier in at's bucket count too.
+		for _, x := range times[:i] {
+			if x >= start {
+				n++
+			}
+		}
+		most = max(most, n)
+	}
+	return most
+}
+
+// TestPerKeyReloadKeepsCounts: a reload that changes the threshold, or
+// MaxKeys, keeps each key's count in its window.
+func TestPerKeyReloadKeepsCounts(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(0))
+	load(t, e, Rule{ID: "u", Resource: "api", Threshold: 5, PerKey: true})
+	assert.Equal(t, 5, admitted(e, "api", "a", 10))
+	load(t, e, Rule{ID: "u", Resource: "api", Threshold: 8, PerKey: true})
+	assert.Equal(t, 3, admitted(e, "api", "a", 10), "5 of 8 used")
+	load(t, e, Rule{ID: "u", Resource: "api", Threshold: 8, PerKey: true, MaxKeys: 64})
+	assert.Zero(t, admitted(e, "api", "a", 10), "moved to the new table with its count")
+	assert.Equal(t, 8, admitted(e, "api", "b", 10))
+}
+
+// TestPerKeyOddKeys: keys that look alike, or hold braces, newlines or
+// binary, are each their own key.
+func TestPerKeyOddKeys(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(0))
+	load(t, e, Rule{Resource: "api", Threshold: 1, PerKey: true})
+	keys := []string{"a", "a ", "{a}", "a\n", "\x00", "\x00\x00", "é", "\xff\xfe", "id:a", "{id:a}"}
+	for _, k := range keys {
+		assert.True(t, try(e, "api", WithKey(k)), "%q", k)
+	}
+	for _, k := range keys {
+		assert.False(t, try(e, "api", WithKey(k)), "%q", k)
+	}
+}
+
+// TestPerKeyWindowOracle drives one key's window single-threaded with
+// random times (steps back included) and batches, against a brute-force
+// model of the same bucketed window.
+func TestPerKeyWindowOracle(t *testing.T) {
+	for seed := range uint64(20) {
+		rng := rand.New(rand.NewPCG(seed, 7))
+		tbl := &keyTable{kind: keyWindow, bucketLen: 250, window: 1000}
+		st := tbl.newState(keyID{})
+		limit := int64(1 + rng.IntN(20))
+		counts := map[int64]int64{} // bucket -> admitted
+		newest := int64(-1)
+		now := int64(rng.IntN(5000))
+		for range 2000 {
+			now += int64(rng.IntN(300)) - 60
+			now = max(now, 0)
+			n := int64(1 + rng.IntN(4))
+			if n <= limit {
+				newest = max(newest, now/250) // a refusal moves the window too
+			}
+			b := newest
+			var sum int64
+			for j := range int64(keyBuckets) {
+				sum += counts[b-j]
+			}
+			want := sum+n <= limit
+			_, _, ok, dead := tbl.admitWindow(st, now, n, limit)
+			require.False(t, dead)
+			require.Equal(t, want, ok, "seed %d at %d: window held %d, limit %d, n %d", seed, now, sum, limit, n)
+			if ok {
+				counts[b] += n
+			}
+		}
+	}
+}
+
+// TestPerKeyHammerFewKeys: many goroutines over few keys, one window (the
+// clock stands still): each key admits exactly its threshold, and the
+// resource's pass count is the sum over keys.
+func TestPerKeyHammerFewKeys(t *testing.T) {
+	clock := stattest.NewClock(0)
+	e, _ := newEngine(t, clock)
+	const threshold, keys, goroutines, tries = 50, 5, 32, 200
+	load(t, e, Rule{Resource: "api", Threshold: threshold, PerKey: true},
+		Rule{Resource: "api", Metric: Concurrency, Threshold: 3, PerKey: true})
+	var got [keys]int64
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Go(func() {
+			var mine [keys]int64
+			for i := range tries {
+				k := (g + i) % keys
+				if try(e, "api", WithKey(fmt.Sprint("key-", k))) {
+					mine[k]++
+				}
+			}
+			mu.Lock()
+			for k := range mine {
+				got[k] += mine[k]
+			}
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	var sum int64
+	for k := range got {
+		assert.LessOrEqual(t, got[k], int64(threshold), "key %d", k)
+		sum += got[k]
+	}
+	snap, _ := e.Snapshot("api")
+	assert.Equal(t, float64(sum), snap.PassQPS, "pass is the sum over keys")
+	assert.Zero(t, snap.Inflight)
+}
+
+// TestPerKeyHammerManyKeys: many goroutines over more keys than the table
+// holds, on the real clock: evictions under load, every key's admissions
+// within its threshold in every window (checked on their admission times),
+// and the resource's pass count equal to the sum over keys.
+func TestPerKeyHammerManyKeys(t *testing.T) {
+	e, err := New()
+	require.NoError(t, err)
+	const threshold, keys, goroutines = 20, 400, 16
+	load(t, e, Rule{Resource: "api", Threshold: threshold, PerKey: true, MaxKeys: 64})
+	var mu sync.Mutex
+	starts := map[int][]int64{}
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	for g := range goroutines {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(g), 1))
+			mine := map[int][]int64{}
+			for time.Now().Before(deadline) {
+				// Skewed: a few hot keys, a long tail.
+				k := int(float64(keys) * rng.Float64() * rng.Float64() * rng.Float64())
+				en, err := e.Entry("api", WithKey(fmt.Sprint("k", k)))
+				if err == nil {
+					mine[k] = append(mine[k], en.Start())
+					en.Exit(nil)
+				}
+			}
+			mu.Lock()
+			for k, v := range mine {
+				starts[k] = append(starts[k], v...)
+			}
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	total, worst := 0, 0
+	for _, v := range starts {
+		slices.Sort(v)
+		times := make([]time.Duration, len(v))
+		for i := range v {
+			times[i] = time.Duration(v[i])
+		}
+		worst = max(worst, mostInWindow(times, time.Second, 250*ms))
+		total += len(v)
+	}
+	assert.LessOrEqual(t, worst, threshold, "no key over its threshold in any window")
+	snap, _ := e.Snapshot("api")
+	assert.Equal(t, int64(total), snap.MinutePass, "pass is the sum over keys")
+	assert.Positive(t, snap.KeyEvictions)
+	t.Logf("%d admitted over %d keys, most in a window %d, %d active evictions", total, len(starts), worst, snap.KeyEvictions)
+}
+
+func TestPerKeyPathsAllocateNothing(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(0))
+	load(t, e,
+		Rule{Resource: "qps", Threshold: 1e9, PerKey: true},
+		Rule{Resource: "mixed", Threshold: 1e9, PerKey: true},
+		Rule{Resource: "mixed", Threshold: 1e9},
+		Rule{Resource: "mixed", Metric: Concurrency, Threshold: 1e9, PerKey: true},
+		Rule{Resource: "paced", Threshold: 1e9, Behavior: Throttle, PerKey: true, Keys: []KeyLimit{{Key: "vip", Threshold: 1e9}}},
+	)
+	for name, fn := range map[string]func(){
+		"qps":       func() { try(e, "qps", WithKey("user-0000000001")) },
+		"qps-nokey": func() { try(e, "qps") },
+		"mixed":     func() { try(e, "mixed", WithKey("user-0000000001")) },
+		"paced":     func() { try(e, "paced", WithKey("user-0000000001")) },
+		"paced-vip": func() { try(e, "paced", WithKey("vip")) },
+	} {
+		fn()
+		assert.Zero(t, testing.AllocsPerRun(1000, fn), name)
+	}
+}
+
+// TestPerKeyBoundedMemory: a million distinct keys through a rule with
+// MaxKeys 1000 leave at most 1000 tracked, and no request errs.
+func TestPerKeyBoundedMemory(t *testing.T) {
+	clock := stattest.NewClock(0)
+	e, _ := newEngine(t, clock)
+	load(t, e, Rule{Resource: "api", Threshold: 1, PerKey: true, MaxKeys: 1000})
+	for i := range 200_000 {
+		clock.Advance(10 * time.Microsecond)
+		en, err := e.Entry("api", WithKey(fmt.Sprint(i)))
+		if err != nil && !errors.Is(err, ErrBlocked) {
+			require.NoError(t, err)
+		}
+		en.Exit(nil)
+	}
+	tbl := e.rules.Load().byResource["api"].keyed[0].t
+	assert.LessOrEqual(t, tbl.size.Load(), int64(1000))
+	assert.Equal(t, 1000, tbl.capacity())
+}
