@@ -101,7 +101,8 @@ type held struct {
 	more  []metric.Reservation
 	paced [maxPacedRules]int64 // costs, by index into rr.paced
 	gres  [maxGlobalRules]metric.Reservation
-	kc    *keyState // counted by the PerKey Concurrency rule
+	gkeys [maxGlobalRules]keyHeld // PerKey global rules' local fallbacks
+	kc    *keyState               // counted by the PerKey Concurrency rule
 	keys  [maxKeyRules]keyHeld
 }
 
@@ -131,6 +132,9 @@ func (e *Engine) release(rr *resourceRules, h *held, n int64) {
 	}
 	for i := range rr.globals {
 		h.gres[i].Cancel(proto.Token{})
+		if st := h.gkeys[i].st; st != nil {
+			undoBucket(st, h.gkeys[i].b, n)
+		}
 	}
 	if h.kc != nil {
 		rr.keyConc.t.release(h.kc, n)
@@ -179,7 +183,7 @@ func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now int64, q *req
 	}
 	for i := range rr.globals {
 		g := &rr.globals[i]
-		if be := e.global(rr.node, g, &h, i, p, now, n, ctx); be != nil {
+		if be := e.global(rr.node, g, &h, i, p, now, q); be != nil {
 			return e.block(rr, &h, p, now, n, be, 0)
 		}
 	}
@@ -269,11 +273,12 @@ func (e *Engine) wait(ctx context.Context, d time.Duration) (err error) {
 
 // global asks the token source for rule g and applies its fallback when the
 // source fails. It returns the error to block with, or nil.
-func (e *Engine) global(node *stat.Node, g *globalRule, h *held, i, p int, now, n int64, ctx context.Context) *BlockError {
+func (e *Engine) global(node *stat.Node, g *globalRule, h *held, i, p int, now int64, q *request) *BlockError {
+	ctx, n := q.ctx, q.n
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	ok, err := e.acquire(ctx, g, n)
+	ok, err := e.acquire(ctx, g, q)
 	if err == nil {
 		if ok {
 			return nil
@@ -292,6 +297,24 @@ func (e *Engine) global(node *stat.Node, g *globalRule, h *held, i, p int, now, 
 	case FallbackClosed:
 		return g.be
 	}
+	if g.keys != nil {
+		// Per key, at LocalShare of the threshold.
+		for {
+			st := g.keys.noKey
+			if q.hasKey {
+				st = g.keys.get(q.key)
+			}
+			b, _, ok, dead := g.keys.admitWindow(st, now, n, g.localLimit)
+			if dead {
+				continue
+			}
+			if !ok {
+				return g.beLocal
+			}
+			h.gkeys[i] = keyHeld{st: st, b: b}
+			return nil
+		}
+	}
 	r, ok := g.local.AdmitOn(p, now, n, g.localLimit)
 	if !ok {
 		return g.beLocal
@@ -302,16 +325,21 @@ func (e *Engine) global(node *stat.Node, g *globalRule, h *held, i, p int, now, 
 
 // acquire asks the token source; a panic in it counts as a failure of the
 // source, so the rule's fallback applies.
-func (e *Engine) acquire(ctx context.Context, g *globalRule, n int64) (ok bool, err error) {
+func (e *Engine) acquire(ctx context.Context, g *globalRule, q *request) (ok bool, err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			ok, err = false, fmt.Errorf("flow: the token source panicked: %v", v)
 		}
 	}()
-	if g.bound != nil {
-		return g.bound.Acquire(ctx, n)
+	if g.req.PerKey {
+		if g.keyed != nil {
+			return g.keyed.AcquireKey(ctx, q.key, q.n)
+		}
+	} else if g.bound != nil {
+		return g.bound.Acquire(ctx, q.n)
 	}
 	req := g.req
-	req.Count = n
+	req.Count = q.n
+	req.Caller = q.key
 	return e.source.Acquire(ctx, req)
 }

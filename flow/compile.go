@@ -63,10 +63,14 @@ type resourceRules struct {
 	// (t nil: none).
 	keyed   []keyRule
 	keyConc keyRule
+	// keyedGlobal is set when a global rule is PerKey.
+	keyedGlobal bool
 }
 
 // hasKeyed reports whether the resource has PerKey rules.
-func (rr *resourceRules) hasKeyed() bool { return len(rr.keyed) > 0 || rr.keyConc.t != nil }
+func (rr *resourceRules) hasKeyed() bool {
+	return len(rr.keyed) > 0 || rr.keyConc.t != nil || rr.keyedGlobal
+}
 
 // windowGroup is every Reject and WarmUp rule that counts in one window:
 // they admit together, with one Admit at the smallest of their limits, so a
@@ -99,8 +103,11 @@ type relatedRule struct {
 }
 
 type globalRule struct {
-	req        GlobalRequest
-	bound      BoundSource // set when the source is a Binder
+	req   GlobalRequest
+	bound BoundSource // set when the source is a Binder
+	keyed KeyedSource // set when bound is one (PerKey rules)
+	// keys is a PerKey rule's local fallback, per key (nil otherwise).
+	keys       *keyTable
 	fallback   Fallback
 	local      *metric.Window
 	localLimit int64
@@ -154,7 +161,7 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stat.Node, bounds []Bound
 		fp := fingerprint(&norm[i])
 		k := ruleKey{fp, copies[fp]}
 		copies[fp]++
-		if r := &norm[i]; r.PerKey {
+		if r := &norm[i]; r.PerKey && !r.Global {
 			id := tableID{resource: r.Resource, id: r.ID, metric: r.Metric, behavior: r.Behavior, interval: r.StatInterval, maxQueue: r.MaxQueueing}
 			id.copy = tableCopies[id]
 			tableCopies[id]++
@@ -189,6 +196,27 @@ func (e *Engine) add(next, old *ruleSet, r *Rule, k ruleKey, nodes map[string]*s
 		}
 	case r.RelatedResource != "":
 		rr.related = append(rr.related, relatedRule{node: nodes[r.RelatedResource], threshold: r.Threshold, be: newBlockError(r, ReasonFlow)})
+	case r.Global && r.PerKey:
+		// Its local fallback is per key, at LocalShare of the threshold.
+		id := tableID{resource: r.Resource, id: r.ID, metric: r.Metric, behavior: r.Behavior, interval: r.StatInterval, global: true}
+		t := old.tables[id]
+		if t == nil || t.capacity() != newKeyTableCap(r.MaxKeys) {
+			t = newKeyTable(r, rr.node, e.now)
+		}
+		t.node.Store(rr.node)
+		next.tables[id] = t
+		g := globalRule{
+			req:        globalRequest(r),
+			bound:      bound,
+			fallback:   r.Fallback,
+			keys:       t,
+			localLimit: perWindow(r.Threshold*r.LocalShare, r.StatInterval),
+			be:         newBlockError(r, ReasonGlobal),
+			beLocal:    newBlockError(r, ReasonFlow),
+		}
+		g.keyed, _ = bound.(KeyedSource)
+		rr.globals = append(rr.globals, g)
+		rr.keyedGlobal = true
 	case r.Global:
 		local := reuse(old.locals, k, func() *metric.Window {
 			w, err := metric.NewWindow(e.buckets(r.StatInterval), r.StatInterval)
@@ -279,7 +307,7 @@ func (rr *resourceRules) group(w *metric.Window, interval time.Duration) *window
 
 // globalRequest is what global rule r asks its token source.
 func globalRequest(r *Rule) GlobalRequest {
-	g := GlobalRequest{Key: globalKey(r), Resource: r.Resource, Threshold: r.Threshold, Interval: r.StatInterval}
+	g := GlobalRequest{Key: globalKey(r), Resource: r.Resource, Threshold: r.Threshold, Interval: r.StatInterval, PerKey: r.PerKey}
 	if r.Fallback == FallbackLocal {
 		g.LocalShare = r.LocalShare
 	}

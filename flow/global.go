@@ -29,6 +29,11 @@ type GlobalRequest struct {
 	// the source fails (FallbackLocal; 0 otherwise): a source may keep
 	// it for this instance from the others while it cannot be reached.
 	LocalShare float64
+	// PerKey is set for a PerKey rule: Threshold applies to each caller
+	// key separately, and Caller names the request's ("" for a request
+	// without a key, which all share one limit).
+	PerKey bool
+	Caller string
 }
 
 // Binder is implemented by token sources that can resolve a rule's limit
@@ -40,4 +45,12 @@ type Binder interface {
 // BoundSource is a TokenSource bound to one rule's limit.
 type BoundSource interface {
 	Acquire(ctx context.Context, n int64) (bool, error)
+}
+
+// KeyedSource is a BoundSource of a PerKey rule that takes the caller's
+// key ("" for a request without one) without building a GlobalRequest per
+// request. A BoundSource of a PerKey rule that is not one is asked through
+// the TokenSource instead.
+type KeyedSource interface {
+	AcquireKey(ctx context.Context, caller string, n int64) (bool, error)
 }

@@ -28,6 +28,7 @@ type tableID struct {
 	behavior     Behavior
 	interval     time.Duration
 	maxQueue     time.Duration
+	global       bool // a Global rule's local fallback
 	copy         int
 }
 
@@ -178,7 +179,10 @@ func (e *Engine) checkKeyRules(i int, r *Rule, perRes map[string][2]int, total *
 		return nil
 	}
 	c := perRes[r.Resource]
-	if r.Metric == Concurrency {
+	if r.Global {
+		// Counted with the resource's global rules; its local fallback
+		// tracks keys too.
+	} else if r.Metric == Concurrency {
 		if c[1]++; c[1] > 1 {
 			return r.errorf(i, "PerKey", true, "is a second PerKey Concurrency rule for resource %s: give one rule Keys instead", r.Resource)
 		}

@@ -370,8 +370,6 @@ func (r *Rule) validatePerKey(i int) error {
 		return bad("Behavior", r.Behavior, "must be Reject or Throttle for a PerKey rule")
 	case r.RelatedResource != "":
 		return bad("RelatedResource", r.RelatedResource, "cannot be combined with PerKey")
-	case r.Global:
-		return bad("Global", r.Global, "cannot be combined with PerKey yet")
 	case r.MaxKeys < 1 || r.MaxKeys > MaxMaxKeys:
 		return bad("MaxKeys", r.MaxKeys, fmt.Sprintf("must be in [1, %d]", MaxMaxKeys))
 	case len(r.Keys) > maxKeyLimits:

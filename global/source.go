@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/maypok86/otter/v2"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/atomic"
 
@@ -62,6 +63,10 @@ type Options struct {
 	PresenceTTL, PresenceHold time.Duration
 	// Prefix starts every key (default "leapflow").
 	Prefix string
+	// MaxKeys is the most callers' limits of PerKey rules the Source
+	// keeps at once (default 100,000; about 600 bytes each): a caller's
+	// limit evicted loses only its lease, and is made again when seen.
+	MaxKeys int
 	// Clock times leases; it must never read behind real time by more
 	// than ClockSlack, which is taken off every lease (defaults
 	// stat.NewMonotonic() and 2 ms). A coarse clock lags by its tick and
@@ -102,6 +107,9 @@ func (o Options) withDefaults() Options {
 	if o.PresenceHold == 0 {
 		o.PresenceHold = max(10*time.Second, o.PresenceTTL)
 	}
+	if o.MaxKeys == 0 {
+		o.MaxKeys = 100_000
+	}
 	if o.Prefix == "" {
 		o.Prefix = "leapflow"
 	}
@@ -136,12 +144,22 @@ func (o Options) validate() error {
 		return fmt.Errorf("global: PresenceHold must be at least PresenceTTL (%v), got %v", o.PresenceTTL, o.PresenceHold)
 	case o.ClockSlack < 0:
 		return fmt.Errorf("global: ClockSlack must be >= 0, got %v", o.ClockSlack)
+	case o.MaxKeys < 1 || o.MaxKeys > 1<<24:
+		return fmt.Errorf("global: MaxKeys must be in [1, 2^24], got %d", o.MaxKeys)
 	case strings.ContainsAny(o.Prefix, "{}"):
 		// A brace would make the prefix the hash tag of every key: every
 		// limit in one slot of a cluster.
 		return fmt.Errorf("global: Prefix must not contain '{' or '}', got %q", o.Prefix)
 	}
 	return nil
+}
+
+// health is a limit's health (in a Redis Cluster a limit fails with its
+// node): calls and probes failed in a row, the clock reading before which
+// calls are refused (0: healthy), and whether a probe is out.
+type health struct {
+	failures, probeFails, downUntil atomic.Int64
+	probing                         atomic.Bool
 }
 
 // ErrUnavailable is returned while the Source backs off a failing Redis.
@@ -154,7 +172,9 @@ type Source struct {
 	limits sync.Map // limitID -> *limit
 
 	calls, errs, refused, late, leased, returned atomic.Int64
-	presence                                     sync.Once
+	// keyed holds the callers' limits of PerKey rules, bounded.
+	keyed    *otter.Cache[keyLimitID, *limit]
+	presence sync.Once
 	// renewMu serialises renewals of presence and the leave at Close.
 	renewMu sync.Mutex
 	// mostInFlight is the most calls one limit had out at once (tests).
@@ -229,6 +249,7 @@ func New(client redis.UniversalClient, opts Options) (*Source, error) {
 		return nil, fmt.Errorf("global: an instance ID: %w", err)
 	}
 	s := &Source{client: client, opts: opts, id: hex.EncodeToString(id[:]) + "-"}
+	s.keyed = newKeyedLimits(opts.MaxKeys)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.goCall(func() {
 		ctx, cancel := context.WithTimeout(s.ctx, s.opts.CallTimeout)
@@ -294,11 +315,13 @@ type limit struct {
 	// share is what this instance admits per window on its own while it
 	// falls back (FallbackLocal): its presence is kept while it is > 0.
 	share atomic.Int64
-	// Health, per limit (in a Redis Cluster a limit fails with its
-	// node): calls and probes failed in a row, the clock reading before
-	// which calls are refused (0: healthy), and whether a probe is out.
-	failures, probeFails, downUntil atomic.Int64
-	probing                         atomic.Bool
+	// health is the limit's own, or for a caller's limit of a PerKey
+	// rule, the rule's (shared by its keys).
+	*health
+	// perKey is set on a caller's limit of a PerKey rule: it leases only
+	// once hot (see perkey.go).
+	perKey bool
+	calls  callCount
 	// fellBack is set when a request of this limit got an error (its
 	// rule's fallback applied) and cleared by the limit's next renewal of
 	// presence, which then keeps this instance's share from the others
@@ -378,6 +401,7 @@ func (s *Source) newLimit(id limitID, req flow.GlobalRequest) any {
 		keys:   keysFor(s.opts.Prefix, req.Key, shape),
 		window: req.Interval.Microseconds(),
 		exact:  exact,
+		health: &health{},
 	}
 	nl.batch.Store(min(initialBatch, s.opts.MaxBatch))
 	stripes := cpu.Stripes()
@@ -387,12 +411,17 @@ func (s *Source) newLimit(id limitID, req flow.GlobalRequest) any {
 }
 
 // leasing reports whether calls for l lease tokens beyond their requests.
-func (s *Source) leasing(l *limit) bool { return !l.exact && s.opts.MaxBatch > 1 }
+func (s *Source) leasing(l *limit) bool {
+	return !l.exact && s.opts.MaxBatch > 1 && (!l.perKey || l.calls.hot())
+}
 
 // Acquire implements flow.TokenSource: it admits req.Count from a lease if
 // it can, else waits for a call to Redis. When a lease runs low, the next
 // is fetched in the background, so a busy instance rarely waits at all.
 func (s *Source) Acquire(ctx context.Context, req flow.GlobalRequest) (bool, error) {
+	if req.PerKey {
+		return s.acquire(ctx, s.keyLimit(s.limitFor(req), &req, req.Caller), &req, req.Count)
+	}
 	l := s.limitFor(req)
 	if req.LocalShare > 0 && !l.bound.Load() {
 		s.keepShare(l, req)
@@ -405,6 +434,9 @@ func (s *Source) Acquire(ctx context.Context, req flow.GlobalRequest) (bool, err
 // When the flow engine drops the rule (a reload) and the bound source is
 // collected, the limit stops renewing this instance's presence.
 func (s *Source) Bind(req flow.GlobalRequest) flow.BoundSource {
+	if req.PerKey {
+		return &keyedBound{s: s, parent: s.limitFor(req), req: req}
+	}
 	l := s.limitFor(req)
 	b := &bound{s: s, l: l, req: req}
 	l.binds.Inc()
@@ -653,6 +685,9 @@ func (s *Source) fly(l *limit, f *flight, p int, req flow.GlobalRequest) {
 		return
 	}
 	var maxLease int64
+	if l.perKey {
+		l.calls.add(s.opts.Clock.Now(), l.window)
+	}
 	if s.leasing(l) {
 		maxLease = l.batch.Load()
 	}

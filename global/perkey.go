@@ -1,0 +1,123 @@
+package global
+
+import (
+	"context"
+	"strconv"
+	"strings"
+
+	"github.com/maypok86/otter/v2"
+	"go.uber.org/atomic"
+
+	"github.com/leapflow/leapflow/flow"
+)
+
+// A PerKey rule's limit is one limit per caller key: its own Redis hash,
+// whose hash tag holds the caller's key (escaped), so that the keys of one
+// rule spread over the slots of a Redis Cluster; each expires on its own
+// once idle, as every limit's data does. In this instance a caller's limit
+// is a small state, kept in a bounded cache (Options.MaxKeys): one lease
+// slot rather than one per P, and the rule's health rather than its own, so
+// that a failing Redis makes every key of the rule fall back together.
+// A caller's limit leases tokens only once hot (hotCalls calls to Redis
+// in one window): a cold key costs one round trip per decision, which is
+// the price of a limit shared across instances for a key seen now and
+// then.
+
+// hotCalls is how many calls in one window make a caller's limit lease.
+const hotCalls = 4
+
+// keyLimitID names a caller's limit: its rule's limit in this instance and
+// the caller's key ("" for requests without a key).
+type keyLimitID struct {
+	parent *limit
+	caller string
+}
+
+func newKeyedLimits(maxKeys int) *otter.Cache[keyLimitID, *limit] {
+	return otter.Must(&otter.Options[keyLimitID, *limit]{
+		MaximumSize: maxKeys,
+		// Maintenance on the calling goroutine: the Source starts no
+		// goroutine for it, and it runs only on the path that makes a
+		// caller's limit.
+		Executor: func(fn func()) { fn() },
+	})
+}
+
+// keyLimit returns the caller's limit of PerKey rule req, whose limit in
+// this instance is parent.
+func (s *Source) keyLimit(parent *limit, req *flow.GlobalRequest, caller string) *limit {
+	id := keyLimitID{parent: parent, caller: caller}
+	if l, ok := s.keyed.GetIfPresent(id); ok {
+		return l
+	}
+	id.caller = strings.Clone(caller) // never keep a caller's larger buffer alive
+	l, _ := s.keyed.ComputeIfAbsent(id, func() (*limit, bool) {
+		return s.newKeyLimit(parent, req, id.caller), false
+	})
+	return l
+}
+
+// callerKey is the limit key of a caller of rule key: the caller's key
+// after a marker no rule key has, so no caller's limit is a rule's, and
+// requests without a key apart from every key.
+func callerKey(rule, caller string) string {
+	if caller == "" {
+		return rule + "\x00nokey"
+	}
+	return rule + "\x00key:" + caller
+}
+
+func (s *Source) newKeyLimit(parent *limit, req *flow.GlobalRequest, caller string) *limit {
+	shape := keySchema + "/" + strconv.FormatInt(req.Interval.Milliseconds(), 10) + "ms"
+	if parent.exact {
+		shape += "/log"
+	} else {
+		shape += "/" + strconv.Itoa(s.opts.Buckets)
+	}
+	l := &limit{
+		keys:   keysFor(s.opts.Prefix, callerKey(req.Key, caller), shape),
+		window: parent.window,
+		exact:  parent.exact,
+		health: parent.health,
+		perKey: true,
+		leases: make([]paddedLease, 1),
+	}
+	l.batch.Store(min(initialBatch, s.opts.MaxBatch))
+	return l
+}
+
+// keyedBound is the bound source of a PerKey rule.
+type keyedBound struct {
+	s      *Source
+	parent *limit
+	req    flow.GlobalRequest
+}
+
+// Acquire asks for a request without a key.
+func (b *keyedBound) Acquire(ctx context.Context, n int64) (bool, error) {
+	return b.AcquireKey(ctx, "", n)
+}
+
+// AcquireKey implements flow.KeyedSource.
+func (b *keyedBound) AcquireKey(ctx context.Context, caller string, n int64) (bool, error) {
+	return b.s.acquire(ctx, b.s.keyLimit(b.parent, &b.req, caller), &b.req, n)
+}
+
+// callCount counts a caller's limit's calls to Redis in its current window.
+type callCount struct {
+	window atomic.Int64 // index of the window counted
+	n      atomic.Int64
+}
+
+// add counts a call at now (Source clock, ns) for a window of window µs.
+func (c *callCount) add(now, window int64) {
+	w := now / max(window*1000, 1)
+	if c.window.Load() != w {
+		c.window.Store(w)
+		c.n.Store(0)
+	}
+	c.n.Inc()
+}
+
+// hot reports whether the limit made hotCalls calls in its window.
+func (c *callCount) hot() bool { return c.n.Load() >= hotCalls }
