@@ -137,11 +137,14 @@ type report struct {
 	globalLoad globalLoad
 	globalNote string
 	saturation []saturationResult
+	perKey     []perKeyResult
+	perKeyMem  []perKeyMem
+	perKeyAcc  []perKeyAcc
 }
 
 func run(cfg config, stdout, stderr io.Writer) error {
 	rep := &report{cfg: cfg, started: time.Now()}
-	steps := len(impls)*len(cfg.goroutines)*len(cfg.resources) + 3*len(accLimiters) + len(memCases) + 3*len(cfg.goroutines) + 2 + globalLoadSteps(cfg)
+	steps := len(impls)*len(cfg.goroutines)*len(cfg.resources) + 3*len(accLimiters) + len(memCases) + 3*len(cfg.goroutines) + 2 + globalLoadSteps(cfg) + 2*len(keyLimiters)*(len(perKeyGoroutines)+1)
 	var bar *progressbar.ProgressBar
 	tick := func(desc string) {}
 	if cfg.progress {
@@ -178,6 +181,7 @@ func run(cfg config, stdout, stderr io.Writer) error {
 	}
 	tick("saturated CPU")
 	rep.saturation = saturation(cfg)
+	rep.perKey, rep.perKeyMem, rep.perKeyAcc = perKeySection(cfg, tick)
 	rep.global, rep.globalAcc, rep.globalLoad, rep.globalNote = globalSection(cfg, tick)
 	if bar != nil {
 		_ = bar.Finish()

@@ -114,6 +114,9 @@ func (r *report) printTables(w io.Writer) {
 		}
 		r.globalLoadTables(w, false)
 	}
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	r.perKeyTables(tw, false)
+	tw.Flush()
 	fmt.Fprintf(w, "\nMemory: bytes per limiter, over %d of them\n", r.cfg.memN)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	for _, m := range r.memory {
@@ -264,6 +267,7 @@ func (r *report) markdown(w io.Writer) {
 		}
 		r.globalLoadTables(w, true)
 	}
+	r.perKeyTables(w, true)
 	fmt.Fprintf(w, "\n## Memory\n\nHeap bytes per limiter, measured with runtime.MemStats over %d of them.\n\n| limiter | bytes | what |\n|---|---:|---|\n", c.memN)
 	for _, m := range r.memory {
 		fmt.Fprintf(w, "| %s | %.0f | %s |\n", m.name, m.bytes, m.note)

@@ -1,0 +1,347 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sethvargo/go-limiter/memorystore"
+	ulule "github.com/ulule/limiter/v3"
+	ululemem "github.com/ulule/limiter/v3/drivers/store/memory"
+	"golang.org/x/time/rate"
+
+	"github.com/leapflow/leapflow/flow"
+	"github.com/leapflow/leapflow/stat"
+)
+
+// A per-key limiter decides one request of a key: admitted or not, and
+// when admitted, the instant it counts at on the limiter's own clock (for
+// its own windows), or -1 for limiters without windows of their own.
+type keyLimiter struct {
+	name  string
+	note  string
+	make  func(perSecond float64, maxKeys int) (take func(key string) (bool, int64), close func())
+	bound bool // memory bounded by a key count
+}
+
+var keyLimiters = []keyLimiter{
+	{"leapflow", "a PerKey Reject rule through a flow.Resource (MaxKeys bounds it)", func(perSecond float64, maxKeys int) (func(string) (bool, int64), func()) {
+		eng, err := flow.New(flow.WithClock(stat.DefaultClock()), flow.WithMaxKeys(4_000_000))
+		if err != nil {
+			panic(err)
+		}
+		if err := eng.LoadRules([]flow.Rule{{Resource: "api", Threshold: perSecond, PerKey: true, MaxKeys: maxKeys}}); err != nil {
+			panic(err)
+		}
+		r, err := eng.Resource("api")
+		if err != nil {
+			panic(err)
+		}
+		return func(key string) (bool, int64) {
+			en, err := r.Entry(flow.WithKey(key))
+			if err != nil {
+				return false, 0
+			}
+			at := en.Start()
+			en.Exit(nil)
+			return true, at
+		}, func() {}
+	}, true},
+	{"sethvargo/go-limiter", "memorystore: a token bucket per key, swept every 6 h by default", func(perSecond float64, _ int) (func(string) (bool, int64), func()) {
+		st, err := memorystore.New(&memorystore.Config{Tokens: uint64(perSecond), Interval: time.Second})
+		if err != nil {
+			panic(err)
+		}
+		ctx := context.Background()
+		return func(key string) (bool, int64) {
+			_, _, _, ok, err := st.Take(ctx, key)
+			return ok && err == nil, -1
+		}, func() { _ = st.Close(ctx) }
+	}, false},
+	{"ulule/limiter", "memory store: a fixed window per key, cleaned every 30 s by default", func(perSecond float64, _ int) (func(string) (bool, int64), func()) {
+		l := ulule.New(ululemem.NewStore(), ulule.Rate{Period: time.Second, Limit: int64(perSecond)})
+		ctx := context.Background()
+		return func(key string) (bool, int64) {
+			c, err := l.Get(ctx, key)
+			return err == nil && !c.Reached, -1
+		}, func() {}
+	}, false},
+	{"map+x/time/rate", "what people write by hand: a map of rate.Limiter behind a mutex, never evicted", func(perSecond float64, _ int) (func(string) (bool, int64), func()) {
+		var mu sync.Mutex
+		m := map[string]*rate.Limiter{}
+		return func(key string) (bool, int64) {
+			mu.Lock()
+			l := m[key]
+			if l == nil {
+				l = rate.NewLimiter(rate.Limit(perSecond), int(perSecond))
+				m[key] = l
+			}
+			mu.Unlock()
+			return l.Allow(), -1
+		}, func() {}
+	}, false},
+}
+
+// keyStream is a stream of keys of 16 bytes.
+type keyStream struct {
+	name string
+	keys []string
+}
+
+// zipfStream draws from n keys with a zipf law (s = 1.1), uniformStream
+// evenly; both long enough to cycle through without a generator in the
+// loop.
+func zipfStream(n int) keyStream {
+	names := keyNames(n)
+	z := rand.NewZipf(rand.New(rand.NewSource(1)), 1.1, 1, uint64(n-1))
+	s := make([]string, 1<<20)
+	for i := range s {
+		s[i] = names[z.Uint64()]
+	}
+	return keyStream{fmt.Sprintf("zipf over %d keys", n), s}
+}
+
+func uniformStream(n int) keyStream {
+	names := keyNames(n)
+	rng := rand.New(rand.NewSource(2))
+	s := make([]string, 1<<20)
+	for i := range s {
+		s[i] = names[rng.Intn(n)]
+	}
+	return keyStream{fmt.Sprintf("uniform over %d keys", n), s}
+}
+
+func keyNames(n int) []string {
+	s := make([]string, n)
+	for i := range s {
+		s[i] = fmt.Sprintf("user-%011d", i)
+	}
+	return s
+}
+
+// perKeyResult is one cell of the per-key table.
+type perKeyResult struct {
+	impl, stream string
+	goroutines   int
+	nsPerOp      float64
+	allocs       float64
+}
+
+// perKeyMem is a limiter's heap per tracked key, and its heap after a
+// million distinct keys.
+type perKeyMem struct {
+	impl         string
+	perKey       float64
+	afterMillion float64 // MiB
+}
+
+// perKeyAcc is the most one key got in any continuous second, and in any
+// of the limiter's own windows (-1: it has none).
+type perKeyAcc struct {
+	impl      string
+	threshold int
+	most, own int
+}
+
+// perKeyGoroutines are the columns of the per-key table.
+var perKeyGoroutines = []int{1, 2, 8, 256}
+
+// perKeySection runs the per-key benchmarks.
+func perKeySection(cfg config, tick func(string)) (res []perKeyResult, mem []perKeyMem, acc []perKeyAcc) {
+	streams := []keyStream{zipfStream(100_000), uniformStream(1_000_000)}
+	for _, s := range streams {
+		for _, l := range keyLimiters {
+			take, done := l.make(hugeKeyRate, 2_000_000)
+			// Warm up: every key of the stream tracked.
+			for _, k := range s.keys {
+				take(k)
+			}
+			for _, g := range perKeyGoroutines {
+				tick(fmt.Sprintf("per-key %s %s g=%d", l.name, s.name, g))
+				keys := s.keys
+				ns, allocs, _ := measure(func(id, i int) {
+					take(keys[(id*7919+i)&(len(keys)-1)])
+				}, g, cfg.duration)
+				res = append(res, perKeyResult{impl: l.name, stream: s.name, goroutines: g, nsPerOp: ns, allocs: allocs})
+			}
+			done()
+		}
+	}
+	for _, l := range keyLimiters {
+		tick("per-key memory " + l.name)
+		mem = append(mem, keyMemory(l, cfg.memN))
+		tick("per-key accuracy " + l.name)
+		acc = append(acc, keyAccuracy(l, cfg.accG, cfg.accDuration))
+	}
+	return res, mem, acc
+}
+
+// hugeKeyRate never blocks a key within a run (and fits a key's window).
+const hugeKeyRate = 1e9
+
+// keyMemory measures heap bytes per key over n keys, and the heap after a
+// million distinct keys through a limiter bounded to 100,000.
+func keyMemory(l keyLimiter, n int) perKeyMem {
+	names := keyNames(1_000_000)
+	per := float64(heapGrowth(func() func() {
+		take, done := l.make(100, 2*n)
+		for _, k := range names[:n] {
+			take(k)
+		}
+		return func() { runtime.KeepAlive(take); done() }
+	})) / float64(n)
+	after := float64(heapGrowth(func() func() {
+		take, done := l.make(100, 100_000)
+		for _, k := range names {
+			take(k)
+		}
+		return func() { runtime.KeepAlive(take); done() }
+	})) / (1 << 20)
+	runtime.KeepAlive(names) // not freed while the heap is measured
+	return perKeyMem{impl: l.name, perKey: per, afterMillion: after}
+}
+
+// heapGrowth is how much fill grows the heap by what it keeps until the
+// function it returns is called.
+func heapGrowth(fill func() func()) int64 {
+	before := heap()
+	done := fill()
+	grown := int64(heap()) - int64(before)
+	done()
+	return max(grown, 0)
+}
+
+// keyAccuracy hammers a few hot keys at 100/s from g goroutines for d and
+// returns the most any one key got in a continuous second.
+func keyAccuracy(l keyLimiter, g int, d time.Duration) perKeyAcc {
+	const threshold, hot = 100, 4
+	take, done := l.make(threshold, 1000)
+	defer done()
+	var mu sync.Mutex
+	times := make([][]time.Duration, hot)
+	own := make([][]int64, hot)
+	start := time.Now()
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	for id := range g {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var mine [hot][]time.Duration
+			var mineOwn [hot][]int64
+			for i := 0; !stop.Load(); i++ {
+				k := (id + i) % hot
+				if ok, at := take(fmt.Sprint("hot-", k)); ok {
+					mine[k] = append(mine[k], time.Since(start))
+					mineOwn[k] = append(mineOwn[k], at)
+				}
+			}
+			mu.Lock()
+			for k := range mine {
+				times[k] = append(times[k], mine[k]...)
+				own[k] = append(own[k], mineOwn[k]...)
+			}
+			mu.Unlock()
+		}()
+	}
+	time.Sleep(d)
+	stop.Store(true)
+	wg.Wait()
+	most := 0
+	for _, ts := range times {
+		slices.Sort(ts)
+		j := 0
+		for i := range ts {
+			for ts[i]-ts[j] >= time.Second {
+				j++
+			}
+			most = max(most, i-j+1)
+		}
+	}
+	// leapflow's own windows: 4 buckets of 250 ms from its clock's origin.
+	mostOwn := -1
+	for _, ats := range own {
+		if len(ats) == 0 || ats[0] < 0 {
+			continue
+		}
+		perBucket := map[int64]int{}
+		for _, at := range ats {
+			perBucket[at/int64(250*time.Millisecond)]++
+		}
+		for b := range perBucket {
+			mostOwn = max(mostOwn, perBucket[b]+perBucket[b-1]+perBucket[b-2]+perBucket[b-3])
+		}
+	}
+	return perKeyAcc{impl: l.name, threshold: threshold, most: most, own: mostOwn}
+}
+
+// perKeyTables prints the per-key section (markdown when md).
+func (r *report) perKeyTables(w io.Writer, md bool) {
+	row := func(cells ...string) {
+		if md {
+			fmt.Fprintf(w, "| %s |\n", strings.Join(cells, " | "))
+		} else {
+			fmt.Fprintf(w, "%s\n", strings.Join(cells, "\t"))
+		}
+	}
+	head := func(cells ...string) {
+		row(cells...)
+		if md {
+			seps := make([]string, len(cells))
+			for i := range seps {
+				seps[i] = "---"
+			}
+			row(seps...)
+		}
+	}
+	if md {
+		fmt.Fprintf(w, "\n## Per-key limits\n\nOne limit per caller key (16-byte keys), every key tracked after a warm-up; "+
+			"ns/op for the whole machine (lower is better), goroutines drawing keys from the stream.\n\n")
+		for _, l := range keyLimiters {
+			fmt.Fprintf(w, "- **%s**: %s\n", l.name, l.note)
+		}
+		fmt.Fprintln(w)
+	} else {
+		fmt.Fprintf(w, "\nPer-key limits: ns/op for the whole machine, 16-byte keys\n")
+	}
+	cols := []string{"impl", "stream"}
+	for _, g := range perKeyGoroutines {
+		cols = append(cols, fmt.Sprintf("g=%d", g))
+	}
+	head(append(cols, "allocs/op")...)
+	for i := 0; i < len(r.perKey); i += len(perKeyGoroutines) {
+		cells := []string{r.perKey[i].impl, r.perKey[i].stream}
+		var allocs float64
+		for _, x := range r.perKey[i : i+len(perKeyGoroutines)] {
+			cells = append(cells, fmt.Sprintf("%.1f", x.nsPerOp))
+			allocs = max(allocs, x.allocs)
+		}
+		row(append(cells, fmt.Sprintf("%.2f", allocs))...)
+	}
+	if md {
+		fmt.Fprintf(w, "\nMemory (runtime.MemStats): heap bytes per tracked key over %d keys, and the heap after a million distinct keys "+
+			"through a limiter of 100,000 keys where it has a bound. Accuracy: %d goroutines on the real clock for %v over 4 hot keys "+
+			"at 100/s each; the most one key got in any continuous second (a bucketed window allows up to twice its threshold "+
+			"in a span that straddles its buckets; see the accuracy section).\n\n", r.cfg.memN, r.cfg.accG, r.cfg.accDuration)
+	} else {
+		fmt.Fprintf(w, "\nPer-key memory and accuracy (4 hot keys at 100/s, most in any continuous second)\n")
+	}
+	head("impl", "bytes/key", "MiB after 1M keys", "most in its own windows", "most in 1 s (threshold 100)")
+	for i, m := range r.perKeyMem {
+		most, own := "-", "-"
+		if i < len(r.perKeyAcc) {
+			most = fmt.Sprint(r.perKeyAcc[i].most)
+			if r.perKeyAcc[i].own >= 0 {
+				own = fmt.Sprint(r.perKeyAcc[i].own)
+			}
+		}
+		row(m.impl, fmt.Sprintf("%.0f", m.perKey), fmt.Sprintf("%.1f", m.afterMillion), own, most)
+	}
+}
