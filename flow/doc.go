@@ -42,6 +42,59 @@
 // With n buckets of a window W, any span shorter than W - W/n admits at most
 // the threshold; a span of W can admit up to twice it (see metric).
 //
+// # Per-key limits
+//
+// A rule with PerKey applies its threshold to each caller key separately:
+// a limit per user, API key, client address (AddrKey groups IPv6 by /64)
+// or tenant, named per request with WithKey. Reject, Throttle and
+// Concurrency rules can be PerKey, as can Global rules (one Redis limit per
+// key). Keys lists specific keys with their own thresholds (a premium
+// tenant at ten times the rule's, a known abuser at 0); they are kept apart
+// and never evicted. A request without a key is limited under one shared
+// "no key" entry and counted in the resource's Keyless statistic, never
+// refused for it, so a reload that adds a PerKey rule cannot turn keyless
+// traffic into an outage. A key is not a resource: its state is one cache
+// line (a window of four buckets packed with their epochs, a pacing
+// timeline, or an in-flight count), with no statistics of its own; the
+// resource counts every request as before.
+//
+// Memory is bounded: a rule tracks at most MaxKeys keys (default 100,000,
+// rounded up to a multiple of 4) in a set-associative table, about 154
+// bytes per tracked key with everything in (the table's 16 bytes a key up
+// front, the sketch, and the state; measured with the table half full),
+// and an engine's rules together at most
+// WithMaxKeys (default 1,000,000). A key new to a full table replaces, in
+// its two sets of four, the state that loses least: first one whose
+// window is over, whose timeline is past or with nothing in flight. When
+// more keys are active at once than the table holds, an active key goes:
+// its per-bucket counts go into a count sketch (two rows of cells, as
+// many per row as MaxKeys rounded up to a power of two, each keeping the
+// largest count per bucket of the keys written to it), and the key, seen
+// again, starts from the smaller of its two cells, each count back in its
+// own bucket. Evicting a key therefore gives it nothing more: a key evicted
+// k times in a window still admits at most its threshold in it. What
+// remains: a key that shares both its cells with another evicted active
+// key starts with that key's counts too, until they leave the window
+// (stricter, never looser; keys are hashed with a secret seed per table,
+// so a caller cannot aim at another's cells). Each eviction of an active
+// key is counted in KeyEvictions. A Concurrency key with requests in
+// flight is never dropped: it moves to a side table until its last
+// request exits or it is seen again.
+//
+// Keys are identified in a table by two 64-bit hashes with secret seeds
+// (no key bytes are kept): two keys share a state only if both collide,
+// odds of 2^-128 per pair, and then they would share one window, stricter
+// for both.
+//
+// Strictness per key is the same as for resources: the check and the
+// count are one compare-and-swap on the key's newest bucket, so no window
+// of a key holds more than its threshold at any concurrency. A key's
+// window has four buckets whatever WithSampleCount says: any span shorter
+// than 3/4 of it admits at most the threshold, a whole window up to twice
+// it. WithPriority does not borrow for PerKey rules. A PerKey Concurrency
+// rule counts requests admitted after it is loaded. A reload that changes
+// a PerKey rule's threshold, Keys or MaxKeys keeps its keys' counts.
+//
 // # Priority
 //
 // A priority request that a Reject rule blocks may be admitted against the
