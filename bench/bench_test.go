@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -36,7 +37,8 @@ func TestQuickRun(t *testing.T) {
 	for _, want := range []string{"# leapflow bench report", "## Throughput", "### one hot resource", "### 1000 resources", "## Accuracy", "## Memory", "![accuracy](accuracy.svg)",
 		"## Global limit on Redis", "| global, leasing |", "the fullest server window held", "## Saturated CPU", "| default (coarse) | 256 |",
 		"### Below the limit", "### Random arrivals against the oracle", "| poisson | 1000 | 4 |", "### Entry latency with Redis far away", "| 20ms |",
-		"### Saturated CPU, healthy Redis", "| 256 |"} {
+		"### Saturated CPU, healthy Redis", "| 256 |",
+		"## Per-key limits", "| leapflow | zipf over 10000 keys |", "| map+x/time/rate | uniform over 100000 keys |", "most in its own windows"} {
 		assert.Contains(t, string(md), want)
 	}
 	for _, im := range impls {
@@ -146,4 +148,14 @@ func TestSaturationKeepsTheClock(t *testing.T) {
 		bound := int64(300 * (math.Ceil(r.duration.Seconds()) + 2))
 		assert.LessOrEqual(t, r.admitted, bound, "%s: at most one second's threshold per window touched", r.clock)
 	}
+}
+
+// TestPerKeyAccuracyOfLeapflow: under the per-key hammer, leapflow's own
+// windows of each hot key hold at most the threshold, and any continuous
+// second at most twice it.
+func TestPerKeyAccuracyOfLeapflow(t *testing.T) {
+	a := keyAccuracy(keyLimiters[0], 16, 1200*time.Millisecond)
+	assert.LessOrEqual(t, a.own, a.threshold)
+	assert.Positive(t, a.own)
+	assert.LessOrEqual(t, a.most, 2*a.threshold)
 }

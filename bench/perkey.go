@@ -137,9 +137,10 @@ type perKeyResult struct {
 // perKeyMem is a limiter's heap per tracked key, and its heap after a
 // million distinct keys.
 type perKeyMem struct {
-	impl         string
-	perKey       float64
-	afterMillion float64 // MiB
+	impl            string
+	perKey          float64
+	afterMillion    float64 // MiB
+	distinct, bound int
 }
 
 // perKeyAcc is the most one key got in any continuous second, and in any
@@ -156,6 +157,11 @@ var perKeyGoroutines = []int{1, 2, 8, 256}
 // perKeySection runs the per-key benchmarks.
 func perKeySection(cfg config, tick func(string)) (res []perKeyResult, mem []perKeyMem, acc []perKeyAcc) {
 	streams := []keyStream{zipfStream(100_000), uniformStream(1_000_000)}
+	distinct, bound := 1_000_000, 100_000
+	if cfg.quick {
+		streams = []keyStream{zipfStream(10_000), uniformStream(100_000)}
+		distinct, bound = 100_000, 10_000
+	}
 	for _, s := range streams {
 		for _, l := range keyLimiters {
 			take, done := l.make(hugeKeyRate, 2_000_000)
@@ -176,7 +182,7 @@ func perKeySection(cfg config, tick func(string)) (res []perKeyResult, mem []per
 	}
 	for _, l := range keyLimiters {
 		tick("per-key memory " + l.name)
-		mem = append(mem, keyMemory(l, cfg.memN))
+		mem = append(mem, keyMemory(l, cfg.memN, distinct, bound))
 		tick("per-key accuracy " + l.name)
 		acc = append(acc, keyAccuracy(l, cfg.accG, cfg.accDuration))
 	}
@@ -186,10 +192,10 @@ func perKeySection(cfg config, tick func(string)) (res []perKeyResult, mem []per
 // hugeKeyRate never blocks a key within a run (and fits a key's window).
 const hugeKeyRate = 1e9
 
-// keyMemory measures heap bytes per key over n keys, and the heap after a
-// million distinct keys through a limiter bounded to 100,000.
-func keyMemory(l keyLimiter, n int) perKeyMem {
-	names := keyNames(1_000_000)
+// keyMemory measures heap bytes per key over n keys, and the heap after
+// distinct keys (a million) through a limiter bounded to bound (100,000).
+func keyMemory(l keyLimiter, n, distinct, bound int) perKeyMem {
+	names := keyNames(max(distinct, n))
 	per := float64(heapGrowth(func() func() {
 		take, done := l.make(100, 2*n)
 		for _, k := range names[:n] {
@@ -198,14 +204,14 @@ func keyMemory(l keyLimiter, n int) perKeyMem {
 		return func() { runtime.KeepAlive(take); done() }
 	})) / float64(n)
 	after := float64(heapGrowth(func() func() {
-		take, done := l.make(100, 100_000)
-		for _, k := range names {
+		take, done := l.make(100, bound)
+		for _, k := range names[:distinct] {
 			take(k)
 		}
 		return func() { runtime.KeepAlive(take); done() }
 	})) / (1 << 20)
 	runtime.KeepAlive(names) // not freed while the heap is measured
-	return perKeyMem{impl: l.name, perKey: per, afterMillion: after}
+	return perKeyMem{impl: l.name, perKey: per, afterMillion: after, distinct: distinct, bound: bound}
 }
 
 // heapGrowth is how much fill grows the heap by what it keeps until the
@@ -326,14 +332,15 @@ func (r *report) perKeyTables(w io.Writer, md bool) {
 		row(append(cells, fmt.Sprintf("%.2f", allocs))...)
 	}
 	if md {
-		fmt.Fprintf(w, "\nMemory (runtime.MemStats): heap bytes per tracked key over %d keys, and the heap after a million distinct keys "+
-			"through a limiter of 100,000 keys where it has a bound. Accuracy: %d goroutines on the real clock for %v over 4 hot keys "+
-			"at 100/s each; the most one key got in any continuous second (a bucketed window allows up to twice its threshold "+
-			"in a span that straddles its buckets; see the accuracy section).\n\n", r.cfg.memN, r.cfg.accG, r.cfg.accDuration)
+		fmt.Fprintf(w, "\nMemory (runtime.MemStats): heap bytes per tracked key over %d keys, and the heap after %d distinct keys "+
+			"through a limiter of %d keys where it has a bound. Accuracy: %d goroutines on the real clock for %v over 4 hot keys "+
+			"at 100/s each; the most one key got in any of its limiter's own windows (leapflow: 4 buckets of 250 ms) and in any "+
+			"continuous second (a bucketed window allows up to twice its threshold in a span that straddles its buckets; "+
+			"see the accuracy section).\n\n", r.cfg.memN, r.perKeyMem[0].distinct, r.perKeyMem[0].bound, r.cfg.accG, r.cfg.accDuration)
 	} else {
 		fmt.Fprintf(w, "\nPer-key memory and accuracy (4 hot keys at 100/s, most in any continuous second)\n")
 	}
-	head("impl", "bytes/key", "MiB after 1M keys", "most in its own windows", "most in 1 s (threshold 100)")
+	head("impl", "bytes/key", "MiB after the distinct keys", "most in its own windows", "most in 1 s (threshold 100)")
 	for i, m := range r.perKeyMem {
 		most, own := "-", "-"
 		if i < len(r.perKeyAcc) {
