@@ -92,6 +92,7 @@ func (e *Engine) addKeyed(next, old *ruleSet, rr *resourceRules, r *Rule, id tab
 		kr.maxQueue = int64(r.MaxQueueing)
 		kr.be = newBlockError(r, ReasonQueue)
 	}
+	t.keepSpecific(r.Keys)
 	if len(r.Keys) > 0 {
 		kr.spec = make(map[string]keySpec, len(r.Keys))
 		for _, kl := range r.Keys {

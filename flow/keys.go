@@ -4,6 +4,7 @@ import (
 	"hash/maphash"
 	"math"
 	"sync"
+	"time"
 
 	"go.uber.org/atomic"
 
@@ -68,6 +69,13 @@ func packBucket(b int64, count uint64) uint64 {
 
 func epochIs(w uint64, b int64) bool { return w>>keyCountBits == uint64(b)&keyEpochMask }
 
+// newer reports whether w holds a bucket later than b (epochs compared
+// modulo 2^24, so within 2^23 buckets of each other).
+func newer(w uint64, b int64) bool {
+	d := (w>>keyCountBits - uint64(b)) & keyEpochMask
+	return d != 0 && d < 1<<(63-keyCountBits)
+}
+
 // slotOf is bucket b's word (b may be negative: a clock near its origin).
 func slotOf(b int64) int { return int(uint64(b) % keyBuckets) }
 
@@ -127,6 +135,8 @@ type keyTable struct {
 
 	// locks guard adding to and evicting from sets (by set index).
 	locks [keyLocks]paddedMutex
+	// next is the table this one moved to (see migrate).
+	next atomic.Pointer[keyTable]
 
 	// specMu guards spec, the states of the keys listed in the rule's
 	// Keys (kept across reloads), and pinned, keyConc states with
@@ -213,14 +223,43 @@ func (t *keyTable) specific(key string) *keyState {
 	defer t.specMu.Unlock()
 	st := t.spec[key]
 	if st == nil {
-		st = t.newState(keyID{})
+		if st = t.take(key); st == nil {
+			st = t.newState(keyID{})
+		}
 		t.spec[key] = st
 	}
 	return st
 }
 
+// keepSpecific drops the states of keys no longer listed in the rule's
+// Keys into the sets, with their counts (load time).
+func (t *keyTable) keepSpecific(keys []KeyLimit) {
+	listed := make(map[string]bool, len(keys))
+	for _, kl := range keys {
+		listed[kl.Key] = true
+	}
+	t.specMu.Lock()
+	var gone []string
+	for k := range t.spec {
+		if !listed[k] {
+			gone = append(gone, k)
+		}
+	}
+	t.specMu.Unlock()
+	for _, k := range gone {
+		t.specMu.Lock()
+		st := t.spec[k]
+		delete(t.spec, k)
+		t.specMu.Unlock()
+		t.put(k, st)
+	}
+}
+
 // get returns key's state, adding it if the table lacks it.
 func (t *keyTable) get(key string) *keyState {
+	if n := t.next.Load(); n != nil {
+		return n.current().get(key) // moved to a table of another MaxKeys
+	}
 	h := t.hash(key)
 	a, b := t.setsOf(h)
 	var c uint64 // the second hash, made when a tag matches
@@ -264,27 +303,10 @@ func (s *keySet) findID(id keyID) *keyState {
 
 // add is get's slow path: a key new to the table (or back to it).
 func (t *keyTable) add(id keyID, a, b int) *keyState {
-	la, lb := &t.locks[a%keyLocks], &t.locks[b%keyLocks]
-	if la == lb {
-		lb = nil
-	} else if a%keyLocks > b%keyLocks {
-		la, lb = lb, la // one order, no deadlock
-	}
-	la.Lock()
-	if lb != nil {
-		lb.Lock()
-	}
-	defer func() {
-		if lb != nil {
-			lb.Unlock()
-		}
-		la.Unlock()
-	}()
+	unlock := t.lock(a, b)
+	defer unlock()
 	// Added by another request while we waited?
-	if st := t.sets[a].findID(id); st != nil {
-		return st
-	}
-	if st := t.sets[b].findID(id); st != nil {
+	if st := t.findLocked(id, a, b); st != nil {
 		return st
 	}
 	var st *keyState
@@ -300,6 +322,38 @@ func (t *keyTable) add(id keyID, a, b int) *keyState {
 	if st == nil {
 		st = t.fresh(id)
 	}
+	t.placeLocked(st, a, b)
+	return st
+}
+
+// lock locks sets a and b (in one order: no deadlock) and returns the
+// unlock.
+func (t *keyTable) lock(a, b int) func() {
+	la, lb := &t.locks[a%keyLocks], &t.locks[b%keyLocks]
+	if la == lb {
+		la.Lock()
+		return la.Unlock
+	}
+	if a%keyLocks > b%keyLocks {
+		la, lb = lb, la
+	}
+	la.Lock()
+	lb.Lock()
+	return func() {
+		lb.Unlock()
+		la.Unlock()
+	}
+}
+
+func (t *keyTable) findLocked(id keyID, a, b int) *keyState {
+	if st := t.sets[a].findID(id); st != nil {
+		return st
+	}
+	return t.sets[b].findID(id)
+}
+
+// placeLocked puts st into set a or b, replacing the victim's state.
+func (t *keyTable) placeLocked(st *keyState, a, b int) {
 	now := t.now()
 	set, way := t.victim(a, b, now)
 	w := &t.sets[set].ways[way]
@@ -310,8 +364,40 @@ func (t *keyTable) add(id keyID, a, b int) *keyState {
 	}
 	w.tag.Store(0) // no lookup matches a half-written way
 	w.st.Store(st)
-	w.tag.Store(id.h)
-	return st
+	w.tag.Store(st.id.h)
+}
+
+// take removes key's state from the sets, if there, without ending it:
+// it moves to the rule's Keys (load time).
+func (t *keyTable) take(key string) *keyState {
+	id := keyID{t.hash(key), t.check(key)}
+	a, b := t.setsOf(id.h)
+	unlock := t.lock(a, b)
+	defer unlock()
+	for _, si := range [2]int{a, b} {
+		for i := range t.sets[si].ways {
+			w := &t.sets[si].ways[i]
+			if st := w.st.Load(); st != nil && st.id == id {
+				w.tag.Store(0)
+				w.st.Store(nil)
+				t.size.Dec()
+				return st
+			}
+		}
+	}
+	return nil
+}
+
+// put puts st, the state of key, into the sets: a key that left the
+// rule's Keys keeps its counts (load time).
+func (t *keyTable) put(key string, st *keyState) {
+	st.id = keyID{t.hash(key), t.check(key)}
+	a, b := t.setsOf(st.id.h)
+	unlock := t.lock(a, b)
+	defer unlock()
+	if t.findLocked(st.id, a, b) == nil {
+		t.placeLocked(st, a, b)
+	}
 }
 
 // victim picks the way a new key takes in sets a and b: an empty one, else
@@ -369,6 +455,14 @@ func (t *keyTable) evict(st *keyState, now int64) {
 			t.specMu.Lock()
 			t.pinned[st.id] = st
 			st.pinned.Store(true)
+			if st.head.Load() == 0 {
+				// Its last request exited as we pinned it, and may have
+				// missed the mark: unpinned here.
+				delete(t.pinned, st.id)
+				st.pinned.Store(false)
+				t.specMu.Unlock()
+				return
+			}
 			t.specMu.Unlock()
 			st.dead.Store(false)
 		}
@@ -387,11 +481,12 @@ func (t *keyTable) evict(st *keyState, now int64) {
 			return // idle by this clock: not counted as active
 		}
 	case keyPace:
+		// Kept even when past: the next request's cost runs from it.
 		at := st.head.Load()
-		if at <= now {
-			return
-		}
 		t.sketch.addHead(st.id.h, at)
+		if at <= now-int64(time.Second) {
+			return // idle a second: not counted as active
+		}
 	}
 	t.node.Load().AddKeyEviction()
 }
@@ -422,38 +517,42 @@ func (t *keyTable) fresh(id keyID) *keyState {
 }
 
 // migrate moves the keys of old, a table of another MaxKeys, into t (load
-// time): the states move, so requests in flight on them still count.
+// time). The states move, so requests in flight on them still count, and
+// old forwards every lookup and release to t from then on: a request that
+// read the old rule set finds the same states, and no state lives in two
+// tables (evicted from one, it would be dead in the other).
 func (t *keyTable) migrate(old *keyTable) {
 	t.sketch = old.sketch
 	t.seeds = old.seeds // the states keep their identities
 	t.noKey = old.noKey
-	t.spec = old.spec
 	old.specMu.Lock()
-	t.pinned = old.pinned
+	t.spec, t.pinned = old.spec, old.pinned
+	old.spec, old.pinned = map[string]*keyState{}, map[keyID]*keyState{}
+	old.next.Store(t)
 	old.specMu.Unlock()
 	for i := range old.sets {
 		for j := range old.sets[i].ways {
 			if st := old.sets[i].ways[j].st.Load(); st != nil {
-				t.place(st)
+				a, b := t.setsOf(st.id.h)
+				unlock := t.lock(a, b)
+				if t.findLocked(st.id, a, b) == nil {
+					t.placeLocked(st, a, b)
+				}
+				unlock()
 			}
 		}
 	}
 }
 
-// place puts st into its sets (load time: migrate).
-func (t *keyTable) place(st *keyState) {
-	h := st.id.h
-	a, b := t.setsOf(h)
-	now := t.now()
-	set, way := t.victim(a, b, now)
-	w := &t.sets[set].ways[way]
-	if old := w.st.Load(); old != nil {
-		t.evict(old, now)
-	} else {
-		t.size.Inc()
+// current is the table lookups go to: t, or the table it moved to.
+func (t *keyTable) current() *keyTable {
+	for {
+		n := t.next.Load()
+		if n == nil {
+			return t
+		}
+		t = n
 	}
-	w.st.Store(st)
-	w.tag.Store(h)
 }
 
 // release ends a keyConc request of n on st, which may have left the
@@ -462,6 +561,7 @@ func (t *keyTable) release(st *keyState, n int64) {
 	if st.head.Sub(n) > 0 || !st.pinned.Load() {
 		return
 	}
+	t = t.current()
 	t.specMu.Lock()
 	defer t.specMu.Unlock()
 	if st.pinned.Load() && st.head.Load() == 0 {
@@ -537,6 +637,12 @@ func (t *keyTable) admitWindow(st *keyState, now, n, limit int64) (b int64, seen
 		slot := &st.words[slotOf(b)]
 		w := slot.Load()
 		if !epochIs(w, b) {
+			// A word of a later bucket means the head moved on since we
+			// read it: count there. (With the head still at b, a word that
+			// looks later is one so old its epoch wrapped.)
+			if newer(w, b) && st.head.Load() != b {
+				continue
+			}
 			if !slot.CompareAndSwap(w, packBucket(b, 0)) {
 				continue
 			}
@@ -575,7 +681,9 @@ func (t *keyTable) clearOld(st *keyState, b int64) {
 	for j := int64(1); j < keyBuckets; j++ {
 		e := b - j
 		slot := &st.words[slotOf(e)]
-		if w := slot.Load(); !epochIs(w, e) && !epochIs(w, e+keyBuckets) {
+		// Late (the head moved on meanwhile), leave every word alone; and
+		// never touch a word of a later bucket.
+		if w := slot.Load(); st.head.Load() == b && !epochIs(w, e) && !newer(w, e) {
 			slot.CompareAndSwap(w, packBucket(e, 0))
 		}
 	}

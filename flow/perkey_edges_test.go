@@ -1,0 +1,270 @@
+package flow
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/leapflow/leapflow/stat/stattest"
+)
+
+// TestKeyedKeysListChangeLosesCounts (a bug an adversarial pass found, fixed; the test keeps it fixed): moving a key into (or out of) the
+// rule's Keys moves it between its table state and a spec state, which do
+// not share counts: a key that used its whole window gets the new
+// threshold again in the same window, above both thresholds.
+func TestKeyedKeysListChangeLosesCounts(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(time.Hour))
+	r := Rule{ID: "u", Resource: "api", Threshold: 4, PerKey: true}
+	load(t, e, r)
+	got := admitted(e, "api", "abuser", 10)
+	require.Equal(t, 4, got)
+	// The operator lowers the abuser's threshold to 2.
+	r.Keys = []KeyLimit{{Key: "abuser", Threshold: 2}}
+	load(t, e, r)
+	got += admitted(e, "api", "abuser", 10)
+	assert.LessOrEqual(t, got, 4, "admitted in one window, with thresholds 4 then 2")
+	// And back out of Keys.
+	r.Keys = nil
+	load(t, e, r)
+	got += admitted(e, "api", "abuser", 10)
+	assert.LessOrEqual(t, got, 4, "admitted in one window after leaving Keys")
+}
+
+// TestKeyedClockBackAbsorbed (a bug an adversarial pass found, fixed; the test keeps it fixed): a step back of an hour is absorbed by the
+// engine's steady time; per-key windows go on like the resource's.
+func TestKeyedClockBackAbsorbed(t *testing.T) {
+	clock := stattest.NewClock(2 * time.Hour)
+	e, _ := newEngine(t, clock)
+	load(t, e, Rule{Resource: "api", Threshold: 4, PerKey: true}, Rule{Resource: "plain", Threshold: 4})
+	require.Equal(t, 4, admitted(e, "api", "k", 10))
+	require.Equal(t, 4, admitted(e, "plain", "", 10))
+	clock.Set(time.Hour)
+	assert.Equal(t, 0, admitted(e, "api", "k", 10), "same window: the step is absorbed")
+	clock.Advance(time.Second)
+	plain := admitted(e, "plain", "", 10)
+	keyed := admitted(e, "api", "k", 10)
+	assert.Equal(t, 4, plain)
+	assert.Equal(t, plain, keyed)
+	clock.Set(5 * time.Hour) // and forward
+	assert.Equal(t, 4, admitted(e, "api", "k", 10))
+}
+
+// TestKeyedThrottleQueuedKeyEvicted (a bug an adversarial pass found, fixed; the test keeps it fixed): a key with requests queued (timeline
+// ahead of now) evicted by a flood keeps its timeline via the sketch.
+func TestKeyedThrottleQueuedKeyEvicted(t *testing.T) {
+	clock := stattest.NewClock(time.Hour)
+	e, s := newEngine(t, clock)
+	load(t, e, Rule{Resource: "api", Threshold: 1, Behavior: Throttle, MaxQueueing: 5 * time.Second, PerKey: true, MaxKeys: 4})
+	for range 3 {
+		require.True(t, try(e, "api", WithKey("hot")))
+	}
+	for i := range 200 {
+		try(e, "api", WithKey(fmt.Sprint("f", i)))
+	}
+	s.waits = nil
+	require.True(t, try(e, "api", WithKey("hot")))
+	assert.Equal(t, []time.Duration{3 * time.Second}, s.waits, "queued behind its three")
+}
+
+// TestKeyedTwoIntervalsUndo (a bug an adversarial pass found, fixed; the test keeps it fixed): two PerKey QPS rules with different intervals;
+// the second blocks after the first admitted: the first's count is given
+// back.
+func TestKeyedTwoIntervalsUndo(t *testing.T) {
+	clock := stattest.NewClock(time.Hour)
+	e, _ := newEngine(t, clock)
+	load(t, e,
+		Rule{Resource: "api", Threshold: 10, PerKey: true},
+		Rule{Resource: "api", Threshold: 1, StatInterval: 4 * time.Second, PerKey: true})
+	assert.Equal(t, 4, admitted(e, "api", "k", 20), "4 per 4s")
+	clock.Advance(4 * time.Second)
+	assert.Equal(t, 4, admitted(e, "api", "k", 20), "the refusals of the 4s rule gave the 1s rule's counts back")
+}
+
+// TestKeyedSpecificZeroAndHuge (a bug an adversarial pass found, fixed; the test keeps it fixed): Keys with thresholds 0 and the largest
+// allowed, on every kind.
+func TestKeyedSpecificZeroAndHuge(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(time.Hour))
+	load(t, e,
+		Rule{Resource: "q", Threshold: 2, PerKey: true, Keys: []KeyLimit{{Key: "z", Threshold: 0}, {Key: "h", Threshold: MaxKeyWindowCount}}},
+		Rule{Resource: "c", Metric: Concurrency, Threshold: 2, PerKey: true, Keys: []KeyLimit{{Key: "z", Threshold: 0}, {Key: "h", Threshold: MaxThreshold}}},
+		Rule{Resource: "p", Threshold: 2, Behavior: Throttle, PerKey: true, Keys: []KeyLimit{{Key: "z", Threshold: 0}, {Key: "h", Threshold: MaxThreshold}}},
+	)
+	for _, res := range []string{"q", "c", "p"} {
+		assert.Zero(t, admitted(e, res, "z", 5), res)
+		if res == "p" {
+			continue // a 1ns cost on a still clock with no queueing admits one: as the resource pacer
+		}
+		assert.Equal(t, 5, admitted(e, res, "h", 5), res)
+		en, err := e.Entry(res, WithKey("h"), WithCount(MaxCount))
+		assert.NoError(t, err, res)
+		en.Exit(nil)
+	}
+}
+
+// TestKeyedManyKeysMemory (a bug an adversarial pass found, fixed; the test keeps it fixed): 100,000 distinct keys through MaxKeys 1000
+// leave the heap bounded.
+func TestKeyedManyKeysMemory(t *testing.T) {
+	clock := stattest.NewClock(time.Hour)
+	e, _ := newEngine(t, clock)
+	load(t, e, Rule{Resource: "api", Threshold: 5, PerKey: true, MaxKeys: 1000},
+		Rule{Resource: "c", Metric: Concurrency, Threshold: 5, PerKey: true, MaxKeys: 1000},
+		Rule{Resource: "p", Threshold: 5, Behavior: Throttle, PerKey: true, MaxKeys: 1000})
+	var ms0, ms1 runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms0)
+	key := make([]byte, 0, 16)
+	for i := range 100_000 {
+		clock.Advance(time.Microsecond)
+		key = fmt.Appendf(key[:0], "user-%d", i)
+		for _, r := range []string{"api", "c", "p"} {
+			en, _ := e.Entry(r, WithKey(string(key)))
+			en.Exit(nil)
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&ms1)
+	grew := int64(ms1.HeapAlloc) - int64(ms0.HeapAlloc)
+	t.Logf("heap grew %d KiB", grew>>10)
+	assert.Less(t, grew, int64(8<<20), "heap growth after 100,000 keys")
+	tbl := e.rules.Load().byResource["c"].keyConc.t
+	assert.Empty(t, tbl.pinned)
+}
+
+func TestKeyedPathsAllocateNothing(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(time.Hour))
+	load(t, e,
+		Rule{Resource: "conc", Metric: Concurrency, Threshold: 1e9, PerKey: true},
+		Rule{Resource: "spec", Threshold: 1e6, PerKey: true, Keys: []KeyLimit{{Key: "vip", Threshold: 1e6}}},
+		Rule{Resource: "two", Threshold: 1e6, PerKey: true},
+		Rule{Resource: "two", Threshold: 1e6, StatInterval: 2 * time.Second, PerKey: true},
+	)
+	for name, fn := range map[string]func(){
+		"conc":     func() { try(e, "conc", WithKey("user-0000000001")) },
+		"spec":     func() { try(e, "spec", WithKey("vip")) },
+		"two":      func() { try(e, "two", WithKey("user-0000000001")) },
+		"priority": func() { try(e, "spec", WithKey("user-1"), WithPriority()) },
+	} {
+		fn()
+		assert.Zero(t, testing.AllocsPerRun(1000, fn), name)
+	}
+}
+
+// TestKeyedReloadThresholdBatchesHammer (a bug an adversarial pass found, fixed; the test keeps it fixed): reloads that change Threshold (10 or
+// 20) and a stepping clock while goroutines send batches over more keys
+// than the table holds: no key over 20 in any window (by Start).
+func TestKeyedReloadThresholdBatchesHammer(t *testing.T) {
+	clock := stattest.NewClock(time.Hour)
+	e, _ := newEngine(t, clock)
+	r := Rule{ID: "u", Resource: "api", Threshold: 10, PerKey: true, MaxKeys: 16}
+	load(t, e, r)
+	stop := make(chan struct{})
+	var all lockedStarts
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			mine := map[string][]int64{}
+			i := g * 31
+			for {
+				select {
+				case <-stop:
+					all.add(mine)
+					return
+				default:
+				}
+				i++
+				k := fmt.Sprint("k", i%64)
+				n := 1 + i%5
+				en, err := e.Entry("api", WithKey(k), WithCount(n))
+				if err == nil {
+					for range n {
+						mine[k] = append(mine[k], en.Start())
+					}
+					en.Exit(nil)
+				}
+			}
+		})
+	}
+	wg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			clock.Advance(7 * ms)
+			time.Sleep(50 * time.Microsecond)
+		}
+	})
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	for n := 0; time.Now().Before(deadline); n++ {
+		r.Threshold = []float64{10, 20}[n%2]
+		require.NoError(t, e.LoadRules([]Rule{r}))
+	}
+	close(stop)
+	wg.Wait()
+	total := 0
+	for k, v := range all.m {
+		total += len(v)
+		most, at := worstWindow(v, int64(250*ms))
+		assert.LessOrEqual(t, most, 20, "key %s in buckets %d..%d", k, at, at+3)
+	}
+	t.Logf("%d admitted", total)
+}
+
+// TestKeyedConcInFlightOracle (a bug an adversarial pass found, fixed; the test keeps it fixed): per-key Concurrency 2 through a table of 4
+// with 64 keys and 16 goroutines, mixed with a resource Reject rule and a
+// per-key QPS rule; in flight per key is counted by the test between
+// admission and Exit (never above the real count): never above 2. Exits
+// are done on copies too.
+func TestKeyedConcInFlightOracle(t *testing.T) {
+	e, err := New()
+	require.NoError(t, err)
+	load(t, e,
+		Rule{Resource: "api", Metric: Concurrency, Threshold: 2, PerKey: true, MaxKeys: 4},
+		Rule{Resource: "api", Threshold: 1e7, PerKey: true, MaxKeys: 8},
+		Rule{Resource: "api", Threshold: 1e8})
+	const keys = 64
+	var inflight [keys]atomic.Int64
+	var worst atomic.Int64
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(2 * time.Second)
+	for g := range 16 {
+		wg.Go(func() {
+			i := g * 13
+			for time.Now().Before(deadline) {
+				i++
+				k := i % keys
+				en, err := e.Entry("api", WithKey(fmt.Sprint("k", k)))
+				if err != nil {
+					continue
+				}
+				if v := inflight[k].Add(1); v > worst.Load() {
+					worst.Store(v)
+				}
+				runtime.Gosched()
+				inflight[k].Add(-1)
+				cp := en
+				cp.Exit(nil)
+				en.Exit(nil)
+			}
+		})
+	}
+	wg.Wait()
+	assert.LessOrEqual(t, worst.Load(), int64(2))
+	snap, _ := e.Snapshot("api")
+	assert.Zero(t, snap.Inflight)
+	tbl := e.rules.Load().byResource["api"].keyConc.t
+	for i := range tbl.sets {
+		for j := range tbl.sets[i].ways {
+			if st := tbl.sets[i].ways[j].st.Load(); st != nil {
+				assert.Zero(t, st.head.Load())
+			}
+		}
+	}
+}

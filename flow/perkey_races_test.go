@@ -1,0 +1,482 @@
+package flow
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/leapflow/leapflow/stat/stattest"
+)
+
+// undead clears the dead flag of every state in tables' sets, so that a
+// request spinning on one (see the migrate tests) can finish: cleanup only.
+func undead(tables ...*keyTable) {
+	for _, t := range tables {
+		for i := range t.sets {
+			for j := range t.sets[i].ways {
+				if st := t.sets[i].ways[j].st.Load(); st != nil {
+					st.dead.Store(false)
+				}
+			}
+		}
+	}
+}
+
+// returnsWithin runs fn in a goroutine and reports whether it returned
+// within d (a hang detector, not a timing assertion: the functions under
+// test do no I/O and take microseconds).
+func returnsWithin(d time.Duration, fn func()) bool {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		fn()
+	}()
+	select {
+	case <-done:
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
+
+// TestKeyedMigrateShrinkHangsOldSetRequest (a bug an adversarial pass found, fixed; the test keeps it fixed): a reload that lowers MaxKeys
+// migrates states into a smaller table, evicting most of them there (dead
+// set), while they are still in the old table's sets. A request that read
+// the old rule set just before the reload (in flight across LoadRules)
+// finds such a state in the old table, sees it dead, looks the key up again
+// in the old table, finds the same dead state, and spins forever.
+func TestKeyedMigrateShrinkHangsOldSetRequest(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(time.Hour))
+	rule := Rule{ID: "u", Resource: "api", Threshold: 1000, PerKey: true, MaxKeys: 64}
+	load(t, e, rule)
+	const keys = 32
+	for i := range keys {
+		require.True(t, try(e, "api", WithKey(fmt.Sprint("k", i))))
+	}
+	oldSet := e.rules.Load() // what a request in flight across the reload read
+	rrOld := oldSet.byResource["api"]
+	oldTable := rrOld.keyed[0].t
+
+	rule.MaxKeys = 4
+	load(t, e, rule)
+	newTable := e.rules.Load().byResource["api"].keyed[0].t
+	defer undead(oldTable, newTable)
+
+	hung := 0
+	for i := range keys {
+		key := fmt.Sprint("k", i)
+		if !returnsWithin(2*time.Second, func() {
+			en, err := e.enter(oldSet, rrOld, rrOld.node, []EntryOption{WithKey(key)})
+			if err == nil {
+				en.Exit(nil)
+			}
+		}) {
+			hung++
+			undead(oldTable) // let it finish
+		}
+	}
+	assert.Zero(t, hung, "requests on the old rule set that never returned (spinning on a dead state)")
+}
+
+// TestKeyedMigrateGrowHangsNewSetKey (a bug an adversarial pass found, fixed; the test keeps it fixed): a reload that raises MaxKeys migrates
+// the old table's states (the same pointers) into the new table. A request
+// still on the old rule set adds a key to the old table and evicts one of
+// them there, marking it dead, but it is live in the new table. From then
+// on every request for that key on the new rule set spins forever (find
+// returns the dead state, admitWindow reports dead, repeat).
+func TestKeyedMigrateGrowHangsNewSetKey(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(time.Hour))
+	rule := Rule{ID: "u", Resource: "api", Threshold: 1000, PerKey: true, MaxKeys: 4}
+	load(t, e, rule)
+	for i := range 4 {
+		require.True(t, try(e, "api", WithKey(fmt.Sprint("a", i))))
+	}
+	oldSet := e.rules.Load()
+	rrOld := oldSet.byResource["api"]
+	oldTable := rrOld.keyed[0].t
+
+	rule.MaxKeys = 1024
+	load(t, e, rule)
+	newTable := e.rules.Load().byResource["api"].keyed[0].t
+	defer undead(oldTable, newTable)
+
+	// One request that read the old rule set, for a key new to the table.
+	en, err := e.enter(oldSet, rrOld, rrOld.node, []EntryOption{WithKey("late")})
+	require.NoError(t, err)
+	en.Exit(nil)
+
+	hung := 0
+	for i := range 4 {
+		key := fmt.Sprint("a", i)
+		if !returnsWithin(2*time.Second, func() { try(e, "api", WithKey(key)) }) {
+			hung++
+			undead(newTable)
+		}
+	}
+	assert.Zero(t, hung, "keys whose requests on the new rule set never return")
+}
+
+// TestKeyedThrottleEvictionResetsPacing (a bug an adversarial pass found, fixed; the test keeps it fixed): a per-key Throttle key whose
+// timeline restarted at now (an idle key's first request) is evicted with
+// head == now, which evict treats as "nothing to keep" (at <= now). Seen
+// again, it starts from an empty timeline: each eviction gives it a free
+// request, so its rate is unbounded.
+func TestKeyedThrottleEvictionResetsPacing(t *testing.T) {
+	clock := stattest.NewClock(time.Hour)
+	e, _ := newEngine(t, clock)
+	// 1 per second per key, no queueing: a second request within 1s is refused.
+	load(t, e, Rule{Resource: "api", Threshold: 1, Behavior: Throttle, PerKey: true, MaxKeys: 4})
+	require.True(t, try(e, "api", WithKey("hot")))
+	require.False(t, try(e, "api", WithKey("hot")), "no eviction: refused")
+	admittedHot, fresh := 1, 0
+	for step := 1; step <= 10; step++ {
+		clock.Advance(10 * ms) // 100 ms in all
+		for range 16 {
+			fresh++
+			try(e, "api", WithKey(fmt.Sprint("f", fresh)))
+		}
+		if try(e, "api", WithKey("hot")) {
+			admittedHot++
+		}
+	}
+	assert.LessOrEqual(t, admittedHot, 1, "hot key at 1/s admitted %d times in 100ms once evicted between requests", admittedHot)
+}
+
+// TestKeyedClearOldDelayedErasesNewerBucket (a bug an adversarial pass found, fixed; the test keeps it fixed): admitWindow moves the head from
+// h to b (b-h >= keyBuckets) and then calls clearOld(st, b). If that
+// goroutine is descheduled between the two for more than a window (cheap
+// with StatInterval 1ms), others move the head on and count in newer
+// buckets; its late clearOld(st, b) then overwrites a live bucket b+5 word
+// (epoch e+8 is neither e nor e+keyBuckets), erasing counts in the current
+// window. Here the delayed tail is played by calling clearOld as the late
+// goroutine would.
+func TestKeyedClearOldDelayedErasesNewerBucket(t *testing.T) {
+	tbl := &keyTable{kind: keyWindow, bucketLen: 250, window: 1000}
+	st := tbl.newState(keyID{})
+	const limit = 4
+	// The key counted long ago at bucket 0.
+	_, _, ok, _ := tbl.admitWindow(st, 0, 1, limit)
+	require.True(t, ok)
+	// Goroutine A (now in bucket 10) CASes the head 0 -> 10, and is
+	// descheduled before clearOld(st, 10). Simulate the CAS:
+	const b = 10
+	require.True(t, st.head.CompareAndSwap(0, b))
+	// Meanwhile others count on, up to bucket b+5, filling its window.
+	now := int64(b+5) * 250
+	for range limit {
+		_, _, ok, _ := tbl.admitWindow(st, now, 1, limit)
+		require.True(t, ok)
+	}
+	_, _, ok, _ = tbl.admitWindow(st, now, 1, limit)
+	require.False(t, ok, "window full")
+	// A resumes.
+	tbl.clearOld(st, b)
+	got := 0
+	for range limit {
+		if _, _, ok, _ := tbl.admitWindow(st, now, 1, limit); ok {
+			got++
+		}
+	}
+	assert.Zero(t, got, "admitted past a full window after a late clearOld")
+}
+
+// TestKeyedSpecStatesLeakAcrossReloads (a bug an adversarial pass found, fixed; the test keeps it fixed): states of keys listed in Keys are
+// kept in the table across reloads, but never dropped when a reload lists
+// other keys: reloading with rotating Keys lists grows memory without
+// bound (the rule tracks far more than MaxKeys + len(Keys)).
+func TestKeyedSpecStatesLeakAcrossReloads(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(time.Hour))
+	for round := range 50 {
+		keys := make([]KeyLimit, 100)
+		for i := range keys {
+			keys[i] = KeyLimit{Key: fmt.Sprintf("r%d-k%d", round, i), Threshold: 5}
+		}
+		load(t, e, Rule{ID: "u", Resource: "api", Threshold: 1, PerKey: true, MaxKeys: 8, Keys: keys})
+	}
+	tbl := e.rules.Load().byResource["api"].keyed[0].t
+	tbl.specMu.Lock()
+	n := len(tbl.spec)
+	tbl.specMu.Unlock()
+	assert.LessOrEqual(t, n, 100, "spec states held by a rule listing 100 keys")
+}
+
+// lockedStarts collects per-key Start times from many goroutines.
+type lockedStarts struct {
+	mu sync.Mutex
+	m  map[string][]int64
+}
+
+func (l *lockedStarts) add(mine map[string][]int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.m == nil {
+		l.m = map[string][]int64{}
+	}
+	for k, v := range mine {
+		l.m[k] = append(l.m[k], v...)
+	}
+}
+
+// worstWindow is the most admissions of one key in any keyBuckets
+// consecutive buckets of length bucket (aligned to engine-clock 0).
+func worstWindow(starts []int64, bucket int64) (most int, at int64) {
+	per := map[int64]int{}
+	for _, s := range starts {
+		per[s/bucket]++
+	}
+	for b := range per {
+		n := 0
+		for j := range int64(keyBuckets) {
+			n += per[b+j]
+		}
+		if n > most {
+			most, at = n, b
+		}
+	}
+	return most, at
+}
+
+// TestKeyedRealClockTinyWindowHammer (a bug an adversarial pass found, fixed; the test keeps it fixed): one PerKey rule with StatInterval 1ms
+// (buckets of 250µs) and more busy goroutines than cores over a few keys,
+// on the real clock: a goroutine descheduled between reading the head and
+// reading/resetting its bucket word (admitWindow: `if !epochIs(w, b)
+// { slot.CompareAndSwap(w, packBucket(b, 0)) }`) resets a newer bucket's
+// word to its stale epoch, erasing live counts. Checked on Start per key,
+// windows aligned to bucket starts.
+func TestKeyedRealClockTinyWindowHammer(t *testing.T) {
+	e, err := New()
+	require.NoError(t, err)
+	const limit = 5 // per 1ms window
+	load(t, e, Rule{Resource: "api", Threshold: limit * 1000, StatInterval: time.Millisecond, PerKey: true, MaxKeys: 16})
+	const goroutines, keys = 32, 4
+	bucket := int64(time.Millisecond / keyBuckets)
+	var all lockedStarts
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(2 * time.Second)
+	for g := range goroutines {
+		wg.Go(func() {
+			mine := map[string][]int64{}
+			i := g
+			for time.Now().Before(deadline) {
+				i++
+				k := fmt.Sprint("k", i%keys)
+				en, err := e.Entry("api", WithKey(k))
+				if err == nil {
+					mine[k] = append(mine[k], en.Start())
+					en.Exit(nil)
+				}
+			}
+			all.add(mine)
+		})
+	}
+	wg.Wait()
+	for k, v := range all.m {
+		most, at := worstWindow(v, bucket)
+		assert.LessOrEqual(t, most, limit, "key %s: %d in the window of buckets %d..%d (%d admitted)", k, most, at, at+3, len(v))
+	}
+}
+
+// TestKeyedReloadMaxKeysUnderLoadHangs (a bug an adversarial pass found, fixed; the test keeps it fixed): the realistic form of the migrate
+// tests: requests hammer many keys while rules reload back and forth
+// between two MaxKeys. Some requests never return (they spin on a state
+// marked dead by the other table). The goroutines are checked for progress
+// after the load stops; cleanup clears dead flags so they can finish.
+func TestKeyedReloadMaxKeysUnderLoadHangs(t *testing.T) {
+	e, err := New()
+	require.NoError(t, err)
+	rule := Rule{ID: "u", Resource: "api", Threshold: 1e6, PerKey: true, MaxKeys: 8}
+	load(t, e, rule)
+	var tables []*keyTable
+	tables = append(tables, e.rules.Load().byResource["api"].keyed[0].t)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for g := range 6 {
+		wg.Go(func() {
+			i := g * 7919
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				i++
+				try(e, "api", WithKey(fmt.Sprint("k", i%300)))
+			}
+		})
+	}
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	for n := 0; time.Now().Before(deadline); n++ {
+		rule.MaxKeys = []int{8, 64}[n%2]
+		require.NoError(t, e.LoadRules([]Rule{rule}))
+		tables = append(tables, e.rules.Load().byResource["api"].keyed[0].t)
+	}
+	close(stop)
+	finished := returnsWithin(5*time.Second, wg.Wait)
+	if !finished {
+		for !returnsWithin(100*time.Millisecond, wg.Wait) {
+			undead(tables...)
+		}
+	}
+	assert.True(t, finished, "request goroutines stuck after %d reloads", len(tables)-1)
+}
+
+// TestKeyedConcMigrateSharesPinnedMapUnderTwoLocks (a bug an adversarial pass found, fixed; the test keeps it fixed): after a reload that
+// changes MaxKeys of a PerKey Concurrency rule, the new table shares the
+// old table's pinned map (migrate: t.pinned = old.pinned) but guards it
+// with its own specMu. Entries admitted under the old rule set release
+// through the old table (old.specMu) while the new table pins/unpins
+// (new.specMu): unsynchronised map access (run with -race).
+func TestKeyedConcMigrateSharesPinnedMapUnderTwoLocks(t *testing.T) {
+	e, err := New()
+	require.NoError(t, err)
+	rule := Rule{ID: "c", Resource: "api", Metric: Concurrency, Threshold: 1000, PerKey: true, MaxKeys: 4}
+	load(t, e, rule)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for g := range 6 {
+		wg.Go(func() {
+			var held []Entry
+			i := g * 7919
+			for {
+				select {
+				case <-stop:
+					for j := range held {
+						held[j].Exit(nil)
+					}
+					return
+				default:
+				}
+				i++
+				if en, err := e.Entry("api", WithKey(fmt.Sprint("k", i%64))); err == nil {
+					held = append(held, en)
+				}
+				if len(held) > 8 { // exit the oldest: some were admitted under an older rule set
+					held[0].Exit(nil)
+					held = held[1:]
+				}
+			}
+		})
+	}
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	for n := 0; time.Now().Before(deadline); n++ {
+		rule.MaxKeys = []int{4, 8}[n%2]
+		require.NoError(t, e.LoadRules([]Rule{rule}))
+		time.Sleep(time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	tbl := e.rules.Load().byResource["api"].keyConc.t
+	tbl.specMu.Lock()
+	defer tbl.specMu.Unlock()
+	for id, st := range tbl.pinned {
+		assert.Positive(t, st.head.Load(), "pinned state %v with nothing in flight", id)
+	}
+}
+
+// TestKeyedConcPinnedNoLeakHammer (a bug an adversarial pass found, fixed; the test keeps it fixed): many goroutines enter and exit on many
+// keys through a tiny PerKey Concurrency table: keys are evicted while in
+// flight (pinned) and their requests exit concurrently with the pinning.
+// Once everything exited, no state may stay pinned. Rounds of one second
+// until a leak shows (up to 12: the race is narrow, about one round in six
+// hits it under -race on 2 cores).
+func TestKeyedConcPinnedNoLeakHammer(t *testing.T) {
+	e, err := New()
+	require.NoError(t, err)
+	load(t, e, Rule{Resource: "api", Metric: Concurrency, Threshold: 3, PerKey: true, MaxKeys: 4})
+	tbl := e.rules.Load().byResource["api"].keyConc.t
+	for round := range 3 {
+		var wg sync.WaitGroup
+		deadline := time.Now().Add(time.Second)
+		for g := range 32 {
+			wg.Go(func() {
+				i := g*7919 + round
+				for time.Now().Before(deadline) {
+					i++
+					en, err := e.Entry("api", WithKey(fmt.Sprint("k", i%1000)))
+					if err == nil {
+						runtime.Gosched() // in flight a moment: evicted while held
+						en.Exit(nil)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		tbl.specMu.Lock()
+		var leaked []int64
+		for _, st := range tbl.pinned {
+			leaked = append(leaked, st.head.Load())
+		}
+		tbl.specMu.Unlock()
+		if !assert.Empty(t, leaked, "round %d: states left pinned (their in-flight counts) once every request exited", round) {
+			return
+		}
+	}
+}
+
+func isBlocked(err error) bool {
+	var be *BlockError
+	return errorsAs(err, &be)
+}
+
+func errorsAs(err error, target any) bool { return errors.As(err, target) }
+
+// TestKeyedDefaultIntervalWholeWindowSteps (a bug an adversarial pass found, fixed; the test keeps it fixed): the same stale reset with the
+// default 1s StatInterval: a key whose head moves by a whole window (four
+// buckets: the same word) while another request sits between reading the
+// head and reading its word. Here the clock steps by exactly 1s, until a
+// window holds more than the threshold (or 5 s pass).
+func TestKeyedDefaultIntervalWholeWindowSteps(t *testing.T) {
+	clock := stattest.NewClock(time.Hour)
+	e, _ := newEngine(t, clock)
+	const limit = 5
+	load(t, e, Rule{Resource: "api", Threshold: limit, PerKey: true})
+	bucket := int64(250 * ms)
+	stop := make(chan struct{})
+	var mu sync.Mutex
+	per := map[int64]int{} // admissions by bucket of Start
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				en, err := e.Entry("api", WithKey("k"))
+				if err == nil {
+					mu.Lock()
+					per[en.Start()/bucket]++
+					mu.Unlock()
+					en.Exit(nil)
+				}
+			}
+		})
+	}
+	most, at, steps := 0, int64(0), 0
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end) && most <= limit; steps++ {
+		clock.Advance(time.Second)
+		time.Sleep(100 * time.Microsecond)
+		mu.Lock()
+		for b := range per {
+			n := 0
+			for j := range int64(keyBuckets) {
+				n += per[b+j]
+			}
+			if n > most {
+				most, at = n, b
+			}
+		}
+		clear(per) // each step is a window of its own
+		mu.Unlock()
+	}
+	close(stop)
+	wg.Wait()
+	assert.LessOrEqual(t, most, limit, "in buckets %d..%d, after %d steps of 1s", at, at+3, steps)
+}
