@@ -36,7 +36,7 @@ func TestKeyedKeysListChangeLosesCounts(t *testing.T) {
 	assert.LessOrEqual(t, got, 4, "admitted in one window after leaving Keys")
 }
 
-// TestKeyedClockBackAbsorbed (a bug an adversarial pass found, fixed; the test keeps it fixed): a step back of an hour is absorbed by the
+// TestKeyedClockBackAbsorbed: a step back of an hour is absorbed by the
 // engine's steady time; per-key windows go on like the resource's.
 func TestKeyedClockBackAbsorbed(t *testing.T) {
 	clock := stattest.NewClock(2 * time.Hour)
@@ -55,7 +55,7 @@ func TestKeyedClockBackAbsorbed(t *testing.T) {
 	assert.Equal(t, 4, admitted(e, "api", "k", 10))
 }
 
-// TestKeyedThrottleQueuedKeyEvicted (a bug an adversarial pass found, fixed; the test keeps it fixed): a key with requests queued (timeline
+// TestKeyedThrottleQueuedKeyEvicted: a key with requests queued (timeline
 // ahead of now) evicted by a flood keeps its timeline via the sketch.
 func TestKeyedThrottleQueuedKeyEvicted(t *testing.T) {
 	clock := stattest.NewClock(time.Hour)
@@ -72,7 +72,7 @@ func TestKeyedThrottleQueuedKeyEvicted(t *testing.T) {
 	assert.Equal(t, []time.Duration{3 * time.Second}, s.waits, "queued behind its three")
 }
 
-// TestKeyedTwoIntervalsUndo (a bug an adversarial pass found, fixed; the test keeps it fixed): two PerKey QPS rules with different intervals;
+// TestKeyedTwoIntervalsUndo: two PerKey QPS rules with different intervals;
 // the second blocks after the first admitted: the first's count is given
 // back.
 func TestKeyedTwoIntervalsUndo(t *testing.T) {
@@ -86,7 +86,7 @@ func TestKeyedTwoIntervalsUndo(t *testing.T) {
 	assert.Equal(t, 4, admitted(e, "api", "k", 20), "the refusals of the 4s rule gave the 1s rule's counts back")
 }
 
-// TestKeyedSpecificZeroAndHuge (a bug an adversarial pass found, fixed; the test keeps it fixed): Keys with thresholds 0 and the largest
+// TestKeyedSpecificZeroAndHuge: Keys with thresholds 0 and the largest
 // allowed, on every kind.
 func TestKeyedSpecificZeroAndHuge(t *testing.T) {
 	e, _ := newEngine(t, stattest.NewClock(time.Hour))
@@ -107,7 +107,7 @@ func TestKeyedSpecificZeroAndHuge(t *testing.T) {
 	}
 }
 
-// TestKeyedManyKeysMemory (a bug an adversarial pass found, fixed; the test keeps it fixed): 100,000 distinct keys through MaxKeys 1000
+// TestKeyedManyKeysMemory: 100,000 distinct keys through MaxKeys 1000
 // leave the heap bounded.
 func TestKeyedManyKeysMemory(t *testing.T) {
 	clock := stattest.NewClock(time.Hour)
@@ -155,7 +155,7 @@ func TestKeyedPathsAllocateNothing(t *testing.T) {
 	}
 }
 
-// TestKeyedReloadThresholdBatchesHammer (a bug an adversarial pass found, fixed; the test keeps it fixed): reloads that change Threshold (10 or
+// TestKeyedReloadThresholdBatchesHammer: reloads that change Threshold (10 or
 // 20) and a stepping clock while goroutines send batches over more keys
 // than the table holds: no key over 20 in any window (by Start).
 func TestKeyedReloadThresholdBatchesHammer(t *testing.T) {
@@ -217,7 +217,7 @@ func TestKeyedReloadThresholdBatchesHammer(t *testing.T) {
 	t.Logf("%d admitted", total)
 }
 
-// TestKeyedConcInFlightOracle (a bug an adversarial pass found, fixed; the test keeps it fixed): per-key Concurrency 2 through a table of 4
+// TestKeyedConcInFlightOracle: per-key Concurrency 2 through a table of 4
 // with 64 keys and 16 goroutines, mixed with a resource Reject rule and a
 // per-key QPS rule; in flight per key is counted by the test between
 // admission and Exit (never above the real count): never above 2. Exits
