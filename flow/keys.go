@@ -463,8 +463,10 @@ func (t *keyTable) evict(st *keyState, now int64) {
 				t.specMu.Unlock()
 				return
 			}
-			t.specMu.Unlock()
+			// Alive again before the lock goes: a release that unpins it
+			// (under the lock) marks it dead after this.
 			st.dead.Store(false)
+			t.specMu.Unlock()
 		}
 		return
 	case keyWindow:
