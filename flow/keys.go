@@ -304,6 +304,11 @@ func (s *keySet) findID(id keyID) *keyState {
 // add is get's slow path: a key new to the table (or back to it).
 func (t *keyTable) add(id keyID, a, b int) *keyState {
 	unlock := t.lock(a, b)
+	if n := t.next.Load(); n != nil {
+		// Moved to another table while we waited (see migrate).
+		unlock()
+		return n.current().getID(id)
+	}
 	defer unlock()
 	// Added by another request while we waited?
 	if st := t.findLocked(id, a, b); st != nil {
@@ -324,6 +329,18 @@ func (t *keyTable) add(id keyID, a, b int) *keyState {
 	}
 	t.placeLocked(st, a, b)
 	return st
+}
+
+// getID is get for a key known by its identity (same seeds: see migrate).
+func (t *keyTable) getID(id keyID) *keyState {
+	a, b := t.setsOf(id.h)
+	if st := t.sets[a].findID(id); st != nil {
+		return st
+	}
+	if st := t.sets[b].findID(id); st != nil {
+		return st
+	}
+	return t.add(id, a, b)
 }
 
 // lock locks sets a and b (in one order: no deadlock) and returns the
@@ -532,7 +549,11 @@ func (t *keyTable) migrate(old *keyTable) {
 	old.spec, old.pinned = map[string]*keyState{}, map[keyID]*keyState{}
 	old.next.Store(t)
 	old.specMu.Unlock()
+	// Each set is read under its lock: an add to it that began before
+	// next was set has finished (its evictions made), and one after it
+	// sees next and goes to t.
 	for i := range old.sets {
+		unlockOld := old.lock(i, i)
 		for j := range old.sets[i].ways {
 			if st := old.sets[i].ways[j].st.Load(); st != nil {
 				a, b := t.setsOf(st.id.h)
@@ -543,6 +564,7 @@ func (t *keyTable) migrate(old *keyTable) {
 				unlock()
 			}
 		}
+		unlockOld()
 	}
 }
 
