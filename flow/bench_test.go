@@ -158,3 +158,32 @@ func BenchmarkPerKeyEntryExit(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkPerKeyHotKeys is Entry+Exit on a PerKey rule that never blocks
+// with every goroutine on 4 hot keys: each key's state is one counter that
+// all cores write.
+func BenchmarkPerKeyHotKeys(b *testing.B) {
+	coarse := stat.NewCoarse(time.Millisecond)
+	b.Cleanup(coarse.Stop)
+	e, err := New(WithClock(coarse))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := e.LoadRules([]Rule{{Resource: "api", Threshold: 1e9, PerKey: true}}); err != nil {
+		b.Fatal(err)
+	}
+	r, err := e.Resource("api")
+	if err != nil {
+		b.Fatal(err)
+	}
+	keys := []string{"hot-0", "hot-1", "hot-2", "hot-3"}
+	hammer.Sweep(b, hammer.Goroutines, func(id, n int) {
+		for i := range n {
+			en, err := r.Entry(WithKey(keys[(id+i)&3]))
+			if err != nil {
+				panic(err)
+			}
+			en.Exit(nil)
+		}
+	})
+}
