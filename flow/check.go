@@ -299,12 +299,16 @@ func (e *Engine) global(node *stat.Node, g *globalRule, h *held, i, p int, now i
 	}
 	if g.keys != nil {
 		// Per key, at LocalShare of the threshold.
+		_, limit, spec := g.keyLimits(q)
 		for {
 			st := g.keys.noKey
-			if q.hasKey {
+			switch {
+			case spec != nil:
+				st = spec
+			case q.hasKey:
 				st = g.keys.get(q.key)
 			}
-			b, _, ok, dead := g.keys.admitWindow(st, now, n, g.localLimit)
+			b, _, ok, dead := g.keys.admitWindow(st, now, n, limit)
 			if dead {
 				continue
 			}
@@ -331,14 +335,15 @@ func (e *Engine) acquire(ctx context.Context, g *globalRule, q *request) (ok boo
 			ok, err = false, fmt.Errorf("flow: the token source panicked: %v", v)
 		}
 	}()
-	if g.req.PerKey {
+	req := g.req
+	if req.PerKey {
+		req.Threshold, _, _ = g.keyLimits(q)
 		if g.keyed != nil {
-			return g.keyed.AcquireKey(ctx, q.key, q.n)
+			return g.keyed.AcquireKey(ctx, q.key, req.Threshold, q.n)
 		}
 	} else if g.bound != nil {
 		return g.bound.Acquire(ctx, q.n)
 	}
-	req := g.req
 	req.Count = q.n
 	req.Caller = q.key
 	return e.source.Acquire(ctx, req)

@@ -106,13 +106,35 @@ type globalRule struct {
 	req   GlobalRequest
 	bound BoundSource // set when the source is a Binder
 	keyed KeyedSource // set when bound is one (PerKey rules)
-	// keys is a PerKey rule's local fallback, per key (nil otherwise).
+	// keys is a PerKey rule's local fallback, per key (nil otherwise);
+	// spec the keys it lists in Keys, with their thresholds.
 	keys       *keyTable
+	spec       map[string]globalKeySpec
 	fallback   Fallback
 	local      *metric.Window
 	localLimit int64
 	be         *BlockError // refused globally
 	beLocal    *BlockError // refused by the local fallback
+}
+
+// globalKeySpec is a key a PerKey global rule lists in Keys: its own
+// threshold, and its local fallback's state and limit.
+type globalKeySpec struct {
+	st         *keyState
+	threshold  float64
+	localLimit int64
+}
+
+// keyLimits returns the threshold and local fallback limit of the
+// request's key under a PerKey global rule, and the listed key's state
+// (nil: look it up).
+func (g *globalRule) keyLimits(q *request) (float64, int64, *keyState) {
+	if q.hasKey && g.spec != nil {
+		if s, ok := g.spec[q.key]; ok {
+			return s.threshold, s.localLimit, s.st
+		}
+	}
+	return g.req.Threshold, g.localLimit, nil
 }
 
 // gate is a one-time barrier: open once done is set (the channel is closed
@@ -201,10 +223,15 @@ func (e *Engine) add(next, old *ruleSet, r *Rule, k ruleKey, nodes map[string]*s
 		id := tableID{resource: r.Resource, id: r.ID, metric: r.Metric, behavior: r.Behavior, interval: r.StatInterval, global: true}
 		t := old.tables[id]
 		if t == nil || t.capacity() != newKeyTableCap(r.MaxKeys) {
-			t = newKeyTable(r, rr.node, e.now)
+			nt := newKeyTable(r, rr.node, e.now)
+			if t != nil {
+				nt.migrate(t)
+			}
+			t = nt
 		}
 		t.node.Store(rr.node)
 		next.tables[id] = t
+		t.keepSpecific(r.Keys)
 		g := globalRule{
 			req:        globalRequest(r),
 			bound:      bound,
@@ -215,6 +242,13 @@ func (e *Engine) add(next, old *ruleSet, r *Rule, k ruleKey, nodes map[string]*s
 			beLocal:    newBlockError(r, ReasonFlow),
 		}
 		g.keyed, _ = bound.(KeyedSource)
+		if len(r.Keys) > 0 {
+			g.spec = make(map[string]globalKeySpec, len(r.Keys))
+			for _, kl := range r.Keys {
+				g.spec[kl.Key] = globalKeySpec{st: t.specific(kl.Key), threshold: kl.Threshold,
+					localLimit: perWindow(kl.Threshold*r.LocalShare, r.StatInterval)}
+			}
+		}
 		rr.globals = append(rr.globals, g)
 		rr.keyedGlobal = true
 	case r.Global:

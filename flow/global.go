@@ -30,7 +30,8 @@ type GlobalRequest struct {
 	// it for this instance from the others while it cannot be reached.
 	LocalShare float64
 	// PerKey is set for a PerKey rule: Threshold applies to each caller
-	// key separately, and Caller names the request's ("" for a request
+	// key separately (a key the rule lists in Keys has its own Threshold
+	// in the request), and Caller names the request's ("" for a request
 	// without a key, which all share one limit).
 	PerKey bool
 	Caller string
@@ -52,5 +53,8 @@ type BoundSource interface {
 // request. A BoundSource of a PerKey rule that is not one is asked through
 // the TokenSource instead.
 type KeyedSource interface {
-	AcquireKey(ctx context.Context, caller string, n int64) (bool, error)
+	// AcquireKey asks for n admissions of caller's limit, whose threshold
+	// is threshold (the rule's, or the caller's own when the rule lists
+	// it in Keys).
+	AcquireKey(ctx context.Context, caller string, threshold float64, n int64) (bool, error)
 }

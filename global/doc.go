@@ -161,6 +161,32 @@
 // drops a rule stops the renewal once the rule's bound source is
 // collected.
 //
+// # Per-key rules
+//
+// A PerKey rule (flow.Rule.PerKey) is one limit per caller key, each with
+// its own Redis hash: its key is "k", the rule key's length, the rule key,
+// then "n" for requests without a key or "c:" and the caller's key, all in
+// the hash tag (escaped), so that the keys of one rule spread over the
+// slots of a Redis Cluster and no two callers, rules or rule and caller
+// share a hash whatever bytes they hold. A key listed in the rule's Keys
+// is asked with its own threshold. Each hash expires on its own once
+// idle, as every limit's data does.
+//
+// In the Source a caller's limit is small (one lease slot, not one per P)
+// and lives in a bounded cache (Options.MaxKeys, default 100,000; otter's
+// W-TinyLFU): an evicted caller's limit loses only its lease's unspent
+// tokens (counted, never given back: stricter) and is made again when
+// seen. It leases only once hot, after 4 calls to Redis in one window:
+// a cold key costs one round trip per decision, the price of a limit
+// shared across instances for a key seen now and then. The keys of a rule
+// share one health per Redis master (in a Cluster, found from the
+// client's slot map; elsewhere, the rule's), so an outage makes them all
+// fall back together after FailAfter failed calls, while a failing master
+// fails only the keys on its slots. Presence is not kept per key: a
+// FallbackLocal per-key rule falls back per key, at LocalShare of the
+// key's threshold, on a local per-key table, without keeping shares from
+// the other instances.
+//
 // # Exact mode
 //
 // Limits whose threshold per window is at most Options.ExactBelow use a

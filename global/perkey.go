@@ -4,8 +4,10 @@ import (
 	"context"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/maypok86/otter/v2"
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/atomic"
 
 	"github.com/leapflow/leapflow/flow"
@@ -57,14 +59,17 @@ func (s *Source) keyLimit(parent *limit, req *flow.GlobalRequest, caller string)
 	return l
 }
 
-// callerKey is the limit key of a caller of rule key: the caller's key
-// after a marker no rule key has, so no caller's limit is a rule's, and
-// requests without a key apart from every key.
+// callerKey is the limit key of a caller of rule key: "k", the rule key's
+// length and the rule key, then "n" for requests without a key or "c:"
+// and the caller's key. The length makes it one-to-one whatever bytes the
+// rule's ID and the caller's key hold, and rule keys start with "id:" or
+// "resource:", so no caller's limit is a rule's.
 func callerKey(rule, caller string) string {
+	prefix := "k" + strconv.Itoa(len(rule)) + ":" + rule
 	if caller == "" {
-		return rule + "\x00nokey"
+		return prefix + "n"
 	}
-	return rule + "\x00key:" + caller
+	return prefix + "c:" + caller
 }
 
 func (s *Source) newKeyLimit(parent *limit, req *flow.GlobalRequest, caller string) *limit {
@@ -74,11 +79,12 @@ func (s *Source) newKeyLimit(parent *limit, req *flow.GlobalRequest, caller stri
 	} else {
 		shape += "/" + strconv.Itoa(s.opts.Buckets)
 	}
+	keys := keysFor(s.opts.Prefix, callerKey(req.Key, caller), shape)
 	l := &limit{
-		keys:   keysFor(s.opts.Prefix, callerKey(req.Key, caller), shape),
+		keys:   keys,
 		window: parent.window,
 		exact:  parent.exact,
-		health: parent.health,
+		health: s.healthFor(parent, keys.window),
 		perKey: true,
 		leases: make([]paddedLease, 1),
 	}
@@ -86,21 +92,54 @@ func (s *Source) newKeyLimit(parent *limit, req *flow.GlobalRequest, caller stri
 	return l
 }
 
+// healthFor is the health a caller's limit whose hash is key shares: in a
+// Redis Cluster, that of the rule's keys on the same master, so that a
+// failing master fails only the keys on its slots while the others go on
+// (a limit's own health would make each new key learn an outage anew);
+// elsewhere, the rule's.
+func (s *Source) healthFor(parent *limit, key string) *health {
+	cc, ok := s.client.(*redis.ClusterClient)
+	if !ok {
+		return parent.health
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, s.opts.Timeout)
+	defer cancel()
+	node, err := cc.MasterForKey(ctx, key) // the cluster's slots, cached
+	if err != nil {
+		return parent.health
+	}
+	h, _ := parent.nodes.LoadOrStore(node.Options().Addr, &health{})
+	return h.(*health)
+}
+
 // keyedBound is the bound source of a PerKey rule.
 type keyedBound struct {
 	s      *Source
 	parent *limit
 	req    flow.GlobalRequest
+	// byThreshold holds the request of each threshold of keys the rule
+	// lists (float64 -> *flow.GlobalRequest).
+	byThreshold sync.Map
 }
 
 // Acquire asks for a request without a key.
 func (b *keyedBound) Acquire(ctx context.Context, n int64) (bool, error) {
-	return b.AcquireKey(ctx, "", n)
+	return b.AcquireKey(ctx, "", b.req.Threshold, n)
 }
 
 // AcquireKey implements flow.KeyedSource.
-func (b *keyedBound) AcquireKey(ctx context.Context, caller string, n int64) (bool, error) {
-	return b.s.acquire(ctx, b.s.keyLimit(b.parent, &b.req, caller), &b.req, n)
+func (b *keyedBound) AcquireKey(ctx context.Context, caller string, threshold float64, n int64) (bool, error) {
+	req := &b.req
+	if threshold != req.Threshold {
+		v, ok := b.byThreshold.Load(threshold)
+		if !ok {
+			r := b.req
+			r.Threshold = threshold
+			v, _ = b.byThreshold.LoadOrStore(threshold, &r)
+		}
+		req = v.(*flow.GlobalRequest)
+	}
+	return b.s.acquire(ctx, b.s.keyLimit(b.parent, req, caller), req, n)
 }
 
 // callCount counts a caller's limit's calls to Redis in its current window.

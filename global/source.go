@@ -322,6 +322,9 @@ type limit struct {
 	// once hot (see perkey.go).
 	perKey bool
 	calls  callCount
+	// nodes holds, for a PerKey rule's limit in a Redis Cluster, the
+	// health of its keys on each master (address -> *health).
+	nodes sync.Map
 	// fellBack is set when a request of this limit got an error (its
 	// rule's fallback applied) and cleared by the limit's next renewal of
 	// presence, which then keeps this instance's share from the others

@@ -1,0 +1,25 @@
+package flow
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/leapflow/leapflow/stat/stattest"
+)
+
+// TestKeyedGlobalFallbackReloadKeepsCounts (a bug an adversarial pass found, fixed; the test keeps it fixed): TestPerKeyReloadKeepsCounts
+// for a Global PerKey rule's local fallback (its source down): a reload
+// that changes MaxKeys must keep each key's count, as for a local PerKey
+// rule; the fallback's table is made anew, empty, so a key that spent its
+// LocalShare is admitted it again.
+func TestKeyedGlobalFallbackReloadKeepsCounts(t *testing.T) {
+	src := &fakeSource{}
+	src.err.Store(errors.New("down"))
+	e, _ := newEngine(t, stattest.NewClock(0), WithTokenSource(src))
+	load(t, e, Rule{ID: "g", Resource: "api", Threshold: 10, Global: true, PerKey: true, LocalShare: 0.5})
+	assert.Equal(t, 5, admitted(e, "api", "a", 10))
+	load(t, e, Rule{ID: "g", Resource: "api", Threshold: 10, Global: true, PerKey: true, LocalShare: 0.5, MaxKeys: 64})
+	assert.Zero(t, admitted(e, "api", "a", 10), "the key spent its share in this window")
+}
