@@ -34,7 +34,7 @@ func (e *Engine) enter(set *ruleSet, rr *resourceRules, node *stat.Node, opts []
 		r, ok := w.AdmitOn(p, now, n, rr.singleLimit)
 		if !ok {
 			w.AddOn(p, now, metric.Block, n)
-			return blocked(float64(r.Seen())), rr.singleBE
+			return blocked(float64(r.Seen()), roomOf(w.RoomIn(now, n, rr.singleLimit))), rr.singleBE
 		}
 		// A now behind the newest bucket was counted in it: start there.
 		return e.admitted(set, node, p, max(now, r.Start()), n, false, nil, nil), nil
@@ -47,7 +47,7 @@ func (e *Engine) enter(set *ruleSet, rr *resourceRules, node *stat.Node, opts []
 		}
 		var kh keyHeld
 		ev := metric.Pass
-		_, seen, ok := kr.admit(&q, now, &kh)
+		_, seen, rm, ok := kr.admit(&q, now, &kh)
 		if !ok {
 			ev = metric.Block
 		}
@@ -56,7 +56,7 @@ func (e *Engine) enter(set *ruleSet, rr *resourceRules, node *stat.Node, opts []
 			node = e.recount(node, p, now, ev, n)
 		}
 		if !ok {
-			return blocked(seen), kr.be
+			return blocked(seen, rm), kr.be
 		}
 		// A now behind the key's newest bucket was counted in it.
 		return e.admitted(set, node, p, max(now, kh.b*kr.t.bucketLen), n, false, nil, nil), nil
@@ -144,14 +144,14 @@ func (e *Engine) release(rr *resourceRules, h *held, n int64) {
 	}
 }
 
-func (e *Engine) block(rr *resourceRules, h *held, p int, now, n int64, be *BlockError, seen float64) (Entry, error) {
+func (e *Engine) block(rr *resourceRules, h *held, p int, now, n int64, be *BlockError, seen float64, rm room) (Entry, error) {
 	e.release(rr, h, n)
 	rr.node.Second().AddOn(p, now, metric.Block, n)
 	if rr.node.Dropped() {
 		// The rule set this request read was replaced, its resource let go.
 		e.recount(rr.node, p, now, metric.Block, n)
 	}
-	return blocked(seen), be
+	return blocked(seen, rm), be
 }
 
 // check runs every rule of a resource: concurrency, global, windows,
@@ -167,7 +167,7 @@ func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now int64, q *req
 	if rr.keyConc.t != nil {
 		st, seen, ok := rr.keyConc.acquire(q)
 		if !ok {
-			return e.block(rr, &h, p, now, n, rr.keyConc.be, float64(seen))
+			return e.block(rr, &h, p, now, n, rr.keyConc.be, float64(seen), unknownRoom)
 		}
 		h.kc = st
 	}
@@ -177,14 +177,14 @@ func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now int64, q *req
 		}
 		seen, ok := node.AcquireConcurrency(n, rr.concLimit)
 		if !ok {
-			return e.block(rr, &h, p, now, n, rr.concBE, float64(seen))
+			return e.block(rr, &h, p, now, n, rr.concBE, float64(seen), unknownRoom)
 		}
 		h.conc = true
 	}
 	for i := range rr.globals {
 		g := &rr.globals[i]
 		if be := e.global(rr.node, g, &h, i, p, now, q); be != nil {
-			return e.block(rr, &h, p, now, n, be, 0)
+			return e.block(rr, &h, p, now, n, be, 0, unknownRoom)
 		}
 	}
 	var wait int64
@@ -209,13 +209,17 @@ func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now int64, q *req
 				continue
 			}
 		}
-		return e.block(rr, &h, p, now, n, be, float64(r.Seen()))
+		rm := unknownRoom
+		if len(g.warm) == 0 {
+			rm = roomOf(g.w.RoomIn(now, n, limit))
+		}
+		return e.block(rr, &h, p, now, n, be, float64(r.Seen()), rm)
 	}
 	for i := range rr.keyed {
 		kr := &rr.keyed[i]
-		d, seen, ok := kr.admit(q, now, &h.keys[i])
+		d, seen, rm, ok := kr.admit(q, now, &h.keys[i])
 		if !ok {
-			return e.block(rr, &h, p, now, n, kr.be, seen)
+			return e.block(rr, &h, p, now, n, kr.be, seen, rm)
 		}
 		if kr.t.kind == keyWindow {
 			now = max(now, h.keys[i].b*kr.t.bucketLen)
@@ -224,7 +228,7 @@ func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now int64, q *req
 	}
 	for _, rel := range rr.related {
 		if seen := rel.node.Rate(now, metric.Pass); seen+float64(n) > rel.threshold {
-			return e.block(rr, &h, p, now, n, rel.be, seen)
+			return e.block(rr, &h, p, now, n, rel.be, seen, unknownRoom)
 		}
 	}
 	for i := range rr.paced {
@@ -235,7 +239,7 @@ func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now int64, q *req
 		}
 		d, cost, ok := pr.p.reserve(now, n, rate)
 		if !ok {
-			return e.block(rr, &h, p, now, n, pr.be, rate)
+			return e.block(rr, &h, p, now, n, pr.be, rate, paceRoom(d, pr.p.maxQueue))
 		}
 		h.paced[i] = cost
 		wait = max(wait, d)

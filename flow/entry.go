@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"time"
 
 	"go.uber.org/atomic"
 
@@ -70,7 +71,58 @@ type Entry struct {
 	p int32
 }
 
-func blocked(seen float64) Entry { return Entry{start: int64(math.Float64bits(seen))} }
+// room is what a blocked request is told about when its rule could admit
+// it: the wait until then and until its window empties, in ns (-1:
+// unknown).
+type room struct{ retry, reset int64 }
+
+// unknownRoom is for rules that cannot say (Concurrency, related, global).
+var unknownRoom = room{-1, -1}
+
+// roomOf turns what a window's RoomIn says into a room.
+func roomOf(wait, reset time.Duration, ok bool) room {
+	if !ok {
+		return room{-1, int64(reset)}
+	}
+	return room{int64(wait), int64(reset)}
+}
+
+// blocked is the Entry of a blocked request: it records what the rule saw
+// and r, in fields an admitted Entry uses for its slot (word: the retry
+// wait + 1; p: the reset in ms + 1; 0: unknown).
+func blocked(seen float64, r room) Entry {
+	en := Entry{start: int64(math.Float64bits(seen))}
+	if r.retry >= 0 {
+		en.word = uint64(r.retry) + 1
+	}
+	if r.reset >= 0 {
+		en.p = int32(min((r.reset+int64(time.Millisecond)-1)/int64(time.Millisecond), math.MaxInt32-1) + 1)
+	}
+	return en
+}
+
+// RetryAfter returns, for a blocked request, how long until the rule that
+// blocked it would admit it were nothing else admitted meanwhile: for a
+// QPS Reject rule until enough of its window has left it, for Throttle
+// until its slot is within MaxQueueing. It reports false when the rule
+// cannot say (Concurrency, related-resource and global rules, and a request
+// larger than the threshold), and for an admitted request.
+func (en *Entry) RetryAfter() (time.Duration, bool) {
+	if en.node != nil || en.word == 0 {
+		return 0, false
+	}
+	return time.Duration(en.word - 1), true
+}
+
+// Reset returns, for a request a QPS Reject rule blocked, how long until
+// everything its window holds now has left it (rounded up to the
+// millisecond); false otherwise.
+func (en *Entry) Reset() (time.Duration, bool) {
+	if en.node != nil || en.p == 0 {
+		return 0, false
+	}
+	return time.Duration(en.p-1) * time.Millisecond, true
+}
 
 // Start returns the engine clock's reading when the request was admitted
 // (after any wait): the instant its pass is counted at and its RT runs from.

@@ -135,31 +135,32 @@ func (kr *keyRule) acquire(q *request) (*keyState, int64, bool) {
 }
 
 // admit checks the request against a PerKey QPS rule. It returns how long
-// a throttled request waits, or false and what the rule saw.
-func (kr *keyRule) admit(q *request, now int64, held *keyHeld) (wait int64, seen float64, ok bool) {
+// a throttled request waits, or false, what the rule saw and when it could
+// admit it.
+func (kr *keyRule) admit(q *request, now int64, held *keyHeld) (wait int64, seen float64, rm room, ok bool) {
 	for {
 		st, limit, rate := kr.state(q.key, q.hasKey)
 		if kr.t.kind == keyPace {
 			d, cost, ok := reservePace(&st.head, kr.maxQueue, now, q.n, rate)
 			if !ok {
-				return 0, rate, false
+				return 0, rate, paceRoom(d, kr.maxQueue), false
 			}
 			if st.dead.Load() {
 				st.head.Sub(cost)
 				continue
 			}
 			*held = keyHeld{st: st, b: cost}
-			return d, 0, true
+			return d, 0, room{}, true
 		}
 		b, s, ok, dead := kr.t.admitWindow(st, now, q.n, limit)
 		if dead {
 			continue
 		}
 		if !ok {
-			return 0, float64(s), false
+			return 0, float64(s), kr.t.roomIn(st, now, q.n, limit), false
 		}
 		*held = keyHeld{st: st, b: b}
-		return 0, 0, true
+		return 0, 0, room{}, true
 	}
 }
 

@@ -742,3 +742,27 @@ func acquireConc(st *keyState, n, limit int64) (seen int64, ok, dead bool) {
 	}
 	return 0, true, false
 }
+
+// roomIn is Window.RoomIn for a key's window: how long until it has room
+// for n under limit, taking no more admissions, and until it empties.
+func (t *keyTable) roomIn(st *keyState, now, n, limit int64) room {
+	if n > limit {
+		return unknownRoom
+	}
+	head := st.head.Load()
+	if head == noBucket {
+		return room{0, 0}
+	}
+	b := max(now, 0) / t.bucketLen
+	head = max(head, b)
+	held := int64(st.sum(head))
+	rm := room{0, max((head+keyBuckets)*t.bucketLen-now, 0)}
+	// Oldest bucket first: each leaves the window keyBuckets after it.
+	for x := head - keyBuckets + 1; held+n > limit && x <= head; x++ {
+		if w := st.words[slotOf(x)].Load(); epochIs(w, x) {
+			held -= int64(w & keyCountMask)
+		}
+		rm.retry = max((x+keyBuckets)*t.bucketLen-now, 0)
+	}
+	return rm
+}

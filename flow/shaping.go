@@ -104,7 +104,9 @@ func newPacer(maxQueue time.Duration) *pacer {
 const maxCost = int64(1) << 61
 
 // reserve claims a slot for n at rate. It returns how long to wait and the
-// cost to give back if the request is abandoned.
+// cost to give back if the request is abandoned; refused, the wait it
+// would have had (-1 when no wait would do: rate 0, or a cost beyond any
+// queue).
 func (p *pacer) reserve(now, n int64, rate float64) (wait, cost int64, ok bool) {
 	return reservePace(&p.latest, p.maxQueue, now, n, rate)
 }
@@ -112,13 +114,13 @@ func (p *pacer) reserve(now, n int64, rate float64) (wait, cost int64, ok bool) 
 // reservePace is pacer.reserve on a timeline head of its own (a key's).
 func reservePace(latest *atomic.Int64, maxQueue, now, n int64, rate float64) (wait, cost int64, ok bool) {
 	if rate <= 0 {
-		return 0, 0, false
+		return -1, 0, false
 	}
 	c := math.Ceil(float64(n) * nsPerSecond / rate)
 	if c > float64(maxCost) {
 		// Longer than any wait allowed (and than int64 can hold for the
 		// tiniest rates): never admitted.
-		return 0, 0, false
+		return -1, 0, false
 	}
 	cost = int64(c)
 	for {
@@ -133,7 +135,7 @@ func reservePace(latest *atomic.Int64, maxQueue, now, n int64, rate float64) (wa
 		}
 		wait = expected - now
 		if wait > maxQueue {
-			return 0, 0, false
+			return wait, 0, false
 		}
 		if latest.CompareAndSwap(last, expected) {
 			return wait, cost, true
@@ -144,3 +146,12 @@ func reservePace(latest *atomic.Int64, maxQueue, now, n int64, rate float64) (wa
 
 // giveBack returns an abandoned slot: requests that come later may use it.
 func (p *pacer) giveBack(cost int64) { p.latest.Sub(cost) }
+
+// paceRoom is what a request a pacer refused with wait d is told: it may
+// come back once its slot is within the queue.
+func paceRoom(d, maxQueue int64) room {
+	if d < 0 {
+		return unknownRoom
+	}
+	return room{d - maxQueue, -1}
+}

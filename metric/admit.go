@@ -181,3 +181,54 @@ func (w *Window) Borrow(now, n, threshold int64, maxWait time.Duration) (time.Du
 // Borrowed returns the count borrowed from future buckets and not yet folded
 // into a current one.
 func (w *Window) Borrowed() int64 { return w.arr.Pending() }
+
+// RoomIn returns how long after now the window, taking no more admissions,
+// first holds at most threshold - n (room for a request of n), and how
+// long until everything it holds now has left it. It reports false when
+// no wait gives room: n is over the threshold, or borrowed admissions
+// alone fill it. It reads the buckets once and allocates nothing.
+func (w *Window) RoomIn(now, n, threshold int64) (wait, reset time.Duration, ok bool) {
+	a := &w.arr
+	now = a.Clamp(max(now, 0))
+	span := a.Interval()
+	// The buckets in the window, by start: at most the sample count.
+	var starts, counts [maxRoomBuckets]int64
+	k := 0
+	var total int64
+	for x := range a.Within(now, span) {
+		if k == len(starts) {
+			// More buckets than this reads: the wait until all of them
+			// have left is an upper bound.
+			all := time.Duration(max(a.Head().Start()+span-now, 0))
+			return all, all, n <= threshold && a.Pending()+n <= threshold
+		}
+		c := max(x.Value.passes(), x.Value.committed())
+		starts[k], counts[k] = x.Start(), c
+		total += c
+		k++
+	}
+	pending := a.Pending()
+	if n > threshold || pending+n > threshold {
+		return 0, 0, false
+	}
+	// Oldest first.
+	for i := 1; i < k; i++ {
+		for j := i; j > 0 && starts[j] < starts[j-1]; j-- {
+			starts[j], starts[j-1] = starts[j-1], starts[j]
+			counts[j], counts[j-1] = counts[j-1], counts[j]
+		}
+	}
+	if k > 0 {
+		reset = time.Duration(starts[k-1] + span - now)
+	}
+	held := total + pending
+	for i := 0; held+n > threshold && i < k; i++ {
+		held -= counts[i]
+		wait = time.Duration(starts[i] + span - now)
+	}
+	return max(wait, 0), max(reset, 0), true
+}
+
+// maxRoomBuckets bounds the buckets RoomIn sorts on the stack; a window of
+// more answers with the time until all have left.
+const maxRoomBuckets = 64

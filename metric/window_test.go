@@ -393,3 +393,35 @@ func TestFarNegativeTimes(t *testing.T) {
 	assert.Equal(t, int64(4), w.Sum(0, Pass))
 	assert.Equal(t, int64(4), w.Sum(math.MinInt64, Block))
 }
+
+func TestRoomIn(t *testing.T) {
+	w, err := NewWindow(4, time.Second)
+	require.NoError(t, err)
+	const ms = int64(time.Millisecond)
+	// 3 at 0, 2 at 250 ms, 1 at 600 ms: 6 in the window.
+	for _, c := range []struct{ at, n int64 }{{0, 3}, {250 * ms, 2}, {600 * ms, 1}} {
+		_, ok := w.Admit(c.at, c.n, 100)
+		require.True(t, ok)
+	}
+	now := 700 * ms
+	// Buckets start at 0, 250 and 500 ms and leave the window at 1, 1.25
+	// and 1.5 s.
+	for _, tc := range []struct {
+		n, threshold int64
+		wait         time.Duration
+	}{
+		{1, 10, 0},                     // room now
+		{1, 6, 300 * time.Millisecond}, // the 3 of the first bucket leave
+		{4, 6, 550 * time.Millisecond}, // and the 2 of the second
+		{1, 3, 550 * time.Millisecond},
+		{1, 1, 800 * time.Millisecond}, // all of them
+	} {
+		wait, reset, ok := w.RoomIn(now, tc.n, tc.threshold)
+		require.True(t, ok)
+		assert.Equal(t, tc.wait, wait, "n %d, threshold %d", tc.n, tc.threshold)
+		assert.Equal(t, 800*time.Millisecond, reset)
+	}
+	assert.Zero(t, testing.AllocsPerRun(100, func() { _, _, _ = w.RoomIn(now, 1, 6) }))
+	_, _, ok := w.RoomIn(now, 11, 10)
+	assert.False(t, ok, "larger than the threshold: never")
+}

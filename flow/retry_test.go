@@ -1,0 +1,91 @@
+package flow
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/leapflow/leapflow/stat/stattest"
+)
+
+// TestBlockedEntrySaysWhenToRetry: a blocked request's Entry tells how
+// long until its rule would admit it, and until its window empties, on a
+// fake clock, for each kind of rule.
+func TestBlockedEntrySaysWhenToRetry(t *testing.T) {
+	clock := stattest.NewClock(0)
+	e, _ := newEngine(t, clock)
+	load(t, e,
+		Rule{Resource: "qps", Threshold: 4},
+		Rule{Resource: "key", Threshold: 4, PerKey: true},
+		Rule{Resource: "paced", Threshold: 10, Behavior: Throttle, MaxQueueing: 100 * ms},
+		Rule{Resource: "conc", Metric: Concurrency, Threshold: 1},
+		Rule{Resource: "two", Threshold: 4}, Rule{Resource: "two", Threshold: 100, StatInterval: 2 * time.Second},
+	)
+	// 3 at 100 ms, 1 at 600 ms: the window (4 buckets of 250 ms) is full.
+	for _, at := range []time.Duration{100 * ms, 100 * ms, 100 * ms, 600 * ms} {
+		clock.Set(at)
+		require.True(t, try(e, "qps"))
+		require.True(t, try(e, "key", WithKey("k")))
+		require.True(t, try(e, "two"))
+	}
+	clock.Set(700 * ms)
+	for _, res := range []string{"qps", "two"} {
+		en, err := e.Entry(res)
+		require.ErrorIs(t, err, ErrBlocked)
+		wait, ok := en.RetryAfter()
+		require.True(t, ok, res)
+		assert.Equal(t, 300*ms, wait, "%s: the bucket of 0-250 ms leaves at 1 s", res)
+		reset, ok := en.Reset()
+		require.True(t, ok)
+		assert.Equal(t, 800*ms, reset, "%s: the bucket of 500-750 ms leaves at 1.5 s", res)
+	}
+	en, err := e.Entry("key", WithKey("k"))
+	require.ErrorIs(t, err, ErrBlocked)
+	wait, ok := en.RetryAfter()
+	require.True(t, ok)
+	assert.Equal(t, 300*ms, wait, "per key, the same")
+	reset, ok := en.Reset()
+	require.True(t, ok)
+	assert.Equal(t, 800*ms, reset)
+	en, err = e.Entry("qps", WithCount(5))
+	require.ErrorIs(t, err, ErrBlocked)
+	_, ok = en.RetryAfter()
+	assert.False(t, ok, "a request over the threshold is never admitted")
+
+	// Throttle: 100 ms a request; two queue, the third would wait 200 ms.
+	clock.Set(time.Second)
+	require.True(t, try(e, "paced"))
+	require.True(t, try(e, "paced"))
+	en, err = e.Entry("paced")
+	require.ErrorIs(t, err, ErrBlocked)
+	wait, ok = en.RetryAfter()
+	require.True(t, ok)
+	assert.Equal(t, 100*ms, wait, "its slot, 200 ms away, is within the 100 ms queue in 100 ms")
+	_, ok = en.Reset()
+	assert.False(t, ok, "a pacer has no window")
+
+	held, err := e.Entry("conc")
+	require.NoError(t, err)
+	en, err = e.Entry("conc")
+	require.ErrorIs(t, err, ErrBlocked)
+	_, ok = en.RetryAfter()
+	assert.False(t, ok, "a concurrency limit cannot say")
+	held.Exit(nil)
+	_, ok = held.RetryAfter()
+	assert.False(t, ok, "an admitted request has nothing to retry")
+}
+
+func TestBlockPathStillAllocatesNothing(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(0))
+	load(t, e, Rule{Resource: "qps", Threshold: 0}, Rule{Resource: "key", Threshold: 1, PerKey: true})
+	try(e, "key", WithKey("k"))
+	for name, fn := range map[string]func(){
+		"qps": func() { try(e, "qps") },
+		"key": func() { try(e, "key", WithKey("k")) },
+	} {
+		fn()
+		assert.Zero(t, testing.AllocsPerRun(1000, fn), name)
+	}
+}
