@@ -56,7 +56,7 @@ func (e *Engine) enter(set *ruleSet, rr *resourceRules, node *stat.Node, opts []
 			node = e.recount(node, p, now, ev, n)
 		}
 		if !ok {
-			return blocked(seen, rm), kr.be
+			return blocked(seen, rm), kr.blockError(&q)
 		}
 		// A now behind the key's newest bucket was counted in it.
 		return e.admitted(set, node, p, max(now, kh.b*kr.t.bucketLen), n, false, nil, nil), nil
@@ -167,7 +167,7 @@ func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now int64, q *req
 	if rr.keyConc.t != nil {
 		st, seen, ok := rr.keyConc.acquire(q)
 		if !ok {
-			return e.block(rr, &h, p, now, n, rr.keyConc.be, float64(seen), unknownRoom)
+			return e.block(rr, &h, p, now, n, rr.keyConc.blockError(q), float64(seen), unknownRoom)
 		}
 		h.kc = st
 	}
@@ -219,7 +219,7 @@ func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now int64, q *req
 		kr := &rr.keyed[i]
 		d, seen, rm, ok := kr.admit(q, now, &h.keys[i])
 		if !ok {
-			return e.block(rr, &h, p, now, n, kr.be, seen, rm)
+			return e.block(rr, &h, p, now, n, kr.blockError(q), seen, rm)
 		}
 		if kr.t.kind == keyWindow {
 			now = max(now, h.keys[i].b*kr.t.bucketLen)

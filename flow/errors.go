@@ -3,6 +3,8 @@ package flow
 import (
 	"errors"
 	"fmt"
+	"math"
+	"time"
 
 	"github.com/leapflow/leapflow/internal/names"
 )
@@ -46,16 +48,39 @@ type BlockError struct {
 	Rule   Rule
 	Reason Reason
 	msg    string
+	// quota and window are what Quota returns.
+	quota  int64
+	window time.Duration
 }
 
-func newBlockError(r *Rule, reason Reason) *BlockError {
-	return &BlockError{
+func newBlockError(r *Rule, reason Reason) *BlockError { return newKeyBlockError(r, reason, r.Threshold) }
+
+// newKeyBlockError is newBlockError for a key of a PerKey rule whose
+// threshold is threshold (its own, when the rule lists it in Keys).
+func newKeyBlockError(r *Rule, reason Reason, threshold float64) *BlockError {
+	e := &BlockError{
 		Rule:   *r,
 		Reason: reason,
 		msg: fmt.Sprintf("flow: %s blocked by rule %s (%s %v, %s, %s)",
-			names.Abbrev(r.Resource), names.Abbrev(r.name()), r.Metric, r.Threshold, r.Behavior, reason),
+			names.Abbrev(r.Resource), names.Abbrev(r.name()), r.Metric, threshold, r.Behavior, reason),
 	}
+	switch {
+	case r.Metric == Concurrency:
+		e.quota = int64(threshold)
+	case r.Behavior == Throttle || r.Behavior == WarmUpThrottle:
+		e.quota, e.window = int64(math.Ceil(threshold)), time.Second
+	default:
+		e.quota, e.window = perWindow(threshold, r.StatInterval), r.StatInterval
+	}
+	return e
 }
+
+// Quota returns what the rule allows the blocked request: admissions per
+// window for QPS rules (the rule's StatInterval; a second for throttling
+// rules, whose rate is rounded up), requests in flight for Concurrency
+// rules (window 0). For a key a PerKey rule lists in Keys, the key's own.
+// A WarmUp rule's is its full Threshold, above what it allows while cold.
+func (e *BlockError) Quota() (quota int64, window time.Duration) { return e.quota, e.window }
 
 func (e *BlockError) Error() string { return e.msg }
 

@@ -46,11 +46,12 @@ type keyRule struct {
 }
 
 // keySpec is a listed key: its state, kept apart from the table (never
-// evicted), and its own threshold.
+// evicted), its own threshold and the error that says so.
 type keySpec struct {
 	st    *keyState
 	limit int64
 	rate  float64
+	be    *BlockError
 }
 
 // keyHeld is what a request took from a key, to give back if a later
@@ -99,7 +100,8 @@ func (e *Engine) addKeyed(next, old *ruleSet, rr *resourceRules, r *Rule, id tab
 		kr.spec = make(map[string]keySpec, len(r.Keys))
 		for _, kl := range r.Keys {
 			limit, rate := limitOf(kl.Threshold)
-			kr.spec[kl.Key] = keySpec{st: t.specific(kl.Key), limit: limit, rate: rate}
+			kr.spec[kl.Key] = keySpec{st: t.specific(kl.Key), limit: limit, rate: rate,
+				be: newKeyBlockError(r, kr.be.Reason, kl.Threshold)}
 		}
 	}
 	if t.kind == keyConc {
@@ -120,6 +122,17 @@ func (kr *keyRule) state(key string, hasKey bool) (*keyState, int64, float64) {
 		}
 	}
 	return kr.t.get(key), kr.limit, kr.rate
+}
+
+// blockError is the error a request of key is blocked with: the rule's,
+// or a listed key's own (its Quota is the key's).
+func (kr *keyRule) blockError(q *request) *BlockError {
+	if q.hasKey && kr.spec != nil {
+		if s, ok := kr.spec[q.key]; ok {
+			return s.be
+		}
+	}
+	return kr.be
 }
 
 // acquireKeyConc counts the request in its key's concurrency.

@@ -89,3 +89,40 @@ func TestBlockPathStillAllocatesNothing(t *testing.T) {
 		assert.Zero(t, testing.AllocsPerRun(1000, fn), name)
 	}
 }
+
+// TestBlockErrorQuota: the quota a blocked request is told, per rule kind,
+// and for a listed key its own.
+func TestBlockErrorQuota(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(0))
+	load(t, e,
+		Rule{Resource: "qps", Threshold: 0, StatInterval: 2 * time.Second},
+		Rule{Resource: "paced", Threshold: 0.5, Behavior: Throttle},
+		Rule{Resource: "conc", Metric: Concurrency, Threshold: 0},
+		Rule{Resource: "key", Threshold: 2, PerKey: true, Keys: []KeyLimit{{Key: "vip", Threshold: 0}}},
+	)
+	for _, tc := range []struct {
+		res    string
+		opts   []EntryOption
+		quota  int64
+		window time.Duration
+	}{
+		{"qps", nil, 0, 2 * time.Second},
+		{"paced", nil, 1, time.Second},
+		{"conc", nil, 0, 0},
+		{"key", []EntryOption{WithKey("vip")}, 0, time.Second},
+	} {
+		_, err := e.Entry(tc.res, tc.opts...)
+		var be *BlockError
+		require.ErrorAs(t, err, &be, tc.res)
+		q, w := be.Quota()
+		assert.Equal(t, tc.quota, q, tc.res)
+		assert.Equal(t, tc.window, w, tc.res)
+	}
+	try(e, "key", WithKey("a"))
+	try(e, "key", WithKey("a"))
+	_, err := e.Entry("key", WithKey("a"))
+	var be *BlockError
+	require.ErrorAs(t, err, &be)
+	q, _ := be.Quota()
+	assert.Equal(t, int64(2), q, "the rule's own for other keys")
+}
