@@ -1,0 +1,360 @@
+// Package httpflow puts leapflow in front of net/http handlers: each request
+// enters a resource (by default its ServeMux route pattern), optionally
+// under a caller key for PerKey rules; a blocked request gets 429 Too Many
+// Requests with Retry-After and the IETF RateLimit fields; 5xx responses
+// and panics are counted as exceptions.
+//
+//	mux := http.NewServeMux()
+//	mux.Handle("GET /items/{id}", items)
+//	handler := httpflow.Middleware(eng, httpflow.WithMux(mux), httpflow.WithKey(httpflow.ClientIP()))(mux)
+//
+// # Naming
+//
+// ServeMux sets Request.Pattern inside its ServeHTTP, so a middleware
+// around the whole mux sees it empty. Two ways:
+//   - Wrap each route: mux.Handle("GET /items/{id}", mw(items)); the
+//     middleware then runs after the match and reads Request.Pattern.
+//   - Wrap the mux and pass WithMux(mux): the middleware asks the mux for
+//     the pattern (mux.Handler(r)) before it runs, which matches the route
+//     a second time (a few hundred nanoseconds for a small mux).
+//
+// A request no pattern matches enters the resource Unmatched. WithResource
+// names requests by any function; MethodPath names them by method and
+// path, which is only safe where paths are few: every distinct name is a
+// resource, and the registry refuses new ones past its cap. A request whose
+// resource cannot be made (the registry is full) is let through, counted
+// in Stats.FailedOpen, unless WithFailClosed.
+//
+// # Blocked
+//
+// The default block handler answers 429 Too Many Requests (503 Service
+// Unavailable for a Concurrency rule with WithConcurrency503), with:
+//   - Retry-After: the seconds, rounded up, until the rule would admit the
+//     request (QPS Reject rules: until enough of the window has left it;
+//     Throttle: until its slot is within the queue), when the rule can say;
+//   - RateLimit-Policy and RateLimit as defined by
+//     draft-ietf-httpapi-ratelimit-headers-09 (structured-field Lists of one
+//     item named after the rule, with q and w; r and t). The draft counts
+//     windows and resets in whole seconds: a window shorter than a second
+//     is given as its quota per second, rounded down, over w=1, and t is
+//     rounded up.
+//
+// WithHeadersOnAdmit sets the RateLimit fields on admitted responses too
+// (from the rule's quota only: the remaining count of an admitted request
+// is not computed, so r is left out). WithBlockHandler replaces the whole
+// answer.
+package httpflow
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/felixge/httpsnoop"
+	"go.uber.org/atomic"
+
+	"github.com/leapflow/leapflow/flow"
+)
+
+// Unmatched is the resource of requests no ServeMux pattern matched.
+const Unmatched = "http:unmatched"
+
+// Blocked is what a block handler is told about a blocked request.
+type Blocked struct {
+	Resource string
+	Err      *flow.BlockError
+	// RetryAfter is how long until the rule would admit the request, when
+	// RetryKnown.
+	RetryAfter time.Duration
+	RetryKnown bool
+	// Quota and Window are the rule's (Window 0: in flight); Remaining is
+	// what the window had left for the request; Reset, when ResetKnown,
+	// how long until everything in the window now has left it.
+	Quota, Remaining int64
+	Window           time.Duration
+	Reset            time.Duration
+	ResetKnown       bool
+}
+
+// Options.
+type config struct {
+	resource    func(*http.Request) string
+	mux         *http.ServeMux
+	key         func(*http.Request) string
+	block       func(http.ResponseWriter, *http.Request, Blocked)
+	conc503     bool
+	onAdmit     bool
+	failClosed  bool
+	isException func(status int) bool
+}
+
+// Option configures a Middleware.
+type Option func(*config)
+
+// WithResource names each request's resource (default: its route pattern).
+func WithResource(fn func(*http.Request) string) Option {
+	return func(c *config) { c.resource = fn }
+}
+
+// WithMux makes a middleware around mux name requests by the pattern mux
+// will route them to (see the package doc for the cost).
+func WithMux(mux *http.ServeMux) Option { return func(c *config) { c.mux = mux } }
+
+// WithKey names each request's caller for PerKey rules ("" for none): see
+// ClientIP and Header.
+func WithKey(fn func(*http.Request) string) Option { return func(c *config) { c.key = fn } }
+
+// WithBlockHandler replaces the answer to a blocked request.
+func WithBlockHandler(fn func(http.ResponseWriter, *http.Request, Blocked)) Option {
+	return func(c *config) { c.block = fn }
+}
+
+// WithConcurrency503 answers requests a Concurrency rule blocked with 503
+// Service Unavailable instead of 429.
+func WithConcurrency503() Option { return func(c *config) { c.conc503 = true } }
+
+// WithHeadersOnAdmit sets RateLimit-Policy on admitted responses too.
+func WithHeadersOnAdmit() Option { return func(c *config) { c.onAdmit = true } }
+
+// WithFailClosed answers 503 to a request whose resource cannot be made
+// (a full registry) instead of letting it through.
+func WithFailClosed() Option { return func(c *config) { c.failClosed = true } }
+
+// WithExceptions decides which response statuses count as exceptions
+// (default: 500 and above).
+func WithExceptions(fn func(status int) bool) Option {
+	return func(c *config) { c.isException = fn }
+}
+
+// MethodPath names a request by its method and path: for few, known
+// paths only (see the package doc).
+func MethodPath(r *http.Request) string { return r.Method + " " + r.URL.Path }
+
+// Middleware wraps handlers so that each request enters eng first.
+func Middleware(eng *flow.Engine, opts ...Option) func(http.Handler) http.Handler {
+	m := newMiddleware(eng, opts)
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, next, "") })
+	}
+}
+
+// Handler wraps one handler under a resource named resource.
+func Handler(eng *flow.Engine, resource string, h http.Handler, opts ...Option) http.Handler {
+	m := newMiddleware(eng, opts)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, h, resource) })
+}
+
+// Stats counts what a middleware did besides admitting and blocking.
+type Stats struct {
+	// FailedOpen counts requests let through because their resource could
+	// not be made; FailedClosed those answered 503 for it.
+	FailedOpen, FailedClosed int64
+}
+
+type middleware struct {
+	eng *flow.Engine
+	cfg config
+	// failedOpen and failedClosed back Stats.
+	failedOpen, failedClosed atomic.Int64
+}
+
+// MiddlewareWithStats is Middleware that also returns a function reading
+// its Stats.
+func MiddlewareWithStats(eng *flow.Engine, opts ...Option) (func(http.Handler) http.Handler, func() Stats) {
+	m := newMiddleware(eng, opts)
+	mw := func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, next, "") })
+	}
+	return mw, func() Stats { return Stats{FailedOpen: m.failedOpen.Load(), FailedClosed: m.failedClosed.Load()} }
+}
+
+func newMiddleware(eng *flow.Engine, opts []Option) *middleware {
+	m := &middleware{eng: eng}
+	for _, o := range opts {
+		if o != nil {
+			o(&m.cfg)
+		}
+	}
+	if m.cfg.block == nil {
+		m.cfg.block = m.defaultBlock
+	}
+	if m.cfg.isException == nil {
+		m.cfg.isException = func(status int) bool { return status >= 500 }
+	}
+	return m
+}
+
+// name is the resource of r.
+func (m *middleware) name(r *http.Request) string {
+	if m.cfg.resource != nil {
+		return m.cfg.resource(r)
+	}
+	if r.Pattern != "" {
+		return r.Pattern
+	}
+	if m.cfg.mux != nil {
+		if _, pattern := m.cfg.mux.Handler(r); pattern != "" {
+			return pattern
+		}
+	}
+	return Unmatched
+}
+
+// errStatus is the exception of a response with a status counted as one.
+type errStatus int
+
+func (e errStatus) Error() string { return "httpflow: response status " + strconv.Itoa(int(e)) }
+
+// errPanic is the exception of a handler that panicked.
+var errPanic = errors.New("httpflow: handler panicked")
+
+func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler, resource string) {
+	if resource == "" {
+		resource = m.name(r)
+	}
+	opts := [2]flow.EntryOption{flow.WithContext(r.Context())}
+	n := 1
+	if m.cfg.key != nil {
+		if key := m.cfg.key(r); key != "" {
+			opts[1] = flow.WithKey(key)
+			n = 2
+		}
+	}
+	en, err := m.eng.Entry(resource, opts[:n]...)
+	if err != nil {
+		var be *flow.BlockError
+		switch {
+		case errors.As(err, &be):
+			m.cfg.block(w, r, blockedOf(resource, be, &en))
+			return
+		case r.Context().Err() != nil:
+			return // the client went away while the request waited
+		case m.cfg.failClosed:
+			m.failedClosed.Inc()
+			http.Error(w, "rate limiter unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		// The resource could not be made (a full registry) or the key
+		// was refused: let the request through, counted.
+		m.failedOpen.Inc()
+		next.ServeHTTP(w, r)
+		return
+	}
+	if m.cfg.onAdmit {
+		m.policyHeader(w.Header(), resource)
+	}
+	status := http.StatusOK
+	ww := httpsnoop.Wrap(w, httpsnoop.Hooks{
+		WriteHeader: func(next httpsnoop.WriteHeaderFunc) httpsnoop.WriteHeaderFunc {
+			return func(code int) {
+				status = code
+				next(code)
+			}
+		},
+	})
+	defer func() {
+		if v := recover(); v != nil {
+			en.Exit(errPanic)
+			panic(v)
+		}
+		if m.cfg.isException(status) {
+			en.Exit(errStatus(status))
+			return
+		}
+		en.Exit(nil)
+	}()
+	next.ServeHTTP(ww, r)
+}
+
+// blockedOf reads what the blocked Entry recorded.
+func blockedOf(resource string, be *flow.BlockError, en *flow.Entry) Blocked {
+	b := Blocked{Resource: resource, Err: be}
+	b.Quota, b.Window = be.Quota()
+	b.RetryAfter, b.RetryKnown = en.RetryAfter()
+	b.Reset, b.ResetKnown = en.Reset()
+	if seen := en.Seen(); be.Reason == flow.ReasonFlow || be.Reason == flow.ReasonConcurrency {
+		b.Remaining = max(b.Quota-int64(seen), 0)
+	}
+	return b
+}
+
+// defaultBlock answers 429 (or 503) with Retry-After and the RateLimit
+// fields.
+func (m *middleware) defaultBlock(w http.ResponseWriter, _ *http.Request, b Blocked) {
+	h := w.Header()
+	if b.RetryKnown {
+		h.Set("Retry-After", strconv.FormatInt(ceilSeconds(b.RetryAfter), 10))
+	}
+	if b.Window > 0 {
+		name := policyName(b.Err)
+		q, win := policyQuota(b.Quota, b.Window)
+		h.Set("RateLimit-Policy", fmt.Sprintf("%s;q=%d;w=%d", name, q, win))
+		field := fmt.Sprintf("%s;r=%d", name, min(b.Remaining, q))
+		if b.ResetKnown {
+			field += ";t=" + strconv.FormatInt(ceilSeconds(b.Reset), 10)
+		}
+		h.Set("RateLimit", field)
+	}
+	status := http.StatusTooManyRequests
+	if m.cfg.conc503 && b.Err.Reason == flow.ReasonConcurrency {
+		status = http.StatusServiceUnavailable
+	}
+	http.Error(w, http.StatusText(status), status)
+}
+
+// policyHeader sets RateLimit-Policy for an admitted request of resource,
+// from the resource's first QPS rule in force.
+func (m *middleware) policyHeader(h http.Header, resource string) {
+	for _, r := range m.eng.Rules() {
+		if r.Resource != resource || r.Metric != flow.QPS {
+			continue
+		}
+		q, win := policyQuota(int64(math.Floor(r.Threshold*r.StatInterval.Seconds())), r.StatInterval)
+		h.Set("RateLimit-Policy", fmt.Sprintf("%s;q=%d;w=%d", sfString(ruleName(r)), q, win))
+		return
+	}
+}
+
+// policyQuota expresses quota per window in whole seconds (the draft's
+// w): a window shorter than a second as its quota per second.
+func policyQuota(quota int64, window time.Duration) (q, w int64) {
+	if window >= time.Second {
+		return quota, ceilSeconds(window)
+	}
+	return int64(float64(quota) * float64(time.Second) / float64(window)), 1
+}
+
+func ceilSeconds(d time.Duration) int64 { return int64((d + time.Second - 1) / time.Second) }
+
+func ruleName(r flow.Rule) string {
+	if r.ID != "" {
+		return r.ID
+	}
+	return r.Resource
+}
+
+func policyName(be *flow.BlockError) string { return sfString(ruleName(be.Rule)) }
+
+// sfString is s as a structured-field String: quoted, with '"' and '\'
+// escaped; other characters outside printable ASCII are dropped (the
+// field cannot carry them).
+func sfString(s string) string {
+	var b strings.Builder
+	b.WriteByte('"')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			b.WriteByte('\\')
+			b.WriteByte(c)
+		case c >= 0x20 && c < 0x7f:
+			b.WriteByte(c)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
+}

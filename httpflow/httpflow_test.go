@@ -1,0 +1,287 @@
+package httpflow
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/leapflow/leapflow/flow"
+	"github.com/leapflow/leapflow/stat/stattest"
+)
+
+func engine(t *testing.T, clock *stattest.Clock, rules ...flow.Rule) *flow.Engine {
+	t.Helper()
+	opts := []flow.Option{flow.WithMaxResources(8)}
+	if clock != nil {
+		opts = append(opts, flow.WithClock(clock))
+	}
+	e, err := flow.New(opts...)
+	require.NoError(t, err)
+	require.NoError(t, e.LoadRules(rules))
+	return e
+}
+
+func get(t *testing.T, c *http.Client, url string, header ...string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	require.NoError(t, err)
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := c.Do(req)
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	return resp
+}
+
+var ok = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })
+
+// TestBlockedGets429WithHeaders: a route wrapped on its own is named by its
+// pattern; past its rule it answers 429 with Retry-After and the RateLimit
+// fields, exact on a fake clock.
+func TestBlockedGets429WithHeaders(t *testing.T) {
+	clock := stattest.NewClock(0)
+	eng := engine(t, clock, flow.Rule{ID: "items", Resource: "GET /items/{id}", Threshold: 2})
+	mux := http.NewServeMux()
+	mux.Handle("GET /items/{id}", Middleware(eng)(ok))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	c := srv.Client()
+	for i := range 2 {
+		resp := get(t, c, srv.URL+fmt.Sprint("/items/", i))
+		assert.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+	clock.Set(300 * time.Millisecond)
+	resp := get(t, c, srv.URL+"/items/9")
+	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+	assert.Equal(t, "1", resp.Header.Get("Retry-After"), "700 ms until the first bucket leaves, rounded up")
+	assert.Equal(t, `"items";q=2;w=1`, resp.Header.Get("RateLimit-Policy"))
+	assert.Equal(t, `"items";r=0;t=1`, resp.Header.Get("RateLimit"))
+	snap, _ := eng.Snapshot("GET /items/{id}")
+	assert.Equal(t, 2.0, snap.PassQPS)
+	assert.Equal(t, 1.0, snap.BlockQPS)
+}
+
+// TestMuxLevelNaming: a middleware around the whole mux, given the mux,
+// names requests by the pattern they will be routed to; unmatched ones
+// share one resource.
+func TestMuxLevelNaming(t *testing.T) {
+	eng := engine(t, stattest.NewClock(0), flow.Rule{Resource: "GET /a/{x}", Threshold: 1})
+	mux := http.NewServeMux()
+	mux.Handle("GET /a/{x}", ok)
+	mux.Handle("GET /b", ok)
+	srv := httptest.NewServer(Middleware(eng, WithMux(mux))(mux))
+	defer srv.Close()
+	c := srv.Client()
+	assert.Equal(t, http.StatusOK, get(t, c, srv.URL+"/a/1").StatusCode)
+	assert.Equal(t, http.StatusTooManyRequests, get(t, c, srv.URL+"/a/2").StatusCode, "one rule for every /a/{x}")
+	assert.Equal(t, http.StatusOK, get(t, c, srv.URL+"/b").StatusCode)
+	assert.Equal(t, http.StatusNotFound, get(t, c, srv.URL+"/nowhere").StatusCode)
+	for _, res := range []string{"GET /a/{x}", "GET /b", Unmatched} {
+		_, found := eng.Snapshot(res)
+		assert.True(t, found, res)
+	}
+}
+
+// TestPerClientKeys: per-key rules through ClientIP; a spoofed
+// X-Forwarded-For from an untrusted peer does not change the key.
+func TestPerClientKeys(t *testing.T) {
+	eng := engine(t, stattest.NewClock(0), flow.Rule{Resource: "api", Threshold: 2, PerKey: true})
+	srv := httptest.NewServer(Handler(eng, "api", ok, WithKey(ClientIP())))
+	defer srv.Close()
+	c := srv.Client()
+	codes := []int{}
+	for i := range 4 {
+		codes = append(codes, get(t, c, srv.URL, "X-Forwarded-For", fmt.Sprint("203.0.113.", i)).StatusCode)
+	}
+	assert.Equal(t, []int{200, 200, 429, 429}, codes, "the loopback peer is untrusted: its header is not read")
+}
+
+func TestClientIP(t *testing.T) {
+	proxies := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/8")}
+	key := ClientIP(proxies...)
+	for _, tc := range []struct {
+		peer, xff, fwd, want string
+	}{
+		{"198.51.100.7:4000", "203.0.113.1", "", "198.51.100.7"},               // untrusted peer: header ignored
+		{"10.0.0.2:4000", "203.0.113.1", "", "203.0.113.1"},                    // through our proxy
+		{"10.0.0.2:4000", "6.6.6.6, 203.0.113.1, 10.0.0.9", "", "203.0.113.1"}, // nearest untrusted, not the spoofed first
+		{"10.0.0.2:4000", "10.0.0.7, 10.0.0.9", "", "10.0.0.7"},                // all ours: the farthest
+		{"10.0.0.2:4000", "", `for=192.0.2.60;proto=http, for="[2001:db8:cafe::17]:4711"`, "2001:db8:cafe::/64"},
+		{"10.0.0.2:4000", "6.6.6.6", `for=192.0.2.60`, "192.0.2.60"}, // Forwarded wins
+		{"[2001:db8:1:2::9]:80", "", "", "2001:db8:1:2::/64"},        // IPv6 by /64
+		{"[fd00::1]:80", "2001:db8:aa:bb::1", "", "2001:db8:aa:bb::/64"},
+	} {
+		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		r.RemoteAddr = tc.peer
+		if tc.xff != "" {
+			r.Header.Set("X-Forwarded-For", tc.xff)
+		}
+		if tc.fwd != "" {
+			r.Header.Set("Forwarded", tc.fwd)
+		}
+		assert.Equal(t, tc.want, key(r), "%+v", tc)
+	}
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	r.Header.Set("X-API-Key", "k1")
+	assert.Equal(t, "k1", Header("x-api-key")(r))
+}
+
+// TestExceptions: 5xx responses and panics count as exceptions; a panic
+// goes on to the server.
+func TestExceptions(t *testing.T) {
+	eng := engine(t, stattest.NewClock(0))
+	mux := http.NewServeMux()
+	mux.Handle("GET /fail", Middleware(eng)(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusBadGateway)
+	})))
+	mux.Handle("GET /panic", Middleware(eng)(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		panic(http.ErrAbortHandler) // the server closes the connection quietly
+	})))
+	mux.Handle("GET /fine", Middleware(eng)(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusNotFound)
+	})))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	c := srv.Client()
+	assert.Equal(t, http.StatusBadGateway, get(t, c, srv.URL+"/fail").StatusCode)
+	assert.Equal(t, http.StatusNotFound, get(t, c, srv.URL+"/fine").StatusCode)
+	_, err := c.Get(srv.URL + "/panic")
+	assert.Error(t, err, "the panic reached the server")
+	// The client may send the request that panicked again on a new
+	// connection (it is idempotent): every run counts.
+	for res, failing := range map[string]bool{"GET /fail": true, "GET /panic": true, "GET /fine": false} {
+		require.Eventually(t, func() bool {
+			snap, _ := eng.Snapshot(res)
+			if !failing {
+				return snap.MinutePass == 1 && snap.MinuteErrors == 0 && snap.Inflight == 0
+			}
+			return snap.MinutePass >= 1 && snap.MinuteErrors == snap.MinutePass && snap.Inflight == 0
+		}, 2*time.Second, 5*time.Millisecond, res)
+	}
+}
+
+// TestHijackAndFlushThroughTheWrapper: the wrapped ResponseWriter hijacks
+// and flushes as the server's does (a real server: httptest's recorder is
+// no Hijacker).
+func TestHijackAndFlushThroughTheWrapper(t *testing.T) {
+	eng := engine(t, nil)
+	mux := http.NewServeMux()
+	mux.Handle("GET /raw", Middleware(eng)(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		conn, buf, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		defer conn.Close()
+		_, _ = buf.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 6\r\nConnection: close\r\n\r\nraw ok")
+		_ = buf.Flush()
+	})))
+	mux.Handle("GET /events", Middleware(eng)(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		rc := http.NewResponseController(w)
+		for i := range 3 {
+			_, _ = fmt.Fprintf(w, "data: %d\n\n", i)
+			if err := rc.Flush(); err != nil {
+				return
+			}
+		}
+	})))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	resp, err := srv.Client().Get(srv.URL + "/raw")
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	assert.Equal(t, "raw ok", string(body))
+
+	resp, err = srv.Client().Get(srv.URL + "/events")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	var events []string
+	for sc.Scan() {
+		if line := sc.Text(); strings.HasPrefix(line, "data: ") {
+			events = append(events, strings.TrimPrefix(line, "data: "))
+		}
+	}
+	assert.Equal(t, []string{"0", "1", "2"}, events)
+}
+
+// TestCancelEndsTheWait: a client that gives up ends its request's
+// throttling wait; the handler never runs for it.
+func TestCancelEndsTheWait(t *testing.T) {
+	eng := engine(t, nil, flow.Rule{Resource: "slow", Threshold: 0.1, Behavior: flow.Throttle, MaxQueueing: time.Minute})
+	var ran atomic.Int64
+	srv := httptest.NewServer(Handler(eng, "slow", http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran.Add(1) })))
+	defer srv.Close()
+	get(t, srv.Client(), srv.URL) // takes the slot now; the next waits 10 s
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL, nil)
+	_, err := srv.Client().Do(req)
+	require.Error(t, err)
+	require.Eventually(t, func() bool {
+		snap, _ := eng.Snapshot("slow")
+		return snap.Inflight == 0
+	}, 2*time.Second, 5*time.Millisecond)
+	time.Sleep(50 * time.Millisecond)
+	assert.Equal(t, int64(1), ran.Load(), "only the first request ran")
+}
+
+// TestFailOpenWhenTheRegistryIsFull: a request whose resource cannot be
+// made goes through, counted; WithFailClosed answers 503.
+func TestFailOpenWhenTheRegistryIsFull(t *testing.T) {
+	e, err := flow.New(flow.WithMaxResources(1))
+	require.NoError(t, err)
+	mw, stats := MiddlewareWithStats(e, WithResource(MethodPath))
+	srv := httptest.NewServer(mw(ok))
+	defer srv.Close()
+	c := srv.Client()
+	assert.Equal(t, http.StatusOK, get(t, c, srv.URL+"/one").StatusCode)
+	assert.Equal(t, http.StatusOK, get(t, c, srv.URL+"/two").StatusCode, "no room: let through")
+	assert.Equal(t, int64(1), stats().FailedOpen)
+
+	closed := httptest.NewServer(Middleware(e, WithResource(MethodPath), WithFailClosed())(ok))
+	defer closed.Close()
+	assert.Equal(t, http.StatusServiceUnavailable, get(t, closed.Client(), closed.URL+"/three").StatusCode)
+}
+
+// TestConcurrency503: a Concurrency block may answer 503, with no
+// Retry-After (the rule cannot say when).
+func TestConcurrency503(t *testing.T) {
+	eng := engine(t, nil, flow.Rule{Resource: "one", Metric: flow.Concurrency, Threshold: 1})
+	release := make(chan struct{})
+	started := make(chan struct{})
+	srv := httptest.NewServer(Handler(eng, "one", http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		close(started)
+		<-release
+	}), WithConcurrency503()))
+	defer srv.Close()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		resp, err := srv.Client().Get(srv.URL)
+		if err == nil {
+			_ = resp.Body.Close()
+		}
+	}()
+	<-started
+	resp := get(t, srv.Client(), srv.URL)
+	close(release)
+	<-done
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	assert.Empty(t, resp.Header.Get("Retry-After"))
+}
