@@ -53,7 +53,9 @@ type BlockError struct {
 	window time.Duration
 }
 
-func newBlockError(r *Rule, reason Reason) *BlockError { return newKeyBlockError(r, reason, r.Threshold) }
+func newBlockError(r *Rule, reason Reason) *BlockError {
+	return newKeyBlockError(r, reason, r.Threshold)
+}
 
 // newKeyBlockError is newBlockError for a key of a PerKey rule whose
 // threshold is threshold (its own, when the rule lists it in Keys).
