@@ -1,6 +1,7 @@
 package flow
 
 import (
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -128,4 +129,49 @@ func TestBlockErrorQuota(t *testing.T) {
 	require.ErrorAs(t, err, &be)
 	q, _ := be.Quota()
 	assert.Equal(t, int64(2), q, "the rule's own for other keys")
+}
+
+// TestRetryAfterIsEnough: on a fake clock, a blocked request that comes
+// back after exactly its RetryAfter, with nothing else admitted meanwhile,
+// is admitted; one that comes back a millisecond earlier is not (the
+// window's buckets are whole milliseconds here), for resource and per-key
+// windows at random times and batches.
+func TestRetryAfterIsEnough(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for round := range 200 {
+		clock := stattest.NewClock(time.Duration(rng.IntN(5000)) * ms)
+		e, _ := newEngine(t, clock)
+		limit := 1 + rng.IntN(8)
+		interval := time.Duration(1+rng.IntN(4)) * time.Second
+		load(t, e, Rule{Resource: "r", Threshold: float64(limit) / interval.Seconds(), StatInterval: interval},
+			Rule{Resource: "k", Threshold: float64(limit) / interval.Seconds(), StatInterval: interval, PerKey: true})
+		for _, res := range []string{"r", "k"} {
+			opts := []EntryOption{WithKey("key")}
+			var blockedEn Entry
+			var n int
+			for range 200 {
+				clock.Advance(time.Duration(rng.IntN(300)) * ms)
+				n = 1 + rng.IntN(limit)
+				en, err := e.Entry(res, append(opts, WithCount(n))...)
+				if err != nil {
+					blockedEn = en
+					break
+				}
+				en.Exit(nil)
+			}
+			wait, ok := blockedEn.RetryAfter()
+			require.True(t, ok, "round %d %s", round, res)
+			if wait >= ms {
+				clock.Advance(wait - ms)
+				_, err := e.Entry(res, append(opts, WithCount(n))...)
+				require.Error(t, err, "round %d %s: a millisecond early", round, res)
+				clock.Advance(ms)
+			} else {
+				clock.Advance(wait)
+			}
+			en, err := e.Entry(res, append(opts, WithCount(n))...)
+			require.NoError(t, err, "round %d %s: after RetryAfter %v", round, res, wait)
+			en.Exit(nil)
+		}
+	}
 }
