@@ -29,9 +29,10 @@
 //
 // The default block handler answers 429 Too Many Requests (503 Service
 // Unavailable for a Concurrency rule with WithConcurrency503), with:
-//   - Retry-After: the seconds, rounded up, until the rule would admit the
-//     request (QPS Reject rules: until enough of the window has left it;
-//     Throttle: until its slot is within the queue), when the rule can say;
+//   - Retry-After: the seconds, rounded up and at least 1, until the rule
+//     would admit the request (QPS Reject rules: until enough of the window
+//     has left it; Throttle: until its slot is within the queue), when the
+//     rule can say;
 //   - RateLimit-Policy and RateLimit as defined by
 //     draft-ietf-httpapi-ratelimit-headers-09 (structured-field Lists of one
 //     item named after the rule, with q and w; r and t). The draft counts
@@ -287,7 +288,9 @@ func blockedOf(resource string, be *flow.BlockError, en *flow.Entry) Blocked {
 func (m *middleware) defaultBlock(w http.ResponseWriter, _ *http.Request, b Blocked) {
 	h := w.Header()
 	if b.RetryKnown {
-		h.Set("Retry-After", strconv.FormatInt(ceilSeconds(b.RetryAfter), 10))
+		// At least a second: the field has no smaller unit, and 0 would
+		// send the client straight back into the same window.
+		h.Set("Retry-After", strconv.FormatInt(max(ceilSeconds(b.RetryAfter), 1), 10))
 	}
 	if b.Window > 0 {
 		name := policyName(b.Err)

@@ -285,3 +285,14 @@ func TestConcurrency503(t *testing.T) {
 	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
 	assert.Empty(t, resp.Header.Get("Retry-After"))
 }
+
+// TestPolicyNamesAreStructuredStrings: a rule ID with quotes, backslashes
+// and bytes outside printable ASCII still gives a well-formed String.
+func TestPolicyNamesAreStructuredStrings(t *testing.T) {
+	assert.Equal(t, `"a\"b\\c"`, sfString("a\"b\\c"))
+	assert.Equal(t, `"ab"`, sfString("a\x00\nb\xff"))
+	q, w := policyQuota(5, 500*time.Millisecond)
+	assert.Equal(t, []int64{10, 1}, []int64{q, w}, "a half-second window as its quota per second")
+	q, w = policyQuota(7, 1500*time.Millisecond)
+	assert.Equal(t, []int64{7, 2}, []int64{q, w}, "whole seconds, rounded up")
+}
