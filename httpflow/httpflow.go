@@ -53,6 +53,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/felixge/httpsnoop"
@@ -248,16 +249,13 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if m.cfg.onAdmit {
 		m.policyHeader(w.Header(), resource)
 	}
-	status := http.StatusOK
-	ww := httpsnoop.Wrap(w, httpsnoop.Hooks{
-		WriteHeader: func(next httpsnoop.WriteHeaderFunc) httpsnoop.WriteHeaderFunc {
-			return func(code int) {
-				status = code
-				next(code)
-			}
-		},
-	})
+	tr := trackers.Get().(*tracker)
+	tr.status, tr.next = http.StatusOK, nil
+	ww := httpsnoop.Wrap(w, httpsnoop.Hooks{WriteHeader: tr.hook})
 	defer func() {
+		status := tr.status
+		tr.next = nil
+		trackers.Put(tr)
 		if v := recover(); v != nil {
 			en.Exit(errPanic)
 			panic(v)
@@ -270,6 +268,30 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}()
 	next.ServeHTTP(ww, r)
 }
+
+// tracker records a response's status through httpsnoop's WriteHeader
+// hook. Trackers are pooled, and each keeps its hook and the function the
+// hook returns, made once: a request then adds only httpsnoop's own
+// wrapper to what it allocates.
+type tracker struct {
+	status int
+	next   httpsnoop.WriteHeaderFunc
+	hook   func(httpsnoop.WriteHeaderFunc) httpsnoop.WriteHeaderFunc
+	write  httpsnoop.WriteHeaderFunc
+}
+
+var trackers = sync.Pool{New: func() any {
+	tr := &tracker{}
+	tr.write = func(code int) {
+		tr.status = code
+		tr.next(code)
+	}
+	tr.hook = func(next httpsnoop.WriteHeaderFunc) httpsnoop.WriteHeaderFunc {
+		tr.next = next
+		return tr.write
+	}
+	return tr
+}}
 
 // blockedOf reads what the blocked Entry recorded.
 func blockedOf(resource string, be *flow.BlockError, en *flow.Entry) Blocked {

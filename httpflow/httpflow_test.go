@@ -296,3 +296,44 @@ func TestPolicyNamesAreStructuredStrings(t *testing.T) {
 	q, w = policyQuota(7, 1500*time.Millisecond)
 	assert.Equal(t, []int64{7, 2}, []int64{q, w}, "whole seconds, rounded up")
 }
+
+// TestStatusPerRequest: pooled status trackers never mix up requests:
+// concurrent requests answering 200 and 500 count exceptions exactly.
+func TestStatusPerRequest(t *testing.T) {
+	eng := engine(t, nil)
+	mux := http.NewServeMux()
+	mux.Handle("GET /s/{code}", Middleware(eng)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.PathValue("code") == "500" {
+			w.WriteHeader(http.StatusInternalServerError)
+			return
+		}
+		_, _ = io.WriteString(w, "fine")
+	})))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	var fails atomic.Int64
+	done := make(chan struct{})
+	for g := range 8 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for i := range 25 {
+				code := "200"
+				if (g+i)%3 == 0 {
+					code = "500"
+					fails.Add(1)
+				}
+				resp, err := srv.Client().Get(srv.URL + "/s/" + code)
+				if err == nil {
+					_, _ = io.Copy(io.Discard, resp.Body)
+					_ = resp.Body.Close()
+				}
+			}
+		}()
+	}
+	for range 8 {
+		<-done
+	}
+	snap, _ := eng.Snapshot("GET /s/{code}")
+	assert.Equal(t, int64(200), snap.MinutePass)
+	assert.Equal(t, fails.Load(), snap.MinuteErrors)
+}
