@@ -146,6 +146,9 @@ func (e *Engine) release(rr *resourceRules, h *held, n int64) {
 
 func (e *Engine) block(rr *resourceRules, h *held, p int, now, n int64, be *BlockError, seen float64, rm room) (Entry, error) {
 	e.release(rr, h, n)
+	if rr.rules > 1 {
+		rm = unknownRoom
+	}
 	rr.node.Second().AddOn(p, now, metric.Block, n)
 	if rr.node.Dropped() {
 		// The rule set this request read was replaced, its resource let go.

@@ -65,6 +65,10 @@ type resourceRules struct {
 	keyConc keyRule
 	// keyedGlobal is set when a global rule is PerKey.
 	keyedGlobal bool
+	// rules counts the resource's rules: a blocked request is told when
+	// to retry only when one rule decides (with several, the one that
+	// blocked first cannot speak for the others).
+	rules int
 }
 
 // hasKeyed reports whether the resource has PerKey rules.
@@ -183,6 +187,8 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stat.Node, bounds []Bound
 		fp := fingerprint(&norm[i])
 		k := ruleKey{fp, copies[fp]}
 		copies[fp]++
+		next.byResource[norm[i].Resource] = e.resourceRules(next, &norm[i], nodes)
+		next.byResource[norm[i].Resource].rules++
 		if r := &norm[i]; r.PerKey && !r.Global {
 			id := tableID{resource: r.Resource, id: r.ID, metric: r.Metric, behavior: r.Behavior, interval: r.StatInterval, maxQueue: r.MaxQueueing}
 			id.copy = tableCopies[id]

@@ -32,7 +32,11 @@ func TestBlockedEntrySaysWhenToRetry(t *testing.T) {
 		require.True(t, try(e, "two"))
 	}
 	clock.Set(700 * ms)
-	for _, res := range []string{"qps", "two"} {
+	en, err := e.Entry("two")
+	require.ErrorIs(t, err, ErrBlocked)
+	_, ok := en.RetryAfter()
+	assert.False(t, ok, "with two rules, the one that blocked cannot speak for the other")
+	for _, res := range []string{"qps"} {
 		en, err := e.Entry(res)
 		require.ErrorIs(t, err, ErrBlocked)
 		wait, ok := en.RetryAfter()
@@ -42,7 +46,7 @@ func TestBlockedEntrySaysWhenToRetry(t *testing.T) {
 		require.True(t, ok)
 		assert.Equal(t, 800*ms, reset, "%s: the bucket of 500-750 ms leaves at 1.5 s", res)
 	}
-	en, err := e.Entry("key", WithKey("k"))
+	en, err = e.Entry("key", WithKey("k"))
 	require.ErrorIs(t, err, ErrBlocked)
 	wait, ok := en.RetryAfter()
 	require.True(t, ok)
@@ -174,4 +178,24 @@ func TestRetryAfterIsEnough(t *testing.T) {
 			en.Exit(nil)
 		}
 	}
+}
+
+// TestRetryAfterAfterAStepBack: a small step back of the clock (passed
+// through, not absorbed) does not shorten the wait a blocked request is
+// told.
+func TestRetryAfterAfterAStepBack(t *testing.T) {
+	clock := stattest.NewClock(1020 * ms)
+	e, _ := newEngine(t, clock)
+	load(t, e, Rule{Resource: "r", Threshold: 2})
+	require.True(t, try(e, "r"))
+	require.True(t, try(e, "r"))
+	clock.Set(970 * ms)
+	en, err := e.Entry("r")
+	require.ErrorIs(t, err, ErrBlocked)
+	wait, ok := en.RetryAfter()
+	require.True(t, ok)
+	clock.Advance(wait - ms)
+	assert.False(t, try(e, "r"), "a millisecond early")
+	clock.Advance(ms)
+	assert.True(t, try(e, "r"), "after %v", wait)
 }

@@ -227,6 +227,11 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 	}
 	en, err := m.eng.Entry(resource, opts[:n]...)
+	if n == 2 && errors.Is(err, flow.ErrInvalidKey) {
+		// A key the engine refuses (over MaxKeyLen) must not skip the
+		// rules: the request goes under the shared "no key" entry.
+		en, err = m.eng.Entry(resource, opts[:1]...)
+	}
 	if err != nil {
 		var be *flow.BlockError
 		switch {
@@ -234,7 +239,11 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			m.cfg.block(w, r, blockedOf(resource, be, &en))
 			return
 		case r.Context().Err() != nil:
-			return // the client went away while the request waited
+			// The wait ended with the request's context (the client went
+			// away, or a server deadline passed): never an empty 200.
+			m.failedClosed.Inc()
+			http.Error(w, "request ended while queued", http.StatusServiceUnavailable)
+			return
 		case m.cfg.failClosed:
 			m.failedClosed.Inc()
 			http.Error(w, "rate limiter unavailable", http.StatusServiceUnavailable)
@@ -250,11 +259,11 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.policyHeader(w.Header(), resource)
 	}
 	tr := trackers.Get().(*tracker)
-	tr.status, tr.next = http.StatusOK, nil
-	ww := httpsnoop.Wrap(w, httpsnoop.Hooks{WriteHeader: tr.hook})
+	tr.status, tr.sent = http.StatusOK, false
+	ww := httpsnoop.Wrap(w, httpsnoop.Hooks{WriteHeader: tr.hook, Write: tr.writeHook})
 	defer func() {
 		status := tr.status
-		tr.next = nil
+		tr.next, tr.nextWrite = nil, nil
 		trackers.Put(tr)
 		if v := recover(); v != nil {
 			en.Exit(errPanic)
@@ -274,20 +283,35 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 // hook returns, made once: a request then adds only httpsnoop's own
 // wrapper to what it allocates.
 type tracker struct {
-	status int
-	next   httpsnoop.WriteHeaderFunc
-	hook   func(httpsnoop.WriteHeaderFunc) httpsnoop.WriteHeaderFunc
-	write  httpsnoop.WriteHeaderFunc
+	status    int
+	sent      bool // the final status went out (a header or a first Write)
+	next      httpsnoop.WriteHeaderFunc
+	nextWrite httpsnoop.WriteFunc
+	hook      func(httpsnoop.WriteHeaderFunc) httpsnoop.WriteHeaderFunc
+	writeHook func(httpsnoop.WriteFunc) httpsnoop.WriteFunc
+	header    httpsnoop.WriteHeaderFunc
+	write     httpsnoop.WriteFunc
 }
 
 var trackers = sync.Pool{New: func() any {
 	tr := &tracker{}
-	tr.write = func(code int) {
-		tr.status = code
+	tr.header = func(code int) {
+		// Only the first final status counts, as only it goes out.
+		if !tr.sent && code >= 200 {
+			tr.status, tr.sent = code, true
+		}
 		tr.next(code)
+	}
+	tr.write = func(b []byte) (int, error) {
+		tr.sent = true // a Write with no header sends 200
+		return tr.nextWrite(b)
 	}
 	tr.hook = func(next httpsnoop.WriteHeaderFunc) httpsnoop.WriteHeaderFunc {
 		tr.next = next
+		return tr.header
+	}
+	tr.writeHook = func(next httpsnoop.WriteFunc) httpsnoop.WriteFunc {
+		tr.nextWrite = next
 		return tr.write
 	}
 	return tr

@@ -110,19 +110,22 @@ func TestPerClientKeys(t *testing.T) {
 }
 
 func TestClientIP(t *testing.T) {
-	proxies := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/8")}
-	key := ClientIP(proxies...)
+	proxies := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/8"), netip.MustParsePrefix("fe80::/10")}
+	xff, fwd := ClientIP(proxies...), ClientIPForwarded(proxies...)
 	for _, tc := range []struct {
 		peer, xff, fwd, want string
+		forwarded            bool
 	}{
-		{"198.51.100.7:4000", "203.0.113.1", "", "198.51.100.7"},               // untrusted peer: header ignored
-		{"10.0.0.2:4000", "203.0.113.1", "", "203.0.113.1"},                    // through our proxy
-		{"10.0.0.2:4000", "6.6.6.6, 203.0.113.1, 10.0.0.9", "", "203.0.113.1"}, // nearest untrusted, not the spoofed first
-		{"10.0.0.2:4000", "10.0.0.7, 10.0.0.9", "", "10.0.0.7"},                // all ours: the farthest
-		{"10.0.0.2:4000", "", `for=192.0.2.60;proto=http, for="[2001:db8:cafe::17]:4711"`, "2001:db8:cafe::/64"},
-		{"10.0.0.2:4000", "6.6.6.6", `for=192.0.2.60`, "192.0.2.60"}, // Forwarded wins
-		{"[2001:db8:1:2::9]:80", "", "", "2001:db8:1:2::/64"},        // IPv6 by /64
-		{"[fd00::1]:80", "2001:db8:aa:bb::1", "", "2001:db8:aa:bb::/64"},
+		{"198.51.100.7:4000", "203.0.113.1", "", "198.51.100.7", false},               // untrusted peer: header ignored
+		{"10.0.0.2:4000", "203.0.113.1", "", "203.0.113.1", false},                    // through our proxy
+		{"10.0.0.2:4000", "6.6.6.6, 203.0.113.1, 10.0.0.9", "", "203.0.113.1", false}, // nearest untrusted, not the spoofed first
+		{"10.0.0.2:4000", "10.0.0.7, 10.0.0.9", "", "10.0.0.7", false},                // all ours: the farthest
+		{"10.0.0.2:4000", "203.0.113.7", "for=198.51.100.99", "203.0.113.7", false},   // a forged Forwarded is not read
+		{"10.0.0.2:4000", "", `for=192.0.2.60;proto=http, for="[2001:db8:cafe::17]:4711"`, "2001:db8:cafe::/64", true},
+		{"10.0.0.2:4000", "6.6.6.6", `for=192.0.2.60`, "192.0.2.60", true}, // and the other way round
+		{"[2001:db8:1:2::9]:80", "", "", "2001:db8:1:2::/64", false},       // IPv6 by /64
+		{"[fd00::1]:80", "2001:db8:aa:bb::1", "", "2001:db8:aa:bb::/64", false},
+		{"[fe80::1%eth0]:80", "203.0.113.5", "", "203.0.113.5", false}, // a zoned proxy is trusted
 	} {
 		r := httptest.NewRequest(http.MethodGet, "/", nil)
 		r.RemoteAddr = tc.peer
@@ -132,11 +135,70 @@ func TestClientIP(t *testing.T) {
 		if tc.fwd != "" {
 			r.Header.Set("Forwarded", tc.fwd)
 		}
+		key := xff
+		if tc.forwarded {
+			key = fwd
+		}
 		assert.Equal(t, tc.want, key(r), "%+v", tc)
 	}
 	r := httptest.NewRequest(http.MethodGet, "/", nil)
 	r.Header.Set("X-API-Key", "k1")
 	assert.Equal(t, "k1", Header("x-api-key")(r))
+}
+
+// TestOverlongKeyDoesNotSkipTheRules: a key the engine refuses sends the
+// request under the shared "no key" entry, never around the rules.
+func TestOverlongKeyDoesNotSkipTheRules(t *testing.T) {
+	eng := engine(t, stattest.NewClock(0), flow.Rule{Resource: "api", Threshold: 2, PerKey: true})
+	srv := httptest.NewServer(Handler(eng, "api", ok, WithKey(Header("X-Api-Key"))))
+	defer srv.Close()
+	long := strings.Repeat("k", flow.MaxKeyLen+1)
+	codes := []int{}
+	for range 3 {
+		codes = append(codes, get(t, srv.Client(), srv.URL, "X-Api-Key", long).StatusCode)
+	}
+	assert.Equal(t, []int{200, 200, 429}, codes)
+}
+
+// TestDeadlineWhileQueuedIs503: a server deadline that ends a throttling
+// wait answers 503, never an empty 200.
+func TestDeadlineWhileQueuedIs503(t *testing.T) {
+	eng := engine(t, nil, flow.Rule{Resource: "slow", Threshold: 0.1, Behavior: flow.Throttle, MaxQueueing: time.Minute})
+	h := Handler(eng, "slow", ok)
+	deadline := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 50*time.Millisecond)
+		defer cancel()
+		h.ServeHTTP(w, r.WithContext(ctx))
+	})
+	srv := httptest.NewServer(deadline)
+	defer srv.Close()
+	assert.Equal(t, http.StatusOK, get(t, srv.Client(), srv.URL).StatusCode)
+	assert.Equal(t, http.StatusServiceUnavailable, get(t, srv.Client(), srv.URL).StatusCode)
+}
+
+// TestOnlyTheSentStatusCounts: the status that went out decides the
+// exception, not later WriteHeader calls.
+func TestOnlyTheSentStatusCounts(t *testing.T) {
+	eng := engine(t, stattest.NewClock(0))
+	mux := http.NewServeMux()
+	mux.Handle("GET /late500", Middleware(eng)(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "ok")
+		w.WriteHeader(http.StatusInternalServerError) // superfluous: 200 went out
+	})))
+	mux.Handle("GET /500then200", Middleware(eng)(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusInternalServerError)
+		w.WriteHeader(http.StatusOK)
+	})))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	assert.Equal(t, http.StatusOK, get(t, srv.Client(), srv.URL+"/late500").StatusCode)
+	assert.Equal(t, http.StatusInternalServerError, get(t, srv.Client(), srv.URL+"/500then200").StatusCode)
+	for res, want := range map[string]int64{"GET /late500": 0, "GET /500then200": 1} {
+		require.Eventually(t, func() bool {
+			snap, _ := eng.Snapshot(res)
+			return snap.MinutePass == 1 && snap.MinuteErrors == want
+		}, 2*time.Second, 5*time.Millisecond, res)
+	}
 }
 
 // TestExceptions: 5xx responses and panics count as exceptions; a panic

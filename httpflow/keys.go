@@ -13,12 +13,25 @@ import (
 // address, grouped as flow.AddrKey groups them (IPv6 by /64). The peer's
 // address is the client's unless the peer is one of trusted (prefixes of
 // your own proxies and load balancers): then the client is the nearest
-// address, walking the Forwarded header's for= values (or, without one,
-// X-Forwarded-For) from the right, that is not trusted. A header that an
-// untrusted peer sent is never read, so a client cannot name itself.
+// address, walking X-Forwarded-For from the right, that is not trusted. A
+// header that an untrusted peer sent is never read, so a client cannot
+// name itself; nor can it through a header your proxies do not write:
+// ClientIP reads only X-Forwarded-For, ClientIPForwarded only Forwarded
+// (RFC 7239). Use the one your proxies set.
 func ClientIP(trusted ...netip.Prefix) func(*http.Request) string {
+	return clientIP(false, trusted)
+}
+
+// ClientIPForwarded is ClientIP for proxies that write the Forwarded
+// header's for= values instead of X-Forwarded-For.
+func ClientIPForwarded(trusted ...netip.Prefix) func(*http.Request) string {
+	return clientIP(true, trusted)
+}
+
+func clientIP(useForwarded bool, trusted []netip.Prefix) func(*http.Request) string {
 	isTrusted := func(a netip.Addr) bool {
-		a = a.Unmap()
+		a = a.Unmap().WithZone("") // a zoned address is in no prefix
+
 		for _, p := range trusted {
 			if p.Contains(a) {
 				return true
@@ -34,7 +47,7 @@ func ClientIP(trusted ...netip.Prefix) func(*http.Request) string {
 		if !isTrusted(peer) {
 			return flow.AddrKey(peer)
 		}
-		hops := forwardedFor(r.Header)
+		hops := forwardedFor(r.Header, useForwarded)
 		for i := len(hops) - 1; i >= 0; i-- {
 			if !isTrusted(hops[i]) {
 				return flow.AddrKey(hops[i])
@@ -66,13 +79,14 @@ func remoteAddr(s string) (netip.Addr, bool) {
 	return a, err == nil
 }
 
-// forwardedFor lists the addresses the proxies recorded, nearest last:
-// the for= values of Forwarded (RFC 7239) if any, else X-Forwarded-For.
-// Values that are not addresses (obfuscated identifiers, "unknown") end
-// the list there: nothing left of them can be trusted.
-func forwardedFor(h http.Header) []netip.Addr {
+// forwardedFor lists the addresses the proxies recorded, nearest last: the
+// for= values of Forwarded (RFC 7239) or X-Forwarded-For. Values that are
+// not addresses (obfuscated identifiers, "unknown") end the list there:
+// nothing left of them can be trusted.
+func forwardedFor(h http.Header, useForwarded bool) []netip.Addr {
 	var out []netip.Addr
-	if fw := h.Values("Forwarded"); len(fw) > 0 {
+	if useForwarded {
+		fw := h.Values("Forwarded")
 		for _, line := range fw {
 			for _, elem := range strings.Split(line, ",") {
 				for _, pair := range strings.Split(elem, ";") {

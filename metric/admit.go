@@ -189,7 +189,8 @@ func (w *Window) Borrowed() int64 { return w.arr.Pending() }
 // alone fill it. It reads the buckets once and allocates nothing.
 func (w *Window) RoomIn(now, n, threshold int64) (wait, reset time.Duration, ok bool) {
 	a := &w.arr
-	now = a.Clamp(max(now, 0))
+	real := max(now, 0) // waits run from here, even behind the newest bucket
+	now = a.Clamp(real)
 	span := a.Interval()
 	// The buckets in the window, by start: at most the sample count.
 	var starts, counts [maxRoomBuckets]int64
@@ -199,7 +200,7 @@ func (w *Window) RoomIn(now, n, threshold int64) (wait, reset time.Duration, ok 
 		if k == len(starts) {
 			// More buckets than this reads: the wait until all of them
 			// have left is an upper bound.
-			all := time.Duration(max(a.Head().Start()+span-now, 0))
+			all := time.Duration(max(a.Head().Start()+span-real, 0))
 			return all, all, n <= threshold && a.Pending()+n <= threshold
 		}
 		c := max(x.Value.passes(), x.Value.committed())
@@ -219,12 +220,12 @@ func (w *Window) RoomIn(now, n, threshold int64) (wait, reset time.Duration, ok 
 		}
 	}
 	if k > 0 {
-		reset = time.Duration(starts[k-1] + span - now)
+		reset = time.Duration(starts[k-1] + span - real)
 	}
 	held := total + pending
 	for i := 0; held+n > threshold && i < k; i++ {
 		held -= counts[i]
-		wait = time.Duration(starts[i] + span - now)
+		wait = time.Duration(starts[i] + span - real)
 	}
 	return max(wait, 0), max(reset, 0), true
 }
