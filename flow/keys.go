@@ -589,11 +589,18 @@ func (t *keyTable) release(st *keyState, n int64) {
 	t.specMu.Lock()
 	defer t.specMu.Unlock()
 	if st.pinned.Load() && st.head.Load() == 0 {
+		// Dead first, then look again: a request that counted in it
+		// meanwhile either sees it dead (and takes its count back) or is
+		// seen here, and the state stays pinned, alive.
+		st.dead.Store(true)
+		if st.head.Load() != 0 {
+			st.dead.Store(false)
+			return
+		}
 		if t.pinned[st.id] == st {
 			delete(t.pinned, st.id)
 		}
 		st.pinned.Store(false)
-		st.dead.Store(true) // a request that found it in the side table looks again
 	}
 }
 
