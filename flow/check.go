@@ -42,9 +42,7 @@ func (e *Engine) enter(set *ruleSet, rr *resourceRules, node *stat.Node, opts []
 	if kr := rr.singleKey; kr != nil {
 		// One PerKey limit: one admission on the key, the pass or block
 		// counted on the node.
-		if !q.hasKey {
-			node.AddKeyless()
-		}
+		keyless(node, &q)
 		var kh keyHeld
 		ev := metric.Pass
 		_, seen, rm, ok := kr.admit(&q, now, &kh)

@@ -187,16 +187,20 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stat.Node, bounds []Bound
 		fp := fingerprint(&norm[i])
 		k := ruleKey{fp, copies[fp]}
 		copies[fp]++
-		next.byResource[norm[i].Resource] = e.resourceRules(next, &norm[i], nodes)
-		next.byResource[norm[i].Resource].rules++
-		if r := &norm[i]; r.PerKey && !r.Global {
-			id := tableID{resource: r.Resource, id: r.ID, metric: r.Metric, behavior: r.Behavior, interval: r.StatInterval, maxQueue: r.MaxQueueing}
+		r := &norm[i]
+		e.resourceRules(next, r, nodes).rules++
+		var id tableID // PerKey rules' tables
+		if r.PerKey {
+			id = tableID{resource: r.Resource, id: r.ID, metric: r.Metric, behavior: r.Behavior, interval: r.StatInterval,
+				maxQueue: r.MaxQueueing, global: r.Global}
 			id.copy = tableCopies[id]
 			tableCopies[id]++
-			e.addKeyed(next, old, e.resourceRules(next, r, nodes), r, id)
-			continue
+			if !r.Global {
+				e.addKeyed(next, old, e.resourceRules(next, r, nodes), r, id)
+				continue
+			}
 		}
-		e.add(next, old, &norm[i], k, nodes, bounds[i])
+		e.add(next, old, r, k, id, nodes, bounds[i])
 	}
 	for _, rr := range next.byResource {
 		if len(rr.groups) == 1 && rr.countsNode && len(rr.groups[0].warm) == 0 && rr.concLimit < 0 &&
@@ -214,7 +218,7 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stat.Node, bounds []Bound
 
 // add adds rule r, whose state is keyed k, to the set being built; bound
 // is its bound token source, if any.
-func (e *Engine) add(next, old *ruleSet, r *Rule, k ruleKey, nodes map[string]*stat.Node, bound BoundSource) {
+func (e *Engine) add(next, old *ruleSet, r *Rule, k ruleKey, id tableID, nodes map[string]*stat.Node, bound BoundSource) {
 	rr := e.resourceRules(next, r, nodes)
 	switch {
 	case r.Metric == Concurrency:
@@ -226,18 +230,7 @@ func (e *Engine) add(next, old *ruleSet, r *Rule, k ruleKey, nodes map[string]*s
 		rr.related = append(rr.related, relatedRule{node: nodes[r.RelatedResource], threshold: r.Threshold, be: newBlockError(r, ReasonFlow)})
 	case r.Global && r.PerKey:
 		// Its local fallback is per key, at LocalShare of the threshold.
-		id := tableID{resource: r.Resource, id: r.ID, metric: r.Metric, behavior: r.Behavior, interval: r.StatInterval, global: true}
-		t := old.tables[id]
-		if t == nil || t.capacity() != newKeyTableCap(r.MaxKeys) {
-			nt := newKeyTable(r, rr.node, e.now)
-			if t != nil {
-				nt.migrate(t)
-			}
-			t = nt
-		}
-		t.node.Store(rr.node)
-		next.tables[id] = t
-		t.keepSpecific(r.Keys)
+		t := e.keyTable(next, old, rr, r, id)
 		g := globalRule{
 			req:        globalRequest(r),
 			bound:      bound,

@@ -67,16 +67,7 @@ const maxKeyRules = 4
 
 // addKeyed adds PerKey rule r, whose table is identified by id, to rr.
 func (e *Engine) addKeyed(next, old *ruleSet, rr *resourceRules, r *Rule, id tableID) {
-	t := old.tables[id]
-	if t == nil || t.capacity() != newKeyTableCap(r.MaxKeys) {
-		nt := newKeyTable(r, rr.node, e.now)
-		if t != nil {
-			nt.migrate(t)
-		}
-		t = nt
-	}
-	t.node.Store(rr.node)
-	next.tables[id] = t
+	t := e.keyTable(next, old, rr, r, id)
 	kr := keyRule{t: t, be: newBlockError(r, ReasonFlow)}
 	limitOf := func(threshold float64) (int64, float64) {
 		switch t.kind {
@@ -95,7 +86,6 @@ func (e *Engine) addKeyed(next, old *ruleSet, rr *resourceRules, r *Rule, id tab
 		kr.maxQueue = int64(r.MaxQueueing)
 		kr.be = newBlockError(r, ReasonQueue)
 	}
-	t.keepSpecific(r.Keys)
 	if len(r.Keys) > 0 {
 		kr.spec = make(map[string]keySpec, len(r.Keys))
 		for _, kl := range r.Keys {
@@ -109,6 +99,24 @@ func (e *Engine) addKeyed(next, old *ruleSet, rr *resourceRules, r *Rule, id tab
 	} else {
 		rr.keyed = append(rr.keyed, kr)
 	}
+}
+
+// keyTable returns the table of PerKey rule r in the set being built: the
+// old set's, moved to a new one if MaxKeys changed, with the keys r lists
+// in Keys kept apart and those it no longer lists put back.
+func (e *Engine) keyTable(next, old *ruleSet, rr *resourceRules, r *Rule, id tableID) *keyTable {
+	t := old.tables[id]
+	if t == nil || t.capacity() != newKeyTableCap(r.MaxKeys) {
+		nt := newKeyTable(r, rr.node, e.now)
+		if t != nil {
+			nt.migrate(t)
+		}
+		t = nt
+	}
+	t.node.Store(rr.node)
+	next.tables[id] = t
+	t.keepSpecific(r.Keys)
+	return t
 }
 
 // state returns the state and limits of the request's key.

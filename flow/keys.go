@@ -409,6 +409,11 @@ func (t *keyTable) take(key string) *keyState {
 // rule's Keys keeps its counts (load time).
 func (t *keyTable) put(key string, st *keyState) {
 	st.id = keyID{t.hash(key), t.check(key)}
+	t.insert(st)
+}
+
+// insert puts st into its sets unless its key is there already.
+func (t *keyTable) insert(st *keyState) {
 	a, b := t.setsOf(st.id.h)
 	unlock := t.lock(a, b)
 	defer unlock()
@@ -556,12 +561,7 @@ func (t *keyTable) migrate(old *keyTable) {
 		unlockOld := old.lock(i, i)
 		for j := range old.sets[i].ways {
 			if st := old.sets[i].ways[j].st.Load(); st != nil {
-				a, b := t.setsOf(st.id.h)
-				unlock := t.lock(a, b)
-				if t.findLocked(st.id, a, b) == nil {
-					t.placeLocked(st, a, b)
-				}
-				unlock()
+				t.insert(st)
 			}
 		}
 		unlockOld()
