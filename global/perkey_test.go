@@ -181,6 +181,9 @@ func TestPerKeyGlobalBoundedCallers(t *testing.T) {
 		return true
 	})
 	for _, s := range srcs {
+		// The cache may pass its bound for a moment while it evicts; its
+		// maintenance brings it back.
+		s.keyed.CleanUp()
 		assert.LessOrEqual(t, s.keyed.EstimatedSize(), 16)
 	}
 }
