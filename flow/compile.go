@@ -69,6 +69,9 @@ type resourceRules struct {
 	// to retry only when one rule decides (with several, the one that
 	// blocked first cannot speak for the others).
 	rules int
+	// policy is the quota of the resource's strictest QPS rule (the least
+	// per second), for Engine.Policy; nil: none.
+	policy *BlockError
 }
 
 // hasKeyed reports whether the resource has PerKey rules.
@@ -188,7 +191,11 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stat.Node, bounds []Bound
 		k := ruleKey{fp, copies[fp]}
 		copies[fp]++
 		r := &norm[i]
-		e.resourceRules(next, r, nodes).rules++
+		rr := e.resourceRules(next, r, nodes)
+		rr.rules++
+		if r.Metric == QPS && (rr.policy == nil || r.Threshold < rr.policy.Rule.Threshold) {
+			rr.policy = newBlockError(r, ReasonFlow)
+		}
 		var id tableID // PerKey rules' tables
 		if r.PerKey {
 			id = tableID{resource: r.Resource, id: r.ID, metric: r.Metric, behavior: r.Behavior, interval: r.StatInterval,
@@ -196,7 +203,7 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stat.Node, bounds []Bound
 			id.copy = tableCopies[id]
 			tableCopies[id]++
 			if !r.Global {
-				e.addKeyed(next, old, e.resourceRules(next, r, nodes), r, id)
+				e.addKeyed(next, old, rr, r, id)
 				continue
 			}
 		}

@@ -262,7 +262,7 @@ func (e *Engine) noRoom(rules []Rule, err error) error {
 				if name != r.Resource {
 					field = "RelatedResource"
 				}
-				return &RuleError{Rule: r.name(), Index: i, Field: field, Value: name, Reason: "has no room in the registry", Err: err}
+				return &RuleError{Rule: r.Name(), Index: i, Field: field, Value: name, Reason: "has no room in the registry", Err: err}
 			}
 		}
 	}

@@ -64,7 +64,7 @@ func newKeyBlockError(r *Rule, reason Reason, threshold float64) *BlockError {
 		Rule:   *r,
 		Reason: reason,
 		msg: fmt.Sprintf("flow: %s blocked by rule %s (%s %v, %s, %s)",
-			names.Abbrev(r.Resource), names.Abbrev(r.name()), r.Metric, threshold, r.Behavior, reason),
+			names.Abbrev(r.Resource), names.Abbrev(r.Name()), r.Metric, threshold, r.Behavior, reason),
 	}
 	switch {
 	case r.Metric == Concurrency:

@@ -199,3 +199,61 @@ func TestRetryAfterAfterAStepBack(t *testing.T) {
 	clock.Advance(ms)
 	assert.True(t, try(e, "r"), "after %v", wait)
 }
+
+// TestRefusalAndPolicy: Entry.Refusal gathers what a blocked request
+// recorded; Engine.Policy names the strictest QPS rule of a resource and
+// follows reloads; neither allocates.
+func TestRefusalAndPolicy(t *testing.T) {
+	clock := stattest.NewClock(0)
+	e, _ := newEngine(t, clock)
+	load(t, e,
+		Rule{ID: "loose", Resource: "api", Threshold: 50, StatInterval: 2 * time.Second},
+		Rule{ID: "strict", Resource: "api", Threshold: 3},
+		Rule{Resource: "api", Metric: Concurrency, Threshold: 100},
+		Rule{Resource: "conc", Metric: Concurrency, Threshold: 1},
+		Rule{Resource: "one", Threshold: 2},
+	)
+	name, q, w, ok := e.Policy("api")
+	require.True(t, ok)
+	assert.Equal(t, "strict", name)
+	assert.Equal(t, int64(3), q)
+	assert.Equal(t, time.Second, w)
+	_, _, _, ok = e.Policy("conc")
+	assert.False(t, ok, "no QPS rule")
+	_, _, _, ok = e.Policy("nothing")
+	assert.False(t, ok)
+	assert.Zero(t, testing.AllocsPerRun(100, func() { e.Policy("api") }))
+
+	clock.Set(100 * ms)
+	require.True(t, try(e, "one"))
+	require.True(t, try(e, "one"))
+	en, err := e.Entry("one")
+	var be *BlockError
+	require.ErrorAs(t, err, &be)
+	r := en.Refusal("one", be)
+	assert.Equal(t, "one", r.Resource)
+	assert.Same(t, be, r.Err)
+	assert.Equal(t, int64(2), r.Quota)
+	assert.Equal(t, int64(0), r.Remaining)
+	assert.Equal(t, time.Second, r.Window)
+	assert.True(t, r.RetryKnown)
+	assert.Equal(t, 900*ms, r.RetryAfter, "both passes sit in the bucket [0, 250 ms), which leaves the window at 1 s")
+	assert.True(t, r.ResetKnown)
+	assert.Zero(t, testing.AllocsPerRun(100, func() { _ = en.Refusal("one", be) }))
+
+	held, err := e.Entry("conc")
+	require.NoError(t, err)
+	en, err = e.Entry("conc")
+	require.ErrorAs(t, err, &be)
+	r = en.Refusal("conc", be)
+	assert.False(t, r.RetryKnown, "a Concurrency rule cannot say when")
+	assert.Equal(t, int64(1), r.Quota)
+	assert.Equal(t, time.Duration(0), r.Window)
+	held.Exit(nil)
+
+	load(t, e, Rule{Resource: "api", Threshold: 7})
+	name, q, _, ok = e.Policy("api")
+	require.True(t, ok)
+	assert.Equal(t, "api", name, "a rule with no ID is named by its resource")
+	assert.Equal(t, int64(7), q)
+}

@@ -196,8 +196,9 @@ const DefaultStatInterval = time.Second
 // DefaultColdFactor is the cold factor of a warm-up rule with none.
 const DefaultColdFactor = 3.0
 
-// name is how errors refer to the rule.
-func (r *Rule) name() string {
+// Name returns the rule's ID, or its resource when it has none: how errors
+// and middleware name it.
+func (r *Rule) Name() string {
 	if r.ID != "" {
 		return r.ID
 	}
@@ -256,7 +257,7 @@ func (r *Rule) errorf(i int, field string, value any, reason string, args ...any
 	if len(args) > 0 {
 		reason = fmt.Sprintf(reason, args...)
 	}
-	return &RuleError{Rule: r.name(), Index: i, Field: field, Value: value, Reason: reason}
+	return &RuleError{Rule: r.Name(), Index: i, Field: field, Value: value, Reason: reason}
 }
 
 // validate checks a rule with defaults applied.

@@ -49,7 +49,6 @@ package httpflow
 import (
 	"errors"
 	"fmt"
-	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -66,21 +65,7 @@ import (
 const Unmatched = "http:unmatched"
 
 // Blocked is what a block handler is told about a blocked request.
-type Blocked struct {
-	Resource string
-	Err      *flow.BlockError
-	// RetryAfter is how long until the rule would admit the request, when
-	// RetryKnown.
-	RetryAfter time.Duration
-	RetryKnown bool
-	// Quota and Window are the rule's (Window 0: in flight); Remaining is
-	// what the window had left for the request; Reset, when ResetKnown,
-	// how long until everything in the window now has left it.
-	Quota, Remaining int64
-	Window           time.Duration
-	Reset            time.Duration
-	ResetKnown       bool
-}
+type Blocked = flow.Refusal
 
 // Options.
 type config struct {
@@ -236,7 +221,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		var be *flow.BlockError
 		switch {
 		case errors.As(err, &be):
-			m.cfg.block(w, r, blockedOf(resource, be, &en))
+			m.cfg.block(w, r, en.Refusal(resource, be))
 			return
 		case r.Context().Err() != nil:
 			// The wait ended with the request's context (the client went
@@ -317,18 +302,6 @@ var trackers = sync.Pool{New: func() any {
 	return tr
 }}
 
-// blockedOf reads what the blocked Entry recorded.
-func blockedOf(resource string, be *flow.BlockError, en *flow.Entry) Blocked {
-	b := Blocked{Resource: resource, Err: be}
-	b.Quota, b.Window = be.Quota()
-	b.RetryAfter, b.RetryKnown = en.RetryAfter()
-	b.Reset, b.ResetKnown = en.Reset()
-	if seen := en.Seen(); be.Reason == flow.ReasonFlow || be.Reason == flow.ReasonConcurrency {
-		b.Remaining = max(b.Quota-int64(seen), 0)
-	}
-	return b
-}
-
 // defaultBlock answers 429 (or 503) with Retry-After and the RateLimit
 // fields.
 func (m *middleware) defaultBlock(w http.ResponseWriter, _ *http.Request, b Blocked) {
@@ -341,7 +314,7 @@ func (m *middleware) defaultBlock(w http.ResponseWriter, _ *http.Request, b Bloc
 	if b.Window > 0 {
 		name := policyName(b.Err)
 		q, win := policyQuota(b.Quota, b.Window)
-		h.Set("RateLimit-Policy", fmt.Sprintf("%s;q=%d;w=%d", name, q, win))
+		h.Set("RateLimit-Policy", policyField(name, q, win))
 		field := fmt.Sprintf("%s;r=%d", name, min(b.Remaining, q))
 		if b.ResetKnown {
 			field += ";t=" + strconv.FormatInt(ceilSeconds(b.Reset), 10)
@@ -356,16 +329,25 @@ func (m *middleware) defaultBlock(w http.ResponseWriter, _ *http.Request, b Bloc
 }
 
 // policyHeader sets RateLimit-Policy for an admitted request of resource,
-// from the resource's first QPS rule in force.
+// from the resource's strictest QPS rule in force.
 func (m *middleware) policyHeader(h http.Header, resource string) {
-	for _, r := range m.eng.Rules() {
-		if r.Resource != resource || r.Metric != flow.QPS {
-			continue
-		}
-		q, win := policyQuota(int64(math.Floor(r.Threshold*r.StatInterval.Seconds())), r.StatInterval)
-		h.Set("RateLimit-Policy", fmt.Sprintf("%s;q=%d;w=%d", sfString(ruleName(r)), q, win))
+	name, quota, window, ok := m.eng.Policy(resource)
+	if !ok {
 		return
 	}
+	q, win := policyQuota(quota, window)
+	h.Set("RateLimit-Policy", policyField(sfString(name), q, win))
+}
+
+// policyField is a RateLimit-Policy value.
+func policyField(name string, q, w int64) string {
+	b := make([]byte, 0, len(name)+48)
+	b = append(b, name...)
+	b = append(b, ";q="...)
+	b = strconv.AppendInt(b, q, 10)
+	b = append(b, ";w="...)
+	b = strconv.AppendInt(b, w, 10)
+	return string(b)
 }
 
 // policyQuota expresses quota per window in whole seconds (the draft's
@@ -379,14 +361,7 @@ func policyQuota(quota int64, window time.Duration) (q, w int64) {
 
 func ceilSeconds(d time.Duration) int64 { return int64((d + time.Second - 1) / time.Second) }
 
-func ruleName(r flow.Rule) string {
-	if r.ID != "" {
-		return r.ID
-	}
-	return r.Resource
-}
-
-func policyName(be *flow.BlockError) string { return sfString(ruleName(be.Rule)) }
+func policyName(be *flow.BlockError) string { return sfString(be.Rule.Name()) }
 
 // sfString is s as a structured-field String: quoted, with '"' and '\'
 // escaped; other characters outside printable ASCII are dropped (the
