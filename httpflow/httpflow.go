@@ -41,9 +41,21 @@
 //     rounded up.
 //
 // WithHeadersOnAdmit sets the RateLimit fields on admitted responses too
-// (from the rule's quota only: the remaining count of an admitted request
+// (RateLimit-Policy of the strictest QPS rule, Engine.Policy; the
+// remaining count of an admitted request
 // is not computed, so r is left out). WithBlockHandler replaces the whole
 // answer.
+//
+// # Cost
+//
+// On the HTTP/1 server an admitted request allocates nothing in the
+// middleware: its writer gets a pooled wrapper with exactly the optional
+// interfaces the server's has (Flusher, Hijacker, io.ReaderFrom, ...,
+// and Unwrap for http.ResponseController). Other writers (HTTP/2, other
+// middleware's) are wrapped by github.com/felixge/httpsnoop, which keeps
+// whatever interfaces they have, at a few allocations. A handler must not
+// use its writer after it returns (net/http's own rule): the wrapper goes
+// back to the pool.
 package httpflow
 
 import (
@@ -245,10 +257,16 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	tr := trackers.Get().(*tracker)
 	tr.status, tr.sent = http.StatusOK, false
-	ww := httpsnoop.Wrap(w, httpsnoop.Hooks{WriteHeader: tr.hook, Write: tr.writeHook})
+	var ww http.ResponseWriter
+	if isHTTP1(w) {
+		tr.w = w
+		ww = (*http1Writer)(tr)
+	} else {
+		ww = httpsnoop.Wrap(w, httpsnoop.Hooks{WriteHeader: tr.hook, Write: tr.writeHook})
+	}
 	defer func() {
 		status := tr.status
-		tr.next, tr.nextWrite = nil, nil
+		tr.w, tr.next, tr.nextWrite = nil, nil, nil
 		trackers.Put(tr)
 		if v := recover(); v != nil {
 			en.Exit(errPanic)
@@ -263,11 +281,14 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	next.ServeHTTP(ww, r)
 }
 
-// tracker records a response's status through httpsnoop's WriteHeader
-// hook. Trackers are pooled, and each keeps its hook and the function the
-// hook returns, made once: a request then adds only httpsnoop's own
-// wrapper to what it allocates.
+// tracker records a response's status: as the HTTP/1 server's writer's
+// wrapper (http1Writer), or through httpsnoop's WriteHeader and Write
+// hooks for any other writer. Trackers are pooled, and each keeps its
+// hooks and the functions they return, made once: an HTTP/1 request
+// allocates nothing in the middleware, any other adds only httpsnoop's
+// wrapper.
 type tracker struct {
+	w         http.ResponseWriter // under an http1Writer
 	status    int
 	sent      bool // the final status went out (a header or a first Write)
 	next      httpsnoop.WriteHeaderFunc

@@ -1,0 +1,5 @@
+//go:build !race
+
+package httpflow
+
+const raceEnabled = false
