@@ -42,9 +42,8 @@
 //
 // WithHeadersOnAdmit sets the RateLimit fields on admitted responses too
 // (RateLimit-Policy of the strictest QPS rule, Engine.Policy; the
-// remaining count of an admitted request
-// is not computed, so r is left out). WithBlockHandler replaces the whole
-// answer.
+// remaining count of an admitted request is not computed, so RateLimit is
+// left out). WithBlockHandler replaces the whole answer.
 //
 // # Cost
 //

@@ -399,3 +399,31 @@ func TestStatusPerRequest(t *testing.T) {
 	assert.Equal(t, int64(200), snap.MinutePass)
 	assert.Equal(t, fails.Load(), snap.MinuteErrors)
 }
+
+// TestHeadersOnAdmit: with WithHeadersOnAdmit an admitted response names
+// the resource's strictest QPS rule in RateLimit-Policy (a window under a
+// second as its quota per second); a resource with no QPS rule gets none.
+func TestHeadersOnAdmit(t *testing.T) {
+	eng := engine(t, stattest.NewClock(0),
+		flow.Rule{ID: "loose", Resource: "GET /a", Threshold: 100},
+		flow.Rule{ID: "strict", Resource: "GET /a", Threshold: 3},
+		flow.Rule{Resource: "GET /b", Threshold: 20, StatInterval: 500 * time.Millisecond},
+		flow.Rule{Resource: "GET /c", Metric: flow.Concurrency, Threshold: 5},
+	)
+	mux := http.NewServeMux()
+	for _, p := range []string{"GET /a", "GET /b", "GET /c"} {
+		mux.Handle(p, Middleware(eng, WithHeadersOnAdmit())(ok))
+	}
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	for path, want := range map[string]string{
+		"/a": `"strict";q=3;w=1`,
+		"/b": `"GET /b";q=20;w=1`,
+		"/c": "",
+	} {
+		resp := get(t, srv.Client(), srv.URL+path)
+		assert.Equal(t, http.StatusOK, resp.StatusCode, path)
+		assert.Equal(t, want, resp.Header.Get("RateLimit-Policy"), path)
+		assert.Empty(t, resp.Header.Get("RateLimit"), path)
+	}
+}
