@@ -140,11 +140,12 @@ type report struct {
 	perKey     []perKeyResult
 	perKeyMem  []perKeyMem
 	perKeyAcc  []perKeyAcc
+	middleware []mwResult
 }
 
 func run(cfg config, stdout, stderr io.Writer) error {
 	rep := &report{cfg: cfg, started: time.Now()}
-	steps := len(impls)*len(cfg.goroutines)*len(cfg.resources) + 3*len(accLimiters) + len(memCases) + 3*len(cfg.goroutines) + 2 + globalLoadSteps(cfg) + 2*len(keyLimiters)*(len(perKeyGoroutines)+1)
+	steps := len(impls)*len(cfg.goroutines)*len(cfg.resources) + 3*len(accLimiters) + len(memCases) + 3*len(cfg.goroutines) + 2 + globalLoadSteps(cfg) + 2*len(keyLimiters)*(len(perKeyGoroutines)+1) + mwCaseCount*len(mwGoroutines())
 	var bar *progressbar.ProgressBar
 	tick := func(desc string) {}
 	if cfg.progress {
@@ -182,6 +183,7 @@ func run(cfg config, stdout, stderr io.Writer) error {
 	tick("saturated CPU")
 	rep.saturation = saturation(cfg)
 	rep.perKey, rep.perKeyMem, rep.perKeyAcc = perKeySection(cfg, tick)
+	rep.middleware = middlewareSection(cfg, tick)
 	rep.global, rep.globalAcc, rep.globalLoad, rep.globalNote = globalSection(cfg, tick)
 	if bar != nil {
 		_ = bar.Finish()

@@ -117,6 +117,7 @@ func (r *report) printTables(w io.Writer) {
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	r.perKeyTables(tw, false)
 	tw.Flush()
+	r.middlewareTables(w, false)
 	fmt.Fprintf(w, "\nMemory: bytes per limiter, over %d of them\n", r.cfg.memN)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	for _, m := range r.memory {
@@ -268,6 +269,7 @@ func (r *report) markdown(w io.Writer) {
 		r.globalLoadTables(w, true)
 	}
 	r.perKeyTables(w, true)
+	r.middlewareTables(w, true)
 	fmt.Fprintf(w, "\n## Memory\n\nHeap bytes per limiter, measured with runtime.MemStats over %d of them.\n\n| limiter | bytes | what |\n|---|---:|---|\n", c.memN)
 	for _, m := range r.memory {
 		fmt.Fprintf(w, "| %s | %.0f | %s |\n", m.name, m.bytes, m.note)

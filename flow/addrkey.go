@@ -19,7 +19,8 @@ func AddrKey(a netip.Addr) string { return AddrKeyBits(a, 32, DefaultIPv6PrefixB
 // addresses by (clamped to 0-32 and 0-128): 24 gives one key per IPv4 /24,
 // 128 one per IPv6 address, 48 one per IPv6 /48.
 func AddrKeyBits(a netip.Addr, v4Bits, v6Bits int) string {
-	return string(AppendAddrKey(nil, a, v4Bits, v6Bits))
+	var buf [64]byte // the longest key, an IPv6 prefix, is 43 bytes
+	return string(AppendAddrKey(buf[:0], a, v4Bits, v6Bits))
 }
 
 // AppendAddrKey appends the key AddrKeyBits returns to dst (no allocation

@@ -50,10 +50,11 @@
 // Concurrency rules can be PerKey, as can Global rules (one Redis limit per
 // key). Keys lists specific keys with their own thresholds (a premium
 // tenant at ten times the rule's, a known abuser at 0); they are kept apart
-// and never evicted. A request without a key is limited under one shared
-// "no key" entry and counted in the resource's Keyless statistic, never
-// refused for it, so a reload that adds a PerKey rule cannot turn keyless
-// traffic into an outage. A key is not a resource: its state is one cache
+// and never evicted. Requests without a key share one "no key" entry,
+// limited as one caller at the rule's threshold and counted in the
+// resource's Keyless statistic: never an error for lacking a key, but all
+// keyless traffic shares that one threshold, so name every caller before
+// adding a PerKey rule. A key is not a resource: its state is one cache
 // line (a window of four buckets packed with their epochs, a pacing
 // timeline, or an in-flight count), with no statistics of its own; the
 // resource counts every request as before.

@@ -132,8 +132,8 @@ type Rule struct {
 	// PerKey applies Threshold to each key of the resource separately (a
 	// limit per user, per client IP, per tenant): requests name their key
 	// with WithKey. A request without a key is limited under one shared
-	// "no key" entry and counted in the resource's Keyless statistic,
-	// never refused for it. QPS rules with Behavior Reject or Throttle,
+	// "no key" entry (one caller at Threshold) and counted in the
+	// resource's Keyless statistic. QPS rules with Behavior Reject or Throttle,
 	// and Concurrency rules; see the package doc for the memory bound.
 	PerKey bool
 	// MaxKeys is the most keys a PerKey rule tracks at once (default
