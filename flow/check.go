@@ -184,8 +184,12 @@ func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now int64, q *req
 	}
 	for i := range rr.globals {
 		g := &rr.globals[i]
-		if be := e.global(rr.node, g, &h, i, p, now, q); be != nil {
-			return e.block(rr, &h, p, now, n, be, 0, unknownRoom)
+		if be, refused := e.global(rr.node, g, &h, i, p, now, q); be != nil {
+			rm := unknownRoom
+			if refused && rr.rules == 1 {
+				rm = g.room(q)
+			}
+			return e.block(rr, &h, p, now, n, be, 0, rm)
 		}
 	}
 	var wait int64
@@ -277,8 +281,9 @@ func (e *Engine) wait(ctx context.Context, d time.Duration) (err error) {
 }
 
 // global asks the token source for rule g and applies its fallback when the
-// source fails. It returns the error to block with, or nil.
-func (e *Engine) global(node *stat.Node, g *globalRule, h *held, i, p int, now int64, q *request) *BlockError {
+// source fails. It returns the error to block with, or nil, and whether
+// the source itself refused.
+func (e *Engine) global(node *stat.Node, g *globalRule, h *held, i, p int, now int64, q *request) (*BlockError, bool) {
 	ctx, n := q.ctx, q.n
 	if ctx == nil {
 		ctx = context.Background()
@@ -286,21 +291,21 @@ func (e *Engine) global(node *stat.Node, g *globalRule, h *held, i, p int, now i
 	ok, err := e.acquire(ctx, g, q)
 	if err == nil {
 		if ok {
-			return nil
+			return nil, false
 		}
-		return g.be
+		return g.be, true
 	}
 	if ctx.Err() != nil {
 		// The caller gave up waiting: that says nothing about the source,
 		// and the fallback must not admit it.
-		return g.be
+		return g.be, false
 	}
 	node.AddFallback()
 	switch g.fallback {
 	case FallbackOpen:
-		return nil
+		return nil, false
 	case FallbackClosed:
-		return g.be
+		return g.be, false
 	}
 	if g.keys != nil {
 		// Per key, at LocalShare of the threshold.
@@ -318,18 +323,35 @@ func (e *Engine) global(node *stat.Node, g *globalRule, h *held, i, p int, now i
 				continue
 			}
 			if !ok {
-				return g.beLocal
+				return g.beLocal, false
 			}
 			h.gkeys[i] = keyHeld{st: st, b: b}
-			return nil
+			return nil, false
 		}
 	}
 	r, ok := g.local.AdmitOn(p, now, n, g.localLimit)
 	if !ok {
-		return g.beLocal
+		return g.beLocal, false
 	}
 	h.gres[i] = r
-	return nil
+	return nil, false
+}
+
+// room is what a request rule g's source refused is told, when the
+// source can say.
+func (g *globalRule) room(q *request) room {
+	var d time.Duration
+	var ok bool
+	switch {
+	case g.keyHint != nil:
+		d, ok = g.keyHint.RetryInKey(q.key, q.n)
+	case g.hint != nil:
+		d, ok = g.hint.RetryIn(q.n)
+	}
+	if !ok {
+		return unknownRoom
+	}
+	return room{int64(max(d, 0)), -1}
 }
 
 // acquire asks the token source; a panic in it counts as a failure of the

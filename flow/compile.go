@@ -113,6 +113,10 @@ type globalRule struct {
 	req   GlobalRequest
 	bound BoundSource // set when the source is a Binder
 	keyed KeyedSource // set when bound is one (PerKey rules)
+	// hint and keyHint are bound as a RetryHinter and keyed as a
+	// KeyedRetryHinter, when they are.
+	hint    RetryHinter
+	keyHint KeyedRetryHinter
 	// keys is a PerKey rule's local fallback, per key (nil otherwise);
 	// spec the keys it lists in Keys, with their thresholds.
 	keys       *keyTable
@@ -248,6 +252,9 @@ func (e *Engine) add(next, old *ruleSet, r *Rule, k ruleKey, id tableID, nodes m
 			beLocal:    newBlockError(r, ReasonFlow),
 		}
 		g.keyed, _ = bound.(KeyedSource)
+		if g.keyed != nil {
+			g.keyHint, _ = bound.(KeyedRetryHinter)
+		}
 		if len(r.Keys) > 0 {
 			g.spec = make(map[string]globalKeySpec, len(r.Keys))
 			for _, kl := range r.Keys {
@@ -266,9 +273,11 @@ func (e *Engine) add(next, old *ruleSet, r *Rule, k ruleKey, id tableID, nodes m
 			return w
 		})
 		next.locals[k] = local
+		hint, _ := bound.(RetryHinter)
 		rr.globals = append(rr.globals, globalRule{
 			req:        globalRequest(r),
 			bound:      bound,
+			hint:       hint,
 			fallback:   r.Fallback,
 			local:      local,
 			localLimit: perWindow(r.Threshold*r.LocalShare, r.StatInterval),

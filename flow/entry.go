@@ -76,7 +76,8 @@ type Entry struct {
 // unknown).
 type room struct{ retry, reset int64 }
 
-// unknownRoom is for rules that cannot say (Concurrency, related, global).
+// unknownRoom is for rules that cannot say (Concurrency, related, most
+// global refusals).
 var unknownRoom = room{-1, -1}
 
 // roomOf turns what a window's RoomIn says into a room.
@@ -104,9 +105,12 @@ func blocked(seen float64, r room) Entry {
 // RetryAfter returns, for a blocked request, how long until the rule that
 // blocked it would admit it were nothing else admitted meanwhile: for a
 // QPS Reject rule until enough of its window has left it, for Throttle
-// until its slot is within MaxQueueing. It reports false when the rule
-// cannot say (Concurrency, related-resource and global rules, and a request
-// larger than the threshold), and for an admitted request.
+// until its slot is within MaxQueueing, for a Global rule until the shared
+// window has room as the token source last heard (a source that is a
+// RetryHinter; the Redis layer's is). It reports false when the rule cannot
+// say (Concurrency and related-resource rules, a global rule whose source
+// failed or cannot say, a request larger than the threshold, and any block
+// on a resource with more than one rule), and for an admitted request.
 func (en *Entry) RetryAfter() (time.Duration, bool) {
 	if en.node != nil || en.word == 0 {
 		return 0, false

@@ -58,3 +58,17 @@ type KeyedSource interface {
 	// it in Keys).
 	AcquireKey(ctx context.Context, caller string, threshold float64, n int64) (bool, error)
 }
+
+// RetryHinter is a BoundSource that can say, after it refused n, how long
+// until its limit would have room for n were nothing else admitted (as far
+// as it last heard from the shared store): what a blocked request's
+// Entry.RetryAfter then reports. Optional; without it a global refusal's
+// retry is unknown.
+type RetryHinter interface {
+	RetryIn(n int64) (time.Duration, bool)
+}
+
+// KeyedRetryHinter is RetryHinter for a KeyedSource's callers.
+type KeyedRetryHinter interface {
+	RetryInKey(caller string, n int64) (time.Duration, bool)
+}

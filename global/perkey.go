@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/maypok86/otter/v2"
 	"github.com/redis/go-redis/v9"
@@ -140,6 +141,15 @@ func (b *keyedBound) AcquireKey(ctx context.Context, caller string, threshold fl
 		req = v.(*flow.GlobalRequest)
 	}
 	return b.s.acquire(ctx, b.s.keyLimit(b.parent, req, caller), req, n)
+}
+
+// RetryInKey implements flow.KeyedRetryHinter.
+func (b *keyedBound) RetryInKey(caller string, n int64) (time.Duration, bool) {
+	l, ok := b.s.keyed.GetIfPresent(keyLimitID{parent: b.parent, caller: caller})
+	if !ok {
+		return 0, false
+	}
+	return b.s.retryIn(l, n)
 }
 
 // callCount counts a caller's limit's calls to Redis in its current window.

@@ -459,6 +459,21 @@ func (b *bound) Acquire(ctx context.Context, n int64) (bool, error) {
 	return b.s.acquire(ctx, b.l, &b.req, n)
 }
 
+// RetryIn implements flow.RetryHinter.
+func (b *bound) RetryIn(n int64) (time.Duration, bool) { return b.s.retryIn(b.l, n) }
+
+// retryIn is how long until l's window has room for n, as Redis last said
+// when it refused (its retry-after, counted from when the call was sent):
+// false when no refusal of n or less is in force.
+func (s *Source) retryIn(l *limit, n int64) (time.Duration, bool) {
+	c := l.closed.Load()
+	now := s.opts.Clock.Now()
+	if c == nil || now >= c.until || n < c.need {
+		return 0, false
+	}
+	return time.Duration(c.until - now), true
+}
+
 // acquire is Acquire for limit l; req is read only when Redis is asked.
 func (s *Source) acquire(ctx context.Context, l *limit, req *flow.GlobalRequest, n int64) (bool, error) {
 	now := s.opts.Clock.Now()
