@@ -30,15 +30,20 @@ func (en *Entry) Refusal(resource string, be *BlockError) Refusal {
 	r.Quota, r.Window = be.Quota()
 	r.RetryAfter, r.RetryKnown = en.RetryAfter()
 	r.Reset, r.ResetKnown = en.Reset()
-	if seen := en.Seen(); be.Reason == ReasonFlow || be.Reason == ReasonConcurrency {
-		r.Remaining = max(r.Quota-int64(seen), 0)
+	// What the window had left: only where the quota is what the rule
+	// admitted against (not a cold WarmUp rule's lower limit, nor a
+	// related resource's rate).
+	rule := &be.Rule
+	if be.Reason == ReasonConcurrency || be.Reason == ReasonFlow && rule.Behavior == Reject && rule.RelatedResource == "" {
+		r.Remaining = max(r.Quota-int64(en.Seen()), 0)
 	}
 	return r
 }
 
 // Policy returns the quota of the strictest QPS rule in force on resource
-// (the one admitting least per second), as BlockError.Quota gives it, and
-// that rule's name (its ID, or the resource when it has none): what
+// (the one admitting least per second; related-resource rules, which limit
+// by another resource's rate, are left out), as BlockError.Quota gives it,
+// and that rule's name (its ID, or the resource when it has none): what
 // middleware tells admitted callers. It reports false when no QPS rule
 // applies. It allocates nothing.
 func (e *Engine) Policy(resource string) (name string, quota int64, window time.Duration, ok bool) {

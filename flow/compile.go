@@ -69,8 +69,9 @@ type resourceRules struct {
 	// to retry only when one rule decides (with several, the one that
 	// blocked first cannot speak for the others).
 	rules int
-	// policy is the quota of the resource's strictest QPS rule (the least
-	// per second), for Engine.Policy; nil: none.
+	// policy is the quota of the resource's strictest QPS rule of its own
+	// (the least per second; not a related-resource rule, which limits
+	// another resource's rate), for Engine.Policy; nil: none.
 	policy *BlockError
 }
 
@@ -197,7 +198,7 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stat.Node, bounds []Bound
 		r := &norm[i]
 		rr := e.resourceRules(next, r, nodes)
 		rr.rules++
-		if r.Metric == QPS && (rr.policy == nil || r.Threshold < rr.policy.Rule.Threshold) {
+		if r.Metric == QPS && r.RelatedResource == "" && (rr.policy == nil || r.Threshold < rr.policy.Rule.Threshold) {
 			rr.policy = newBlockError(r, ReasonFlow)
 		}
 		var id tableID // PerKey rules' tables

@@ -29,8 +29,8 @@
 // exception when WithExceptions's function says so; by default
 // IsException: codes Unknown, Internal, Unavailable, DataLoss and
 // DeadlineExceeded, which say the service failed rather than the caller.
-// A server handler that panics is counted as an exception and the panic
-// goes on.
+// A server handler that panics, or on a client whatever the interceptor
+// calls, is counted as an exception and the panic goes on.
 //
 // # Streams
 //
@@ -170,7 +170,8 @@ func StreamClientInterceptor(eng *flow.Engine, opts ...Option) grpc.StreamClient
 	return New(eng, opts...).StreamClient
 }
 
-// errPanic is the exception of a handler that panicked.
+// errPanic is the exception of a handler (or, on a client, of what it
+// called) that panicked.
 var errPanic = errors.New("grpcflow: handler panicked")
 
 // UnaryServer is a grpc.UnaryServerInterceptor.
@@ -193,8 +194,8 @@ func (l *Limiter) StreamServer(srv any, ss grpc.ServerStream, info *grpc.StreamS
 	return handler(srv, ss)
 }
 
-// exit ends a server call: an exception if it panicked (the panic goes
-// on) or its error says so.
+// exit ends a call: an exception if it panicked (the panic goes on) or its
+// error says so.
 func (l *Limiter) exit(en *flow.Entry, err *error) {
 	if v := recover(); v != nil {
 		en.Exit(errPanic)
@@ -213,14 +214,13 @@ func (l *Limiter) done(en *flow.Entry, err error) {
 }
 
 // UnaryClient is a grpc.UnaryClientInterceptor.
-func (l *Limiter) UnaryClient(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+func (l *Limiter) UnaryClient(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) (err error) {
 	en, err := l.enter(ctx, method)
 	if err != nil {
 		return err
 	}
-	err = invoker(ctx, method, req, reply, cc, opts...)
-	l.done(&en, err)
-	return err
+	defer l.exit(&en, &err)
+	return invoker(ctx, method, req, reply, cc, opts...)
 }
 
 // StreamClient is a grpc.StreamClientInterceptor.
@@ -232,6 +232,12 @@ func (l *Limiter) StreamClient(ctx context.Context, desc *grpc.StreamDesc, cc *g
 	// A fresh slice: the caller's may have room that appending would
 	// write into.
 	opts = append(opts[:len(opts):len(opts)], grpc.OnFinish(func(err error) { l.done(&en, err) }))
+	defer func() {
+		if v := recover(); v != nil {
+			en.Exit(errPanic) // a panic below: the stream was never made
+			panic(v)
+		}
+	}()
 	cs, err := streamer(ctx, desc, cc, method, opts...)
 	if err != nil {
 		// gRPC calls OnFinish for a stream it failed to make, but an

@@ -60,6 +60,7 @@ package httpflow
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -261,11 +262,11 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		tr.w = w
 		ww = (*http1Writer)(tr)
 	} else {
-		ww = httpsnoop.Wrap(w, httpsnoop.Hooks{WriteHeader: tr.hook, Write: tr.writeHook})
+		ww = httpsnoop.Wrap(w, *tr.snoopHooks())
 	}
 	defer func() {
 		status := tr.status
-		tr.w, tr.next, tr.nextWrite = nil, nil, nil
+		tr.w, tr.next, tr.nextWrite, tr.nextFlush, tr.nextReadFrom = nil, nil, nil, nil, nil
 		trackers.Put(tr)
 		if v := recover(); v != nil {
 			en.Exit(errPanic)
@@ -292,14 +293,24 @@ type tracker struct {
 	sent      bool // the final status went out (a header or a first Write)
 	next      httpsnoop.WriteHeaderFunc
 	nextWrite httpsnoop.WriteFunc
-	hook      func(httpsnoop.WriteHeaderFunc) httpsnoop.WriteHeaderFunc
-	writeHook func(httpsnoop.WriteFunc) httpsnoop.WriteFunc
 	header    httpsnoop.WriteHeaderFunc
 	write     httpsnoop.WriteFunc
+	// Flush and ReadFrom send the status too (200 if none was set).
+	nextFlush    httpsnoop.FlushFunc
+	nextReadFrom httpsnoop.ReadFromFunc
+	flush        httpsnoop.FlushFunc
+	readFrom     httpsnoop.ReadFromFunc
+	hooks        *httpsnoop.Hooks // made on first use (snoopHooks)
 }
 
-var trackers = sync.Pool{New: func() any {
-	tr := &tracker{}
+var trackers = sync.Pool{New: func() any { return &tracker{} }}
+
+// snoopHooks returns the tracker's httpsnoop hooks, made on its first
+// request through httpsnoop (an HTTP/1 server never needs them).
+func (tr *tracker) snoopHooks() *httpsnoop.Hooks {
+	if tr.hooks != nil {
+		return tr.hooks
+	}
 	tr.header = func(code int) {
 		// Only the first final status counts, as only it goes out.
 		if !tr.sent && code >= 200 {
@@ -311,16 +322,34 @@ var trackers = sync.Pool{New: func() any {
 		tr.sent = true // a Write with no header sends 200
 		return tr.nextWrite(b)
 	}
-	tr.hook = func(next httpsnoop.WriteHeaderFunc) httpsnoop.WriteHeaderFunc {
-		tr.next = next
-		return tr.header
+	tr.flush = func() {
+		tr.sent = true
+		tr.nextFlush()
 	}
-	tr.writeHook = func(next httpsnoop.WriteFunc) httpsnoop.WriteFunc {
-		tr.nextWrite = next
-		return tr.write
+	tr.readFrom = func(r io.Reader) (int64, error) {
+		tr.sent = true
+		return tr.nextReadFrom(r)
 	}
-	return tr
-}}
+	tr.hooks = &httpsnoop.Hooks{
+		WriteHeader: func(next httpsnoop.WriteHeaderFunc) httpsnoop.WriteHeaderFunc {
+			tr.next = next
+			return tr.header
+		},
+		Write: func(next httpsnoop.WriteFunc) httpsnoop.WriteFunc {
+			tr.nextWrite = next
+			return tr.write
+		},
+		Flush: func(next httpsnoop.FlushFunc) httpsnoop.FlushFunc {
+			tr.nextFlush = next
+			return tr.flush
+		},
+		ReadFrom: func(next httpsnoop.ReadFromFunc) httpsnoop.ReadFromFunc {
+			tr.nextReadFrom = next
+			return tr.readFrom
+		},
+	}
+	return tr.hooks
+}
 
 // defaultBlock answers 429 (or 503) with Retry-After and the RateLimit
 // fields.

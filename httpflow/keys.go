@@ -47,16 +47,19 @@ func clientIP(useForwarded bool, trusted []netip.Prefix) func(*http.Request) str
 		if !isTrusted(peer) {
 			return flow.AddrKey(peer)
 		}
-		hops := forwardedFor(r.Header, useForwarded)
-		for i := len(hops) - 1; i >= 0; i-- {
-			if !isTrusted(hops[i]) {
-				return flow.AddrKey(hops[i])
+		// From the nearest hop outwards: the first the trusted proxies did
+		// not add is the client. A value that is no address (an
+		// obfuscated identifier, "unknown") ends the walk: nothing beyond
+		// it can be trusted, so the hop just inside it is taken.
+		client := peer
+		rightToLeft(r.Header, useForwarded, func(a netip.Addr, ok bool) bool {
+			if !ok {
+				return false
 			}
-		}
-		if len(hops) > 0 {
-			return flow.AddrKey(hops[0])
-		}
-		return flow.AddrKey(peer)
+			client = a
+			return isTrusted(a)
+		})
+		return flow.AddrKey(client)
 	}
 }
 
@@ -68,54 +71,64 @@ func Header(name string) func(*http.Request) string {
 }
 
 func remoteAddr(s string) (netip.Addr, bool) {
+	if a, err := netip.ParseAddr(s); err == nil { // the common forwarded value: no error made
+		return a, true
+	}
 	if ap, err := netip.ParseAddrPort(s); err == nil {
 		return ap.Addr(), true
 	}
 	host, _, err := net.SplitHostPort(s)
 	if err != nil {
-		host = s
+		return netip.Addr{}, false
 	}
 	a, err := netip.ParseAddr(host)
 	return a, err == nil
 }
 
-// forwardedFor lists the addresses the proxies recorded, nearest last: the
-// for= values of Forwarded (RFC 7239) or X-Forwarded-For. Values that are
-// not addresses (obfuscated identifiers, "unknown") end the list there:
-// nothing left of them can be trusted.
-func forwardedFor(h http.Header, useForwarded bool) []netip.Addr {
-	var out []netip.Addr
+// rightToLeft calls fn with each address the proxies recorded, nearest
+// first (ok false for a value that is no address), until fn returns false:
+// the for= values of Forwarded (RFC 7239) or X-Forwarded-For. It parses
+// only the hops it visits, so a client that pads the header pays for it,
+// not the server.
+func rightToLeft(h http.Header, useForwarded bool, fn func(a netip.Addr, ok bool) bool) {
+	name := "X-Forwarded-For"
 	if useForwarded {
-		fw := h.Values("Forwarded")
-		for _, line := range fw {
-			for _, elem := range strings.Split(line, ",") {
-				for _, pair := range strings.Split(elem, ";") {
-					k, v, ok := strings.Cut(strings.TrimSpace(pair), "=")
-					if !ok || !strings.EqualFold(k, "for") {
-						continue
+		name = "Forwarded"
+	}
+	lines := h.Values(name)
+	for i := len(lines) - 1; i >= 0; i-- {
+		line := lines[i]
+		for {
+			j := strings.LastIndexByte(line, ',')
+			elem := strings.TrimSpace(line[j+1:])
+			if useForwarded {
+				if v, found := forValue(elem); found {
+					if a, ok := forwardedAddr(v); !fn(a, ok) {
+						return
 					}
-					a, ok := forwardedAddr(v)
-					if !ok {
-						out = out[:0]
-						continue
-					}
-					out = append(out, a)
 				}
+			} else if a, ok := remoteAddr(elem); !fn(a, ok) {
+				return
 			}
-		}
-		return out
-	}
-	for _, line := range h.Values("X-Forwarded-For") {
-		for _, v := range strings.Split(line, ",") {
-			a, ok := remoteAddr(strings.TrimSpace(v))
-			if !ok {
-				out = out[:0]
-				continue
+			if j < 0 {
+				break
 			}
-			out = append(out, a)
+			line = line[:j]
 		}
 	}
-	return out
+}
+
+// forValue returns the for= value of a Forwarded element, if it has one.
+func forValue(elem string) (string, bool) {
+	for elem != "" {
+		var pair string
+		pair, elem, _ = strings.Cut(elem, ";")
+		k, v, ok := strings.Cut(strings.TrimSpace(pair), "=")
+		if ok && strings.EqualFold(k, "for") {
+			return v, true
+		}
+	}
+	return "", false
 }
 
 // forwardedAddr parses a Forwarded for= value: a bare IPv4, or a quoted

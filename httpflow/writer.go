@@ -77,9 +77,16 @@ func (h *http1Writer) ReadFrom(r io.Reader) (int64, error) {
 	return h.w.(io.ReaderFrom).ReadFrom(r)
 }
 
-func (h *http1Writer) Flush() { h.w.(http.Flusher).Flush() }
+// Flush and FlushError send the status (200 if none was set).
+func (h *http1Writer) Flush() {
+	h.sent = true
+	h.w.(http.Flusher).Flush()
+}
 
-func (h *http1Writer) FlushError() error { return h.w.(flushError).FlushError() }
+func (h *http1Writer) FlushError() error {
+	h.sent = true
+	return h.w.(flushError).FlushError()
+}
 
 func (h *http1Writer) CloseNotify() <-chan bool {
 	return h.w.(http.CloseNotifier).CloseNotify() //nolint:staticcheck // kept as the server has it
