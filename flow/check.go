@@ -181,6 +181,9 @@ func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now int64, q *req
 			return e.block(rr, &h, p, now, n, rr.concBE, float64(seen), unknownRoom)
 		}
 		h.conc = true
+		// The second's most in flight (stat.Second.MaxConcurrency): one
+		// load of the bucket's maximum, a store only when it rises.
+		node.Second().RecordConcurrency(now, seen)
 	}
 	for i := range rr.globals {
 		g := &rr.globals[i]

@@ -33,6 +33,9 @@ type Engine struct {
 
 	rules atomic.Pointer[ruleSet]
 	mu    sync.Mutex // serialises LoadRules
+
+	feedOnce sync.Once
+	feed     *Feed
 }
 
 // New returns an Engine with no rules. It returns an error naming the option

@@ -17,6 +17,10 @@ import (
 type WindowWrap[T any] struct {
 	start int64
 	slot  int64 // index in the ring, so Retired needs no division
+	// settled is set when RetireStale retired the bucket while it stayed
+	// in its slot: readers of ranges skip it, and its replacement does not
+	// retire it again.
+	settled stdatomic.Bool
 	// Value is the bucket's payload. The array hands out pointers to it; the
 	// value type makes its own fields safe for concurrent use.
 	Value T
@@ -220,18 +224,52 @@ func (a *LeapArray[T]) rotate(slot *atomic.Pointer[WindowWrap[T]], start int64) 
 	if a.superseded != nil && prev.start != emptyStart {
 		a.superseded(prev)
 	}
-	if a.retired != nil && old.start != emptyStart {
+	if a.retired != nil && old.start != emptyStart && !old.settled.Load() {
 		a.retired(old)
 	}
 }
 
+// RetireStale retires, as a rotation would, every bucket that left the
+// window a bucket or more before now (start + interval + bucket length <=
+// now) but still sits in its slot because no later write reused the slot,
+// except the newest bucket, which no rotation retires. Each bucket is
+// retired once: RetireStale marks it settled, Buckets skips it from then
+// on, and the rotation that later replaces it does not retire it again.
+// It is for readers that need every bucket of a past span handed over by
+// time, not by the next write (stat's completed seconds); it never
+// creates a bucket.
+func (a *LeapArray[T]) RetireStale(now int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	newest := a.newest.Load()
+	for i := range a.slots {
+		w := a.slots[i].Load()
+		if w.start == emptyStart || w == newest || w.settled.Load() || w.start > now-a.interval-a.bucketLen {
+			continue
+		}
+		w.settled.Store(true)
+		if a.retired != nil {
+			a.retired(w)
+		}
+	}
+}
+
+// Locked runs fn under the rotation lock: no bucket is made or retired
+// while it runs (writes within buckets go on).
+func (a *LeapArray[T]) Locked(fn func()) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	fn()
+}
+
 // Buckets yields every real bucket in the ring whose start is in [lo, hi),
-// valid or not, in slot order. It never creates a bucket.
+// valid or not, in slot order, except those RetireStale retired. It never
+// creates a bucket.
 func (a *LeapArray[T]) Buckets(lo, hi int64) iter.Seq[*WindowWrap[T]] {
 	return func(yield func(*WindowWrap[T]) bool) {
 		for i := range a.slots {
 			w := a.slots[i].Load()
-			if w.start != emptyStart && w.start >= lo && w.start < hi && !yield(w) {
+			if w.start != emptyStart && w.start >= lo && w.start < hi && !w.settled.Load() && !yield(w) {
 				return
 			}
 		}

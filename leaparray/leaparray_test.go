@@ -361,3 +361,30 @@ func forEach[T any](a *LeapArray[T], now int64, fn func(w *WindowWrap[T]) bool) 
 		}
 	}
 }
+
+// TestRetireStaleRetiresOnce: RetireStale retires every bucket a window
+// and a bucket old, except the newest, once; range readers skip it, and
+// the rotation that later reuses its slot does not retire it again.
+func TestRetireStaleRetiresOnce(t *testing.T) {
+	var retired []int64
+	a, err := New(4, time.Second, Hooks[int64]{Retire: func(old *WindowWrap[int64]) { retired = append(retired, old.Start()) }})
+	require.NoError(t, err)
+	ms := int64(time.Millisecond)
+	a.Current(0)
+	a.Current(250 * ms)
+	a.Current(500 * ms)
+	a.RetireStale(1700 * ms)
+	assert.Equal(t, []int64{0, 250 * ms}, retired, "start + 1 s + 250 ms <= now, and not the newest (500 ms)")
+	a.RetireStale(1700 * ms)
+	assert.Len(t, retired, 2, "once")
+	var left []int64
+	for w := range a.Buckets(0, 2000*ms) {
+		left = append(left, w.Start())
+	}
+	assert.Equal(t, []int64{500 * ms}, left, "range readers skip what was retired")
+	a.Current(1000 * ms) // reuses the slot of 0
+	a.Current(1250 * ms) // and of 250 ms
+	assert.Len(t, retired, 2, "a settled bucket is not retired again by its replacement")
+	a.Current(1500 * ms) // reuses the slot of 500 ms: a normal retirement
+	assert.Equal(t, []int64{0, 250 * ms, 500 * ms}, retired)
+}

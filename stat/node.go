@@ -73,6 +73,11 @@ type Node struct {
 	mu      sync.Mutex // guards adding to windows; reads go through the pointer
 	windows atomic.Pointer[map[time.Duration]*metric.Window]
 
+	// feedMu guards feed, and orders hand-overs into the minute window
+	// against deliveries of completed seconds (see handOver).
+	feedMu sync.Mutex
+	feed   secondFeed
+
 	// pinned is set while a rule names the resource (guarded by the
 	// registry's mu); state says whether the registry let the node go.
 	pinned bool
@@ -122,7 +127,7 @@ func (n *Node) idle(now int64) bool {
 
 // newNode makes the node of resource; cfg must be valid.
 func newNode(resource string, cfg NodeConfig) *Node {
-	n := &Node{resource: resource}
+	n := &Node{resource: resource, feed: secondFeed{late: metric.Counts{MinRT: -1}}}
 	// Written only by the second window's retirements: no striping needed.
 	mins, err := metric.NewWindow(60, time.Minute, metric.WithStripes(1))
 	if err != nil {
@@ -130,11 +135,7 @@ func newNode(resource string, cfg NodeConfig) *Node {
 	}
 	// Retirements run one at a time, corrections at any time: Absorb and
 	// the totals are atomic adds, safe for both.
-	sec, err := metric.NewWindow(cfg.SampleCount, time.Second, metric.WithHandover(func(start int64, c metric.Counts) {
-		mins.Absorb(start, c)
-		n.retiredPass.Add(c.Pass)
-		n.retiredSuccess.Add(c.Success)
-	}))
+	sec, err := metric.NewWindow(cfg.SampleCount, time.Second, metric.WithHandover(n.handOver))
 	if err != nil {
 		panic(err) // cfg was validated
 	}
@@ -285,17 +286,21 @@ func (n *Node) span(lo, hi int64, e metric.Event) int64 {
 	return n.minute.SumRange(lo, hi, e) + n.second.SumRange(lo, hi, e)
 }
 
-// Snapshot is every statistic of a node at one instant.
+// Snapshot is every statistic of a node at one instant. The *QPS fields
+// and AvgRT, MinRT and MaxSuccessQPS are sliding: they cover the second
+// window's buckets valid at the instant (the last second, in buckets of
+// 250 ms by default), so they move as buckets come and go, up and down
+// under steady load when requests are few. For steady per-second figures,
+// read completed seconds (flow.Feed, Registry.Seconds), each whole.
 type Snapshot struct {
-	Resource       string
-	PassQPS        float64
-	BlockQPS       float64
-	SuccessQPS     float64
-	ExceptionQPS   float64
-	OccupiedQPS    float64
-	AvgRT          time.Duration
-	MinRT          time.Duration
-	Inflight       int64
+	Resource string
+	// Per second, over the sliding last second.
+	PassQPS, BlockQPS, SuccessQPS, ExceptionQPS, OccupiedQPS float64
+	// Over the sliding last second (0 when nothing completed).
+	AvgRT, MinRT time.Duration
+	Inflight     int64 // admitted and not exited, now
+	// The highest success rate one bucket of the sliding last second
+	// reached, per second.
 	MaxSuccessQPS  float64
 	PrevPass       int64 // the previous whole second
 	PrevBlock      int64

@@ -60,6 +60,9 @@ type Registry struct {
 	mu          sync.Mutex // serialises creation, pinning and reclaiming
 	lastReclaim int64      // guarded by mu
 	errFull     error      // built once: refusals allocate nothing
+	// feeding is set by the first call of Seconds: nodes made from then
+	// on keep their seconds from the start.
+	feeding atomic.Bool
 }
 
 // NewRegistry returns a Registry holding at most max resources (0 means
@@ -192,6 +195,12 @@ func (r *Registry) Unpin(_ proto.Token, resources []string) {
 func (r *Registry) create(resource string) *Node {
 	n := newNode(resource, r.cfg) // cfg was validated: cannot fail
 	n.created = r.clock.Now()
+	if r.feeding.Load() {
+		// A feed runs: every bucket of the node comes after this.
+		n.feed.started = true
+		n.feed.since = n.created - n.created%second
+		n.feed.fed = n.feed.since
+	}
 	r.nodes.Store(resource, n)
 	r.count.Inc()
 	return n
@@ -234,6 +243,27 @@ func (r *Registry) Len() int { return int(r.count.Load()) }
 
 // Cap returns the maximum number of resources.
 func (r *Registry) Cap() int { return int(r.max) }
+
+// Seconds hands fn every second that completed by now on any node of the
+// registry and was not handed out before (by time: nothing waits for the
+// next write); with partial, it also hands out the seconds since then, the
+// current one marked Partial (for a final delivery: the seconds it hands
+// out early are not handed out again). A node's seconds are kept from its
+// first call on: the first call starts the feed (it hands out nothing
+// whole before the next second), and at most 64 seconds are kept between
+// calls. A second completes a window (1 s) after it ends, when every
+// bucket of it has left the second window. Seconds in which a resource counted nothing are skipped.
+// Counts that reach a second after it was handed out (a pass taken back
+// late, a write from a goroutine that read the clock long before) go out
+// with the next second handed out of that resource: every count is handed
+// out once. One caller at a time: flow.Feed is the one.
+func (r *Registry) Seconds(now int64, partial bool, fn func(Second)) {
+	r.feeding.Store(true)
+	r.nodes.Range(func(_, v any) bool {
+		v.(*Node).deliver(now, partial, fn)
+		return true
+	})
+}
 
 // Range calls fn for each node until fn returns false.
 func (r *Registry) Range(fn func(n *Node) bool) {

@@ -1,0 +1,135 @@
+package flow
+
+import (
+	"sync"
+	"time"
+
+	"github.com/leapflow/leapflow/stat"
+)
+
+// Feed delivers each resource's completed seconds (stat.Second) to its
+// subscribers, each second once and complete: the Prometheus collector,
+// the metric log and the dashboard read an engine through it. An engine
+// has one (Engine.Feed), as every second is handed out once.
+//
+// A second is delivered a window (1 s) after it ends, when every bucket of
+// it has left the engine's second window: by time, so an idle resource's
+// last busy second goes out too. Seconds in which a resource counted
+// nothing are not delivered. Counts that reach a second after it was
+// delivered (a pass taken back when a queued request gave up, a write from
+// a goroutine that read the clock long before) go out with the resource's
+// next delivered second, so totals over seconds are exact. A feed falling
+// more than 58 seconds behind (not polled) skips what the engine no longer
+// holds.
+//
+// Wall-clock times: the engine clock's origin is arbitrary, so the feed
+// maps engine time to wall time by one offset, taken when the feed is
+// made (time.Now against the engine clock), and a second's Time is the
+// wall time of its start truncated to the second. Each engine second
+// thus has its own wall second, in order, with no gaps or repeats; over
+// days the mapping drifts from the wall clock by what NTP slews (parts per
+// million).
+type Feed struct {
+	eng    *Engine
+	origin time.Time // wall time at engine time 0
+	// mu serialises deliveries; subscribers are called under it, in order.
+	mu     sync.Mutex
+	subs   map[int]func([]stat.Second)
+	nextID int
+	batch  []stat.Second
+	closed bool
+	// stopping is set by Close: Start starts nothing from then on.
+	stopping bool
+	// stop and done run the ticker Start begins.
+	stop, done chan struct{}
+}
+
+// Feed returns the engine's feed, made on the first call: from the next
+// whole second on, every second of every resource is kept for it (at most
+// 64 between polls). Nothing runs until Start or Poll.
+func (e *Engine) Feed() *Feed {
+	e.feedOnce.Do(func() {
+		wall, now := time.Now(), e.now()
+		e.feed = &Feed{eng: e, origin: wall.Add(-time.Duration(now)), subs: map[int]func([]stat.Second){}}
+		e.registry.Seconds(now, false, func(stat.Second) {}) // starts keeping them: nothing is whole yet
+	})
+	return e.feed
+}
+
+// Subscribe calls fn with each delivery's seconds (a batch per poll,
+// possibly empty, ordered by resource and time within a resource), until
+// the returned function is called. fn runs on the polling goroutine, one
+// call at a time: it must not block (copy what it keeps; the slice is
+// reused).
+func (f *Feed) Subscribe(fn func([]stat.Second)) (cancel func()) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	id := f.nextID
+	f.nextID++
+	f.subs[id] = fn
+	return func() {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		delete(f.subs, id)
+	}
+}
+
+// Poll delivers what completed by now on the engine clock (engines on a
+// fake clock are polled by hand; Start polls every second).
+func (f *Feed) Poll() { f.poll(false) }
+
+func (f *Feed) poll(final bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return
+	}
+	f.closed = final
+	f.batch = f.batch[:0]
+	f.eng.registry.Seconds(f.eng.now(), final, func(s stat.Second) {
+		s.Time = f.origin.Add(time.Duration(s.Start)).Truncate(time.Second)
+		f.batch = append(f.batch, s)
+	})
+	for _, fn := range f.subs {
+		fn(f.batch)
+	}
+}
+
+// Start polls every second in a goroutine of its own until Close. It may
+// be called more than once.
+func (f *Feed) Start() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.stop != nil || f.stopping {
+		return
+	}
+	f.stop, f.done = make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(f.done)
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-f.stop:
+				return
+			case <-t.C:
+				f.Poll()
+			}
+		}
+	}()
+}
+
+// Close stops the polling and delivers, once, every second not delivered
+// yet, up to the current one, marked Partial. The feed delivers nothing
+// after it.
+func (f *Feed) Close() {
+	f.mu.Lock()
+	stop, done := f.stop, f.done
+	f.stopping = true
+	f.mu.Unlock()
+	if stop != nil {
+		close(stop)
+		<-done
+	}
+	f.poll(true)
+}

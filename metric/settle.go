@@ -1,0 +1,95 @@
+package metric
+
+// Settle hands over by time what later writes would hand over: readers
+// that need a past span complete (stat's completed seconds) call it. If
+// the newest bucket is over at now and counted anything, a fresh newest
+// bucket is made at now, so the old one freezes (a writer that still
+// reaches it makes its count on the new one); then every bucket that left
+// the window a bucket or more before now is retired and handed over
+// (WithHandover), once. After Settle(now), everything counted at a time
+// before now - interval - bucket length has been handed over but for
+// writers far enough behind to clamp into the newest bucket (they count
+// there, and it is handed over in its turn). Settle takes the rotation
+// lock; it makes at most one bucket, and none for a window idle since the
+// previous Settle.
+func (w *Window) Settle(now int64) {
+	now = max(now, 0)
+	a := &w.arr
+	if head := a.Head(); now >= head.Start()+a.BucketLen() && head.Value.active() {
+		a.Current(now)
+	}
+	a.RetireStale(now)
+}
+
+// active reports whether the bucket counted anything.
+func (b *bucket) active() bool {
+	if b.maxConcurrency() != 0 || load(&b.occupied) != 0 {
+		return true
+	}
+	if _, ok := b.lowestRT(); ok {
+		return true
+	}
+	for _, e := range [...]Event{Pass, Block, Success, Exception, RT} {
+		if b.get(e) != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// CountsRange returns what the buckets whose start is in [lo, hi) hold:
+// each event summed, the smallest RT (-1 if none) and the largest
+// concurrency.
+func (w *Window) CountsRange(lo, hi int64) Counts {
+	c := Counts{MinRT: -1}
+	for b := range w.arr.Buckets(lo, hi) {
+		v := &b.Value
+		c.Pass += v.get(Pass)
+		c.Block += v.get(Block)
+		c.Success += v.get(Success)
+		c.Exception += v.get(Exception)
+		c.RT += v.get(RT)
+		c.Occupied += v.get(OccupiedPass)
+		if rt, ok := v.lowestRT(); ok && (c.MinRT < 0 || rt < c.MinRT) {
+			c.MinRT = rt
+		}
+		c.MaxConcurrency = max(c.MaxConcurrency, v.maxConcurrency())
+	}
+	return c
+}
+
+// Landing returns the start of the bucket a write at t lands in now: t's
+// bucket, or the newest if t is behind it (see Absorb).
+func (w *Window) Landing(t int64) int64 {
+	t = w.arr.Clamp(t)
+	return t - t%w.arr.BucketLen()
+}
+
+// RecordConcurrency records c requests in flight at now: the bucket keeps
+// the largest (Counts.MaxConcurrency).
+func (w *Window) RecordConcurrency(now, c int64) { w.updateConcurrency(max(now, 0), c) }
+
+// Add adds o into c: events summed, the smaller MinRT (-1: none), the
+// larger MaxConcurrency.
+func (c *Counts) Add(o Counts) {
+	c.Pass += o.Pass
+	c.Block += o.Block
+	c.Success += o.Success
+	c.Exception += o.Exception
+	c.RT += o.RT
+	c.Occupied += o.Occupied
+	if o.MinRT >= 0 && (c.MinRT < 0 || o.MinRT < c.MinRT) {
+		c.MinRT = o.MinRT
+	}
+	c.MaxConcurrency = max(c.MaxConcurrency, o.MaxConcurrency)
+}
+
+// Zero reports whether c holds nothing.
+func (c Counts) Zero() bool {
+	return c.Pass == 0 && c.Block == 0 && c.Success == 0 && c.Exception == 0 && c.RT == 0 && c.Occupied == 0 &&
+		c.MinRT < 0 && c.MaxConcurrency == 0
+}
+
+// Locked runs fn under the rotation lock: no bucket is made or retired
+// (nor handed over) while it runs; writes within buckets go on.
+func (w *Window) Locked(fn func()) { w.arr.Locked(fn) }

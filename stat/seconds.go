@@ -1,0 +1,187 @@
+package stat
+
+import (
+	"time"
+
+	"github.com/leapflow/leapflow/metric"
+)
+
+// Second is what one resource counted in one second of the engine clock:
+// its completed seconds are read through Registry.Seconds, each once.
+type Second struct {
+	Resource string
+	// Start is the engine clock's reading at the second's start (a whole
+	// second); Time is the wall-clock time a Feed maps it to.
+	Start int64
+	Time  time.Time
+	// Pass, Block, Success and Exception count requests; Occupied the
+	// passes admitted against a future window (priority borrowing); RT is
+	// the sum of the completed requests' response times and MinRT the
+	// smallest (0 when none completed).
+	Pass, Block, Success, Exception, Occupied int64
+	RT, MinRT                                 time.Duration
+	// MaxConcurrency is the most requests in flight a Concurrency rule
+	// counted in the second (0 for a resource without one: in-flight is
+	// not counted per request otherwise).
+	MaxConcurrency int64
+	// Fallbacks counts requests global rules decided by their fallback
+	// since the node's previous delivery (they are counted when they
+	// happen, not by second).
+	Fallbacks int64
+	// Partial marks the second still running when a feed closed.
+	Partial bool
+}
+
+// secondFeed is a node's state for Registry.Seconds, guarded by the
+// node's feedMu.
+type secondFeed struct {
+	// started is set by the node's first delivery; since is the first
+	// second it can deliver whole (what was handed over before a feed
+	// started is not kept), and fed where delivery stands: every second
+	// before it was delivered.
+	started    bool
+	since, fed int64
+	// pending are the seconds handed over and not delivered, in order.
+	pending []pendingSecond
+	// late is what was handed over for a second after its delivery (a
+	// pass taken back, a write that clamped into an old bucket): it goes
+	// out with the next delivered second.
+	late metric.Counts
+	// fallbacks is the fallback total at the previous delivery.
+	fallbacks int64
+}
+
+// pendingSecond is a second's counts, handed over and not delivered.
+type pendingSecond struct {
+	start int64
+	c     metric.Counts
+}
+
+// maxPending bounds a node's pending seconds: a feed that stops polling
+// loses the oldest beyond it.
+const maxPending = 64
+
+// add adds c into the pending second that starts at start.
+func (f *secondFeed) add(start int64, c metric.Counts) {
+	i := len(f.pending)
+	for i > 0 && f.pending[i-1].start > start {
+		i--
+	}
+	if i > 0 && f.pending[i-1].start == start {
+		f.pending[i-1].c.Add(c)
+		return
+	}
+	if len(f.pending) == maxPending {
+		if i == 0 {
+			return // older than all it keeps
+		}
+		copy(f.pending, f.pending[1:i])
+		i--
+		f.pending[i] = pendingSecond{start, c}
+		return
+	}
+	f.pending = append(f.pending, pendingSecond{})
+	copy(f.pending[i+1:], f.pending[i:])
+	f.pending[i] = pendingSecond{start, c}
+}
+
+// handOver takes a bucket the second window hands over (in order or not,
+// corrections included): into the minute window, and, once a feed
+// started, into its second's pending counts or, if that second was
+// delivered already, into late.
+func (n *Node) handOver(start int64, c metric.Counts) {
+	n.feedMu.Lock()
+	n.minute.Absorb(start, c)
+	if f := &n.feed; f.started {
+		switch s := start - start%second; {
+		case s < f.since:
+		case s < f.fed:
+			f.late.Add(c)
+		default:
+			f.add(s, c)
+		}
+	}
+	n.feedMu.Unlock()
+	n.retiredPass.Add(c.Pass)
+	n.retiredSuccess.Add(c.Success)
+}
+
+// deliver hands fn each second of the node that completed by now (see
+// Registry.Seconds); with partial, every second up to now's, the last one
+// marked partial.
+func (n *Node) deliver(now int64, partial bool, fn func(Second)) {
+	n.second.Settle(now)
+	if partial {
+		// The seconds not handed over yet are read from the second window
+		// too: under its rotation lock, no bucket is between the two.
+		n.second.Locked(func() { n.deliverLocked(now, partial, fn) })
+		return
+	}
+	n.deliverLocked(now, partial, fn)
+}
+
+func (n *Node) deliverLocked(now int64, partial bool, fn func(Second)) {
+	// After Settle, every bucket that ended a window or more before now
+	// was handed over: the seconds before hi are complete.
+	hi := now - second
+	hi -= hi % second
+	if partial {
+		hi = now - now%second + second
+	}
+	n.feedMu.Lock()
+	defer n.feedMu.Unlock()
+	f := &n.feed
+	if !f.started {
+		// From the next whole second on, every bucket is handed over
+		// after this: those seconds are whole.
+		f.started = true
+		f.since = now - now%second + second
+		f.fed = f.since
+		f.late = metric.Counts{MinRT: -1}
+		f.fallbacks = n.fallbacks.Load()
+		if !partial {
+			return
+		}
+	}
+	if partial {
+		for b := max(f.fed, hi-3*second); b < hi; b += second { // the ring holds under 2 s
+			if c := n.second.CountsRange(b, b+second); !c.Zero() {
+				f.add(b, c)
+			}
+		}
+	}
+	total := n.fallbacks.Load()
+	extra, fallbacks := f.late, total-f.fallbacks
+	f.late, f.fallbacks = metric.Counts{MinRT: -1}, total
+	k := 0
+	for ; k < len(f.pending) && f.pending[k].start < hi; k++ {
+		p := f.pending[k]
+		fb := int64(0)
+		if k == 0 {
+			p.c.Add(extra)
+			fb = fallbacks
+		}
+		n.emit(p.start, p.c, fb, partial && p.start+second > now, fn)
+	}
+	if k == 0 && (!extra.Zero() || fallbacks != 0) && hi > f.since {
+		n.emit(hi-second, extra, fallbacks, partial, fn)
+	}
+	f.pending = f.pending[:copy(f.pending, f.pending[k:])]
+	f.fed = max(f.fed, hi)
+}
+
+// emit hands fn the second starting at start.
+func (n *Node) emit(start int64, c metric.Counts, fallbacks int64, partial bool, fn func(Second)) {
+	if c.Zero() && fallbacks == 0 {
+		return
+	}
+	sec := Second{
+		Resource: n.resource, Start: start,
+		Pass: c.Pass, Block: c.Block, Success: c.Success, Exception: c.Exception, Occupied: c.Occupied,
+		RT: time.Duration(c.RT), MaxConcurrency: c.MaxConcurrency, Fallbacks: fallbacks, Partial: partial,
+	}
+	if c.MinRT >= 0 {
+		sec.MinRT = time.Duration(c.MinRT)
+	}
+	fn(sec)
+}
