@@ -1,0 +1,194 @@
+// Package promflow exports a leapflow engine's statistics to Prometheus:
+//
+//	prometheus.MustRegister(promflow.New(eng))
+//
+// Counters come from the engine's completed seconds (flow.Feed), summed
+// since the collector was made: each second is counted once and whole, a
+// second or two after it ends, and a scrape reads those totals under a
+// lock of the collector's own, never the engine's hot path. Gauges (in
+// flight, rule thresholds) and the fallback and eviction counters are read
+// from the engine at scrape time.
+//
+// Metrics (namespace leapflow, label resource):
+//   - leapflow_requests_passed_total, leapflow_requests_blocked_total:
+//     admission decisions; leapflow_requests_occupied_total: passes
+//     admitted against a future window (priority borrowing), also in
+//     passed.
+//   - leapflow_requests_completed_total: requests that exited;
+//     leapflow_requests_failed_total: those that exited with an error
+//     (exceptions), also in completed.
+//   - leapflow_request_duration_seconds: a summary without quantiles, its
+//     _sum the response times of the completed requests and its _count
+//     their number (the engine keeps sums and minima per bucket, no
+//     histogram: a histogram would cost the hot path a shared word per
+//     bucket of it).
+//   - leapflow_requests_inflight: admitted and not exited, now.
+//   - leapflow_fallback_decisions_total: requests global rules decided by
+//     their fallback; leapflow_key_evictions_total: keys a PerKey rule
+//     evicted while active (both since the resource was registered).
+//   - leapflow_rule_threshold{rule, metric}: each rule's threshold.
+//
+// Cardinality is bounded by the engine's registry cap (flow.WithMaxResources,
+// default 10,000 resources): a resource the registry lets go (idle a
+// minute, to make room) leaves the scrape, and starts again from zero if it
+// comes back (a counter reset, which rate() handles).
+package promflow
+
+import (
+	"sort"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/leapflow/leapflow/flow"
+	"github.com/leapflow/leapflow/stat"
+)
+
+// totals are a resource's sums over its delivered seconds.
+type totals struct {
+	pass, block, occupied, success, exception int64
+	rt                                        float64 // seconds
+}
+
+// Collector is a prometheus.Collector over one engine.
+type Collector struct {
+	eng    *flow.Engine
+	cancel func()
+
+	mu     sync.Mutex
+	totals map[string]*totals
+
+	passed, blocked, occupied, completed, failed *prometheus.Desc
+	duration, inflight, fallbacks, evictions     *prometheus.Desc
+	threshold                                    *prometheus.Desc
+}
+
+// New returns a collector of eng's statistics. It subscribes to the
+// engine's feed and starts it (flow.Feed.Start): close the feed
+// (eng.Feed().Close()) when the engine is done with, to stop its
+// goroutine.
+func New(eng *flow.Engine) *Collector {
+	desc := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc("leapflow_"+name, help, append([]string{"resource"}, labels...), nil)
+	}
+	c := &Collector{
+		eng:       eng,
+		totals:    map[string]*totals{},
+		passed:    desc("requests_passed_total", "Requests admitted."),
+		blocked:   desc("requests_blocked_total", "Requests blocked by a rule."),
+		occupied:  desc("requests_occupied_total", "Requests admitted against a future window (priority borrowing), also counted as passed."),
+		completed: desc("requests_completed_total", "Admitted requests that exited."),
+		failed:    desc("requests_failed_total", "Admitted requests that exited with an error, also counted as completed."),
+		duration:  desc("request_duration_seconds", "Response times of the completed requests."),
+		inflight:  desc("requests_inflight", "Requests admitted and not exited."),
+		fallbacks: desc("fallback_decisions_total", "Requests a global rule decided by its fallback because its token source failed."),
+		evictions: desc("key_evictions_total", "Keys a per-key rule evicted from its table while their window held admissions."),
+		threshold: desc("rule_threshold", "A rule's threshold: requests per second (metric qps) or in flight (metric concurrency).", "rule", "metric"),
+	}
+	feed := eng.Feed()
+	c.cancel = feed.Subscribe(c.add)
+	feed.Start()
+	return c
+}
+
+// Close stops the collector's subscription to the feed (the feed goes on).
+func (c *Collector) Close() { c.cancel() }
+
+// add sums a delivery into the totals.
+func (c *Collector) add(batch []stat.Second) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := range batch {
+		s := &batch[i]
+		t := c.totals[s.Resource]
+		if t == nil {
+			t = &totals{}
+			c.totals[s.Resource] = t
+		}
+		t.pass += s.Pass
+		t.block += s.Block
+		t.occupied += s.Occupied
+		t.success += s.Success
+		t.exception += s.Exception
+		t.rt += s.RT.Seconds()
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.passed, c.blocked, c.occupied, c.completed, c.failed,
+		c.duration, c.inflight, c.fallbacks, c.evictions, c.threshold} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	type row struct {
+		name string
+		t    totals
+	}
+	c.mu.Lock()
+	rows := make([]row, 0, len(c.totals))
+	for name, t := range c.totals {
+		rows = append(rows, row{name, *t})
+	}
+	c.mu.Unlock()
+	sort.Slice(rows, func(i, j int) bool { return rows[i].name < rows[j].name })
+	seen := make(map[string]bool, len(rows))
+	counter := func(d *prometheus.Desc, v int64, res string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), res)
+	}
+	for _, r := range rows {
+		snap, ok := c.eng.Snapshot(r.name)
+		if !ok {
+			// The registry let the resource go: so does the scrape.
+			c.mu.Lock()
+			delete(c.totals, r.name)
+			c.mu.Unlock()
+			continue
+		}
+		seen[r.name] = true
+		counter(c.passed, r.t.pass, r.name)
+		counter(c.blocked, r.t.block, r.name)
+		counter(c.occupied, r.t.occupied, r.name)
+		counter(c.completed, r.t.success, r.name)
+		counter(c.failed, r.t.exception, r.name)
+		ch <- prometheus.MustNewConstSummary(c.duration, uint64(max(r.t.success, 0)), r.t.rt, nil, r.name)
+		c.live(ch, snap)
+	}
+	// Rules without IDs on one resource share a name: the strictest of
+	// each (resource, name, metric) is the one shown.
+	type ruleKey struct{ resource, name, metric string }
+	thresholds := map[ruleKey]float64{}
+	var keys []ruleKey
+	for _, rule := range c.eng.Rules() {
+		k := ruleKey{rule.Resource, rule.Name(), "qps"}
+		if rule.Metric == flow.Concurrency {
+			k.metric = "concurrency"
+		}
+		if v, dup := thresholds[k]; !dup || rule.Threshold < v {
+			if !dup {
+				keys = append(keys, k)
+			}
+			thresholds[k] = rule.Threshold
+		}
+	}
+	for _, k := range keys {
+		ch <- prometheus.MustNewConstMetric(c.threshold, prometheus.GaugeValue, thresholds[k], k.resource, k.name, k.metric)
+		if rule := k; !seen[rule.resource] {
+			// A resource with rules and no delivered second yet.
+			seen[rule.resource] = true
+			if snap, ok := c.eng.Snapshot(rule.resource); ok {
+				c.live(ch, snap)
+			}
+		}
+	}
+}
+
+// live sends what is read from the engine at scrape time.
+func (c *Collector) live(ch chan<- prometheus.Metric, snap stat.Snapshot) {
+	ch <- prometheus.MustNewConstMetric(c.inflight, prometheus.GaugeValue, float64(snap.Inflight), snap.Resource)
+	ch <- prometheus.MustNewConstMetric(c.fallbacks, prometheus.CounterValue, float64(snap.Fallbacks), snap.Resource)
+	ch <- prometheus.MustNewConstMetric(c.evictions, prometheus.CounterValue, float64(snap.KeyEvictions), snap.Resource)
+}

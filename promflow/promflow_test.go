@@ -1,0 +1,151 @@
+package promflow
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/leapflow/leapflow/flow"
+	"github.com/leapflow/leapflow/stat/stattest"
+)
+
+// The default clock's ticker lives as long as the process.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/leapflow/leapflow/stat.(*Coarse).run"))
+}
+
+func engine(t *testing.T, clock *stattest.Clock, rules ...flow.Rule) *flow.Engine {
+	t.Helper()
+	e, err := flow.New(flow.WithClock(clock), flow.WithMaxResources(8))
+	require.NoError(t, err)
+	require.NoError(t, e.LoadRules(rules))
+	t.Cleanup(e.Feed().Close)
+	return e
+}
+
+// TestCollectOnAFakeClock: the counters are the completed seconds' sums,
+// exact; gauges are read at scrape time; the collector passes the
+// client_golang lint.
+func TestCollectOnAFakeClock(t *testing.T) {
+	clock := stattest.NewClock(10 * time.Second)
+	eng := engine(t, clock,
+		flow.Rule{ID: "api-qps", Resource: "api", Threshold: 3},
+		flow.Rule{Resource: "api", Metric: flow.Concurrency, Threshold: 10},
+		flow.Rule{Resource: "idle", Threshold: 5},
+	)
+	c := New(eng)
+	defer c.Close()
+	clock.Set(11 * time.Second)
+	for i := range 4 {
+		en, err := eng.Entry("api")
+		if i == 3 {
+			require.ErrorIs(t, err, flow.ErrBlocked)
+			continue
+		}
+		require.NoError(t, err)
+		clock.Advance(100 * time.Millisecond)
+		var exitErr error
+		if i == 0 {
+			exitErr = errors.New("failed")
+		}
+		en.Exit(exitErr)
+	}
+	held, err := eng.Entry("api")
+	require.ErrorIs(t, err, flow.ErrBlocked, "the window is full")
+	_ = held
+	clock.Set(13 * time.Second)
+	eng.Feed().Poll()
+
+	want := `
+# HELP leapflow_requests_passed_total Requests admitted.
+# TYPE leapflow_requests_passed_total counter
+leapflow_requests_passed_total{resource="api"} 3
+# HELP leapflow_requests_blocked_total Requests blocked by a rule.
+# TYPE leapflow_requests_blocked_total counter
+leapflow_requests_blocked_total{resource="api"} 2
+# HELP leapflow_requests_completed_total Admitted requests that exited.
+# TYPE leapflow_requests_completed_total counter
+leapflow_requests_completed_total{resource="api"} 3
+# HELP leapflow_requests_failed_total Admitted requests that exited with an error, also counted as completed.
+# TYPE leapflow_requests_failed_total counter
+leapflow_requests_failed_total{resource="api"} 1
+# HELP leapflow_request_duration_seconds Response times of the completed requests.
+# TYPE leapflow_request_duration_seconds summary
+leapflow_request_duration_seconds_sum{resource="api"} 0.3
+leapflow_request_duration_seconds_count{resource="api"} 3
+# HELP leapflow_requests_inflight Requests admitted and not exited.
+# TYPE leapflow_requests_inflight gauge
+leapflow_requests_inflight{resource="api"} 0
+leapflow_requests_inflight{resource="idle"} 0
+# HELP leapflow_rule_threshold A rule's threshold: requests per second (metric qps) or in flight (metric concurrency).
+# TYPE leapflow_rule_threshold gauge
+leapflow_rule_threshold{metric="concurrency",resource="api",rule="api"} 10
+leapflow_rule_threshold{metric="qps",resource="api",rule="api-qps"} 3
+leapflow_rule_threshold{metric="qps",resource="idle",rule="idle"} 5
+`
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want),
+		"leapflow_requests_passed_total", "leapflow_requests_blocked_total", "leapflow_requests_completed_total",
+		"leapflow_requests_failed_total", "leapflow_request_duration_seconds", "leapflow_requests_inflight",
+		"leapflow_rule_threshold"))
+
+	problems, err := testutil.CollectAndLint(c)
+	require.NoError(t, err)
+	assert.Empty(t, problems)
+}
+
+// TestCountersOnlyGrow: scrapes between deliveries never go back, and
+// every second is counted once.
+func TestCountersOnlyGrow(t *testing.T) {
+	clock := stattest.NewClock(0)
+	eng := engine(t, clock, flow.Rule{Resource: "api", Threshold: 1000})
+	c := New(eng)
+	defer c.Close()
+	clock.Set(time.Second) // the feed keeps seconds from the one after it was made
+	last := 0.0
+	for i := range 50 {
+		clock.Advance(230 * time.Millisecond)
+		for range i % 4 {
+			en, err := eng.Entry("api")
+			require.NoError(t, err)
+			en.Exit(nil)
+		}
+		eng.Feed().Poll()
+		v := passed(t, c)
+		assert.GreaterOrEqual(t, v, last)
+		last = v
+	}
+	clock.Advance(3 * time.Second)
+	eng.Feed().Poll()
+	total := 0
+	for i := range 50 {
+		total += i % 4
+	}
+	assert.Equal(t, float64(total), passed(t, c))
+}
+
+// passed reads the passed counter of "api" from a collection (0 before
+// its first second).
+func passed(t *testing.T, c *Collector) float64 {
+	all := make(chan prometheus.Metric, 64)
+	go func() {
+		c.Collect(all)
+		close(all)
+	}()
+	v := 0.0
+	for m := range all {
+		if m.Desc() == c.passed {
+			var out dto.Metric
+			require.NoError(t, m.Write(&out))
+			v = out.GetCounter().GetValue()
+		}
+	}
+	return v
+}
