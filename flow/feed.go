@@ -1,6 +1,8 @@
 package flow
 
 import (
+	"cmp"
+	"slices"
 	"sync"
 	"time"
 
@@ -57,7 +59,7 @@ func (e *Engine) Feed() *Feed {
 }
 
 // Subscribe calls fn with each delivery's seconds (a batch per poll,
-// possibly empty, ordered by resource and time within a resource), until
+// possibly empty, in order of time), until
 // the returned function is called. fn runs on the polling goroutine, one
 // call at a time: it must not block (copy what it keeps; the slice is
 // reused).
@@ -90,6 +92,9 @@ func (f *Feed) poll(final bool) {
 		s.Time = f.origin.Add(time.Duration(s.Start)).Truncate(time.Second)
 		f.batch = append(f.batch, s)
 	})
+	// By second, then as the registry ranges (a final delivery holds two
+	// or three seconds of each resource).
+	slices.SortStableFunc(f.batch, func(a, b stat.Second) int { return cmp.Compare(a.Start, b.Start) })
 	for _, fn := range f.subs {
 		fn(f.batch)
 	}

@@ -1,0 +1,323 @@
+// Package metriclog writes an engine's completed seconds to a file, one
+// line per resource per second, in Sentinel's metric-log field set, and
+// reads such files back:
+//
+//	1764558000000|2026-12-01 03:00:00|GET /items/{id}|120|7|119|2|14|0|3
+//
+// The fields, separated by '|': the second's wall-clock start in Unix
+// milliseconds and as "2006-01-02 15:04:05" in UTC; the resource; pass,
+// block, success and exception counts; the mean response time of the
+// completed requests in whole milliseconds (0 when none completed);
+// occupied passes (priority borrowing); the most requests in flight a
+// Concurrency rule counted. An eleventh field, "partial", marks
+// the second still running when the writer closed. In resource names '%',
+// '|', CR and LF are written as %25, %7C, %0D and %0A, so every line
+// splits into its fields; Read undoes it.
+//
+// Lines are written by one goroutine, fed by the engine's feed (flow.Feed,
+// seconds a window after they end), and rotated by size with
+// gopkg.in/natefinch/lumberjack.v2: the file is renamed with a timestamp
+// (name-2006-01-02T15-04-05.000.ext) when the next write would pass
+// MaxSize, and the oldest backups beyond MaxBackups are removed.
+package metriclog
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"gopkg.in/natefinch/lumberjack.v2"
+
+	"github.com/leapflow/leapflow/flow"
+	"github.com/leapflow/leapflow/stat"
+)
+
+// Options shape a Writer.
+type Options struct {
+	// MaxSize is the size in megabytes a file reaches before it is rotated
+	// (default 50).
+	MaxSize int
+	// MaxBackups is how many rotated files are kept (default 6; negative:
+	// all).
+	MaxBackups int
+}
+
+// Writer appends an engine's completed seconds to a file.
+type Writer struct {
+	feed   *flow.Feed
+	cancel func()
+	lines  chan []stat.Second
+	done   chan struct{}
+	log    *lumberjack.Logger
+	err    error // the first write error, read after done
+	once   sync.Once
+}
+
+// loggers keeps one lumberjack.Logger per file path and options for the
+// process: lumberjack v2.2.1 starts a goroutine for each Logger on its
+// first write and never stops it, so writers opened again on one path
+// reuse it (at most one such goroutine per path and options).
+// A Logger's options are read by its goroutine without a lock, so they are
+// never changed: other options on one path get a Logger of their own.
+var (
+	loggersMu sync.Mutex
+	loggers   = map[loggerKey]*lumberjack.Logger{}
+)
+
+type loggerKey struct {
+	path                string
+	maxSize, maxBackups int
+}
+
+func loggerFor(path string, o Options) (*lumberjack.Logger, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, fmt.Errorf("metriclog: path %q: %w", path, err)
+	}
+	k := loggerKey{abs, o.MaxSize, max(o.MaxBackups, 0)}
+	loggersMu.Lock()
+	defer loggersMu.Unlock()
+	l := loggers[k]
+	if l == nil {
+		l = &lumberjack.Logger{Filename: abs, MaxSize: k.maxSize, MaxBackups: k.maxBackups}
+		loggers[k] = l
+	}
+	return l, nil
+}
+
+// NewWriter starts writing eng's completed seconds to path (its folder is
+// made if needed), appending to what is there. It subscribes to the
+// engine's feed and starts it. It returns an error naming the option and
+// value when one is bad.
+func NewWriter(eng *flow.Engine, path string, o Options) (*Writer, error) {
+	switch {
+	case path == "":
+		return nil, errors.New("metriclog: path is empty")
+	case o.MaxSize < 0:
+		return nil, fmt.Errorf("metriclog: MaxSize must be >= 0 (megabytes), got %d", o.MaxSize)
+	}
+	if o.MaxSize == 0 {
+		o.MaxSize = 50
+	}
+	if o.MaxBackups == 0 {
+		o.MaxBackups = 6
+	}
+	l, err := loggerFor(path, o)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Dir(l.Filename), 0o755); err != nil {
+		return nil, fmt.Errorf("metriclog: %w", err)
+	}
+	w := &Writer{feed: eng.Feed(), lines: make(chan []stat.Second, 64), done: make(chan struct{}), log: l}
+	go w.run()
+	w.cancel = w.feed.Subscribe(func(b []stat.Second) {
+		if len(b) > 0 {
+			w.lines <- append([]stat.Second(nil), b...) // the feed reuses b
+		}
+	})
+	w.feed.Start()
+	return w, nil
+}
+
+// run writes each delivery and flushes it.
+func (w *Writer) run() {
+	defer close(w.done)
+	buf := bufio.NewWriterSize(w.log, 64<<10)
+	var line []byte
+	for batch := range w.lines {
+		for i := range batch {
+			line = AppendLine(line[:0], &batch[i])
+			if _, err := buf.Write(line); err != nil && w.err == nil {
+				w.err = err
+			}
+		}
+		if err := buf.Flush(); err != nil && w.err == nil {
+			w.err = err
+		}
+	}
+}
+
+// Close closes the engine's feed, which delivers every second not
+// delivered yet (the current one partial), writes them, and closes the
+// file: nothing counted before Close is lost. It returns the first write
+// error, if any.
+func (w *Writer) Close() error {
+	w.once.Do(func() {
+		w.feed.Close()
+		w.cancel()
+		close(w.lines)
+		<-w.done
+		if err := w.log.Close(); err != nil && w.err == nil {
+			w.err = err
+		}
+	})
+	return w.err
+}
+
+// AppendLine appends s's line (with its newline) to dst.
+func AppendLine(dst []byte, s *stat.Second) []byte {
+	t := s.Time.UTC()
+	dst = strconv.AppendInt(dst, t.UnixMilli(), 10)
+	dst = append(dst, '|')
+	dst = t.AppendFormat(dst, time.DateTime)
+	dst = append(dst, '|')
+	dst = appendEscaped(dst, s.Resource)
+	var rt int64
+	if s.Success > 0 {
+		rt = int64(s.RT/time.Millisecond) / s.Success
+	}
+	for _, v := range [...]int64{s.Pass, s.Block, s.Success, s.Exception, rt, s.Occupied, s.MaxConcurrency} {
+		dst = append(dst, '|')
+		dst = strconv.AppendInt(dst, v, 10)
+	}
+	if s.Partial {
+		dst = append(dst, "|partial"...)
+	}
+	return append(dst, '\n')
+}
+
+func appendEscaped(dst []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case '%', '|', '\r', '\n':
+			dst = append(dst, '%', "0123456789ABCDEF"[c>>4], "0123456789ABCDEF"[c&15])
+		default:
+			dst = append(dst, c)
+		}
+	}
+	return dst
+}
+
+// Line is one line of a metric log.
+type Line struct {
+	Time     time.Time // the second's start, UTC
+	Resource string
+	Pass, Block, Success, Exception, Occupied int64
+	// AvgRT is the mean response time, in whole milliseconds.
+	AvgRT          time.Duration
+	MaxConcurrency int64
+	Partial        bool
+}
+
+// ParseLine parses one line (without its newline). Its error names the
+// field and value.
+func ParseLine(s string) (Line, error) {
+	f := strings.Split(s, "|")
+	if len(f) != 10 && !(len(f) == 11 && f[10] == "partial") {
+		return Line{}, fmt.Errorf("metriclog: %d fields, want 10 (or 11 ending in partial): %q", len(f), s)
+	}
+	var v [8]int64
+	for i, name := range [...]string{"timestamp", "pass", "block", "success", "exception", "rt", "occupied", "concurrency"} {
+		field := f[0]
+		if i > 0 {
+			field = f[i+2]
+		}
+		n, err := strconv.ParseInt(field, 10, 64)
+		if err != nil {
+			return Line{}, fmt.Errorf("metriclog: field %s: %q is not an integer", name, field)
+		}
+		v[i] = n
+	}
+	res, err := unescape(f[2])
+	if err != nil {
+		return Line{}, err
+	}
+	return Line{
+		Time: time.UnixMilli(v[0]).UTC(), Resource: res,
+		Pass: v[1], Block: v[2], Success: v[3], Exception: v[4], AvgRT: time.Duration(v[5]) * time.Millisecond,
+		Occupied: v[6], MaxConcurrency: v[7], Partial: len(f) == 11,
+	}, nil
+}
+
+func unescape(s string) (string, error) {
+	if !strings.Contains(s, "%") {
+		return s, nil
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] != '%' {
+			b.WriteByte(s[i])
+			continue
+		}
+		if i+2 >= len(s) {
+			return "", fmt.Errorf("metriclog: field resource: bad escape in %q", s)
+		}
+		c, err := strconv.ParseUint(s[i+1:i+3], 16, 8)
+		if err != nil {
+			return "", fmt.Errorf("metriclog: field resource: bad escape in %q", s)
+		}
+		b.WriteByte(byte(c))
+		i += 2
+	}
+	return b.String(), nil
+}
+
+// Read calls fn with each line of r, in order, stopping at fn's error. A
+// line that does not parse is an error naming its number (a last line
+// without its newline, cut short by a crash, is skipped).
+func Read(r io.Reader, fn func(Line) error) error {
+	br := bufio.NewReader(r)
+	for n := 1; ; n++ {
+		s, err := br.ReadString('\n')
+		if err == io.EOF {
+			return nil // a last line without newline was being written: skip it
+		}
+		if err != nil {
+			return err
+		}
+		l, perr := ParseLine(strings.TrimSuffix(s, "\n"))
+		if perr != nil {
+			return fmt.Errorf("line %d: %w", n, perr)
+		}
+		if err := fn(l); err != nil {
+			return err
+		}
+	}
+}
+
+// ReadFiles reads the log at path with its rotated backups, oldest first:
+// every line the writer kept, in the order written.
+func ReadFiles(path string, fn func(Line) error) error {
+	ext := filepath.Ext(path)
+	prefix := strings.TrimSuffix(filepath.Base(path), ext) + "-"
+	entries, err := os.ReadDir(filepath.Dir(path))
+	if err != nil {
+		return fmt.Errorf("metriclog: %w", err)
+	}
+	var files []string
+	for _, e := range entries {
+		name := e.Name()
+		if !e.IsDir() && strings.HasPrefix(name, prefix) && strings.HasSuffix(name, ext) {
+			// name-2006-01-02T15-04-05.000.ext: the timestamp sorts as text.
+			if _, err := time.Parse("2006-01-02T15-04-05.000", strings.TrimSuffix(strings.TrimPrefix(name, prefix), ext)); err == nil {
+				files = append(files, filepath.Join(filepath.Dir(path), name))
+			}
+		}
+	}
+	sort.Strings(files)
+	files = append(files, path)
+	for _, name := range files {
+		f, err := os.Open(name)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("metriclog: %w", err)
+		}
+		err = Read(f, fn)
+		_ = f.Close()
+		if err != nil {
+			return fmt.Errorf("metriclog: %s: %w", name, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,174 @@
+package metriclog
+
+import (
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/leapflow/leapflow/flow"
+	"github.com/leapflow/leapflow/stat"
+	"github.com/leapflow/leapflow/stat/stattest"
+)
+
+// lumberjack's mill goroutine outlives its Logger (one per path: see
+// loggerFor); the default clock's ticker lives as long as the process.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreTopFunction("gopkg.in/natefinch/lumberjack%2ev2.(*Logger).millRun"),
+		goleak.IgnoreTopFunction("github.com/leapflow/leapflow/stat.(*Coarse).run"))
+}
+
+func engine(t *testing.T, clock *stattest.Clock, max int) *flow.Engine {
+	t.Helper()
+	e, err := flow.New(flow.WithClock(clock), flow.WithMaxResources(max))
+	require.NoError(t, err)
+	return e
+}
+
+func readAll(t *testing.T, path string) []Line {
+	t.Helper()
+	var lines []Line
+	require.NoError(t, ReadFiles(path, func(l Line) error {
+		lines = append(lines, l)
+		return nil
+	}))
+	return lines
+}
+
+func enter(t *testing.T, e *flow.Engine, res string, n int, err error) {
+	t.Helper()
+	for range n {
+		en, eerr := e.Entry(res)
+		require.NoError(t, eerr)
+		en.Exit(err)
+	}
+}
+
+// TestWriteAndReadBack: each completed second is one line with the exact
+// counts; Close writes the rest, the running second marked partial; a
+// hostile resource name reads back as it was.
+func TestWriteAndReadBack(t *testing.T) {
+	clock := stattest.NewClock(0)
+	eng := engine(t, clock, 16)
+	require.NoError(t, eng.LoadRules([]flow.Rule{{Resource: "api", Threshold: 3}}))
+	path := filepath.Join(t.TempDir(), "logs", "metrics.log")
+	w, err := NewWriter(eng, path, Options{})
+	require.NoError(t, err)
+	hostile := "a|b\nc%7C\r"
+	clock.Set(time.Second + 100*time.Millisecond)
+	enter(t, eng, "api", 3, nil)
+	_, err = eng.Entry("api")
+	require.ErrorIs(t, err, flow.ErrBlocked)
+	enter(t, eng, hostile, 2, os.ErrClosed)
+	clock.Set(2*time.Second + 500*time.Millisecond)
+	enter(t, eng, "api", 1, nil)
+	clock.Set(3*time.Second + 100*time.Millisecond)
+	eng.Feed().Poll() // second 1 is out
+	clock.Set(3*time.Second + 200*time.Millisecond)
+	enter(t, eng, "api", 2, nil)
+	require.NoError(t, w.Close())
+	require.NoError(t, w.Close(), "idempotent")
+
+	lines := readAll(t, path)
+	got := map[string]Line{}
+	for _, l := range lines {
+		got[l.Resource+"@"+strconv.FormatInt(l.Time.Unix()%10, 10)] = l
+	}
+	require.Len(t, lines, 4, "%v", lines)
+	first := lines[0].Time
+	assert.Equal(t, first, first.Truncate(time.Second))
+	api1 := got["api@"+strconv.FormatInt(first.Unix()%10, 10)]
+	assert.Equal(t, int64(3), api1.Pass)
+	assert.Equal(t, int64(1), api1.Block)
+	assert.Equal(t, int64(3), api1.Success)
+	h := got[hostile+"@"+strconv.FormatInt(first.Unix()%10, 10)]
+	assert.Equal(t, hostile, h.Resource)
+	assert.Equal(t, int64(2), h.Exception)
+	last := lines[len(lines)-1]
+	assert.True(t, last.Partial)
+	assert.Equal(t, int64(2), last.Pass)
+	assert.Equal(t, first.Add(2*time.Second), last.Time)
+	raw, err := os.ReadFile(path)
+	require.NoError(t, err)
+	assert.Equal(t, 4, strings.Count(string(raw), "\n"), "one line per second, newlines in names escaped")
+}
+
+// TestRotationKeepsEveryLine: past MaxSize the file rotates; reading the
+// backups and the file gives back every line, in order.
+func TestRotationKeepsEveryLine(t *testing.T) {
+	clock := stattest.NewClock(0)
+	const resources, seconds = 500, 50
+	eng := engine(t, clock, resources)
+	path := filepath.Join(t.TempDir(), "metrics.log")
+	w, err := NewWriter(eng, path, Options{MaxSize: 1, MaxBackups: 100})
+	require.NoError(t, err)
+	name := strings.Repeat("r", 40)
+	for s := 1; s <= seconds; s++ {
+		clock.Set(time.Duration(s) * time.Second)
+		for i := range resources {
+			enter(t, eng, name+strconv.Itoa(i), 1, nil)
+		}
+		eng.Feed().Poll()
+	}
+	require.NoError(t, w.Close())
+	lines := readAll(t, path)
+	require.Len(t, lines, resources*seconds)
+	for i := 1; i < len(lines); i++ {
+		require.False(t, lines[i].Time.Before(lines[i-1].Time), "in order: line %d %v after %v", i, lines[i].Time, lines[i-1].Time)
+	}
+	files, err := filepath.Glob(filepath.Join(filepath.Dir(path), "metrics-*.log"))
+	require.NoError(t, err)
+	assert.NotEmpty(t, files, "rotated at 1 MB")
+}
+
+// TestReopenedWritersShareOneMill: writers opened again and again on one
+// path leave at most one lumberjack goroutine behind.
+func TestReopenedWritersShareOneMill(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "m.log")
+	for range 5 {
+		clock := stattest.NewClock(0)
+		eng := engine(t, clock, 4)
+		w, err := NewWriter(eng, path, Options{})
+		require.NoError(t, err)
+		clock.Set(time.Second)
+		enter(t, eng, "x", 1, nil)
+		require.NoError(t, w.Close())
+	}
+	buf := make([]byte, 1<<20)
+	stacks := string(buf[:runtime.Stack(buf, true)])
+	assert.LessOrEqual(t, strings.Count(stacks, "lumberjack.(*Logger).millRun"), 1)
+	assert.Len(t, readAll(t, path), 5)
+}
+
+// TestParseErrors: a bad line names its field and value, and its number.
+func TestParseErrors(t *testing.T) {
+	for line, want := range map[string]string{
+		"1|2026-12-01 00:00:00|r|1|2|3|4|5|6":       "9 fields",
+		"x|2026-12-01 00:00:00|r|1|2|3|4|5|6|7":     "field timestamp",
+		"1|2026-12-01 00:00:00|r|1|b|3|4|5|6|7":     "field block",
+		"1|2026-12-01 00:00:00|%zz|1|2|3|4|5|6|7":   "field resource",
+		"1|2026-12-01 00:00:00|r|1|2|3|4|5|6|7|odd": "11 fields",
+	} {
+		_, err := ParseLine(line)
+		require.Error(t, err, line)
+		assert.Contains(t, err.Error(), want, line)
+	}
+	err := Read(strings.NewReader("1|2026-12-01 00:00:00|r|1|2|3|4|5|6|7\nbad\n"), func(Line) error { return nil })
+	assert.ErrorContains(t, err, "line 2")
+	var n int
+	require.NoError(t, Read(strings.NewReader("1|2026-12-01 00:00:00|r|1|2|3|4|5|6|7\n1|2026-12"), func(Line) error { n++; return nil }))
+	assert.Equal(t, 1, n, "a last line cut short is skipped")
+
+	s := stat.Second{Resource: "r", Time: time.UnixMilli(1_764_558_000_000), Pass: 1, Success: 4, RT: 10 * time.Millisecond}
+	l, err := ParseLine(strings.TrimSuffix(string(AppendLine(nil, &s)), "\n"))
+	require.NoError(t, err)
+	assert.Equal(t, Line{Time: s.Time.UTC(), Resource: "r", Pass: 1, Success: 4, AvgRT: 2 * time.Millisecond}, l)
+}
