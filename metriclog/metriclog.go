@@ -199,8 +199,8 @@ func appendEscaped(dst []byte, s string) []byte {
 
 // Line is one line of a metric log.
 type Line struct {
-	Time     time.Time // the second's start, UTC
-	Resource string
+	Time                                      time.Time // the second's start, UTC
+	Resource                                  string
 	Pass, Block, Success, Exception, Occupied int64
 	// AvgRT is the mean response time, in whole milliseconds.
 	AvgRT          time.Duration
