@@ -1,0 +1,119 @@
+package dashboard
+
+import (
+	"context"
+	"net/http/httptest"
+	"os/exec"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/leapflow/leapflow/flow"
+)
+
+// hostile is a resource name that would run script if it were markup.
+const hostile = `<img src=x onerror="window.pwned=1"><script>window.pwned=2</script>`
+
+// browser starts headless Chromium (Debian's package chromium; make test
+// installs it) and returns a chromedp context on it and a function that
+// closes the browser (call it before closing a server it streams from). It
+// fails, never skips, when the browser is missing.
+func browser(t *testing.T) (context.Context, func()) {
+	t.Helper()
+	path, err := exec.LookPath("chromium")
+	if err != nil {
+		t.Fatalf("headless Chromium is needed: install Debian's package chromium (make deps does): %v", err)
+	}
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(path),
+		chromedp.NoSandbox, // CI runs as root
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.WindowSize(1200, 900),
+	)
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancel := chromedp.NewContext(actx)
+	ctx, cancelTimeout := context.WithTimeout(ctx, 90*time.Second)
+	closeAll := func() {
+		cancelTimeout()
+		cancel()
+		cancelAlloc()
+	}
+	t.Cleanup(closeAll)
+	return ctx, closeAll
+}
+
+// TestPageInABrowser: in a real browser the page loads, lists the
+// resources, its numbers change as traffic changes, and a hostile resource
+// name shows as text and runs nothing.
+func TestPageInABrowser(t *testing.T) {
+	eng, err := flow.New()
+	require.NoError(t, err)
+	require.NoError(t, eng.LoadRules([]flow.Rule{{ID: "api-limit", Resource: "api", Threshold: 1000}}))
+	t.Cleanup(eng.Feed().Close)
+	h, err := New(eng, Options{Token: "t0ken"})
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+
+	// Traffic that grows every 100 ms, so each second's count differs.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 1; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			for _, res := range []string{"api", hostile} {
+				for range i {
+					if en, err := eng.Entry(res); err == nil {
+						en.Exit(nil)
+					}
+				}
+			}
+		}
+	}()
+	defer func() {
+		close(stop)
+		wg.Wait()
+	}()
+
+	ctx, closeBrowser := browser(t)
+	defer closeBrowser() // before the server closes: the page holds a stream open
+	apiPass := `document.querySelector('tr[data-resource="api"] td.pass')`
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/?token=t0ken")))
+	_, err = chromedp.Run(ctx, chromedp.Poll[bool](apiPass+` !== null && `+apiPass+`.textContent !== "0"`,
+		chromedp.WithPollingTimeout(20*time.Second)))
+	require.NoError(t, err, "the api row shows traffic")
+	first, err := chromedp.Run(ctx, chromedp.Evaluate[string](apiPass+`.textContent`))
+	require.NoError(t, err)
+	time.Sleep(3 * time.Second)
+	second, err := chromedp.Run(ctx, chromedp.Evaluate[string](apiPass+`.textContent`))
+	require.NoError(t, err)
+	status, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(`#status`)))
+	require.NoError(t, err)
+	hostileText, err := chromedp.Run(ctx, chromedp.Evaluate[string](
+		`[...document.querySelectorAll('td.name')].map(td => td.textContent).find(s => s.startsWith('<img')) || ''`))
+	require.NoError(t, err)
+	scripts, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.scripts.length`))
+	require.NoError(t, err)
+	pwned, err := chromedp.Run(ctx, chromedp.Evaluate[int](`window.pwned || 0`))
+	require.NoError(t, err)
+	a, err := strconv.Atoi(first)
+	require.NoError(t, err)
+	b, err := strconv.Atoi(second)
+	require.NoError(t, err)
+	assert.Greater(t, b, a, "the numbers follow the traffic")
+	assert.Equal(t, "live", status)
+	assert.Equal(t, hostile, hostileText, "the name shows as text")
+	assert.Equal(t, 1, scripts, "no script but the page's own")
+	assert.Zero(t, pwned)
+}

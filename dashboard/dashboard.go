@@ -1,0 +1,400 @@
+// Package dashboard serves a live, read-only page of an engine: a table of
+// its resources with pass, block, success and exception per second, mean
+// and minimum response time, requests in flight and the rules in force,
+// and a chart of the last minutes of a selected resource, updated every
+// second over Server-Sent Events.
+//
+//	http.Handle("/leapflow/", http.StripPrefix("/leapflow", dashboard.New(eng, dashboard.Options{Token: secret})))
+//
+// Everything it serves is embedded (no CDN: it works offline) and it has
+// no way to change anything: only GET. The figures are the engine's
+// completed seconds (flow.Feed): each row shows a resource's latest
+// completed second, a second or two behind the clock. The table holds the
+// resources with rules and those that counted anything in the last minute,
+// at most MaxRows of them, busiest first; the chart's history is kept in
+// memory for the last HistorySeconds (bounded by MaxHistoryPoints in all),
+// and can be seeded from a metric log at start (HistoryFile).
+//
+// Mount it on an internal port, or set Token (callers send
+// "Authorization: Bearer <token>" or ?token=<token>; a page opened with
+// ?token= gets it as a same-site, HTTP-only cookie for its own requests)
+// or BasicAuth. Resource names are shown as
+// text, never as markup, and the page's Content-Security-Policy allows no
+// script but its own.
+package dashboard
+
+import (
+	"cmp"
+	"crypto/subtle"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/leapflow/leapflow/flow"
+	"github.com/leapflow/leapflow/metriclog"
+	"github.com/leapflow/leapflow/stat"
+)
+
+//go:embed assets
+var assets embed.FS
+
+// Options shape a dashboard.
+type Options struct {
+	// Token, when set, is asked of every request: "Authorization: Bearer
+	// <token>" or ?token=<token>.
+	Token string
+	// BasicAuthUser and BasicAuthPassword, when set, are asked of every
+	// request (HTTP basic authentication).
+	BasicAuthUser, BasicAuthPassword string
+	// MaxRows bounds the table (default 500).
+	MaxRows int
+	// HistorySeconds is how far back the chart goes (default 300);
+	// MaxHistoryPoints bounds the points kept for all resources together
+	// (default 200,000: the oldest seconds go first).
+	HistorySeconds   int
+	MaxHistoryPoints int
+	// HistoryFile, when set, is a metric log (metriclog) whose last
+	// HistorySeconds seed the chart at start.
+	HistoryFile string
+}
+
+// Point is one resource's completed second, as the page gets it.
+type Point struct {
+	Time      int64   `json:"t"` // Unix milliseconds
+	Pass      int64   `json:"pass"`
+	Block     int64   `json:"block"`
+	Success   int64   `json:"success"`
+	Exception int64   `json:"exception"`
+	AvgRT     float64 `json:"avgRT"` // milliseconds
+	MinRT     float64 `json:"minRT"` // milliseconds
+}
+
+// Row is a line of the table.
+type Row struct {
+	Resource string `json:"resource"`
+	Point
+	Inflight int64  `json:"inflight"`
+	Rules    string `json:"rules"`
+}
+
+// Tick is what the page gets every second.
+type Tick struct {
+	Time int64 `json:"t"`
+	Rows []Row `json:"rows"`
+}
+
+type server struct {
+	eng  *flow.Engine
+	opts Options
+	mux  *http.ServeMux
+
+	mu sync.Mutex
+	// latest is each resource's last completed second, and when it was
+	// last active (engine seconds).
+	latest map[string]Point
+	// history holds the recent deliveries, oldest first.
+	history [][]histPoint
+	points  int
+	tick    []byte // the latest tick, JSON
+	clients map[chan []byte]struct{}
+}
+
+type histPoint struct {
+	resource string
+	Point
+}
+
+// New returns the dashboard of eng. It subscribes to the engine's feed and
+// starts it. It returns an error naming the option and value when one is
+// bad.
+func New(eng *flow.Engine, opts Options) (http.Handler, error) {
+	switch {
+	case opts.MaxRows < 0:
+		return nil, fmt.Errorf("dashboard: MaxRows must be >= 0, got %d", opts.MaxRows)
+	case opts.HistorySeconds < 0:
+		return nil, fmt.Errorf("dashboard: HistorySeconds must be >= 0, got %d", opts.HistorySeconds)
+	case opts.MaxHistoryPoints < 0:
+		return nil, fmt.Errorf("dashboard: MaxHistoryPoints must be >= 0, got %d", opts.MaxHistoryPoints)
+	case (opts.BasicAuthUser == "") != (opts.BasicAuthPassword == ""):
+		return nil, errors.New("dashboard: BasicAuthUser and BasicAuthPassword go together")
+	}
+	if opts.MaxRows == 0 {
+		opts.MaxRows = 500
+	}
+	if opts.HistorySeconds == 0 {
+		opts.HistorySeconds = 300
+	}
+	if opts.MaxHistoryPoints == 0 {
+		opts.MaxHistoryPoints = 200_000
+	}
+	s := &server{eng: eng, opts: opts, latest: map[string]Point{}, clients: map[chan []byte]struct{}{}}
+	if opts.HistoryFile != "" {
+		if err := s.seed(opts.HistoryFile); err != nil {
+			return nil, err
+		}
+	}
+	static, err := fs.Sub(assets, "assets")
+	if err != nil {
+		return nil, err
+	}
+	s.mux = http.NewServeMux()
+	s.mux.Handle("GET /", http.FileServerFS(static))
+	s.mux.HandleFunc("GET /api/tick", s.serveTick)
+	s.mux.HandleFunc("GET /api/events", s.serveEvents)
+	s.mux.HandleFunc("GET /api/history", s.serveHistory)
+	s.tick = s.buildTick(time.Now().UnixMilli())
+	feed := eng.Feed()
+	feed.Subscribe(s.add)
+	feed.Start()
+	return s, nil
+}
+
+// seed fills the history from a metric log.
+func (s *server) seed(path string) error {
+	since := time.Now().Add(-time.Duration(s.opts.HistorySeconds) * time.Second)
+	var batch []histPoint
+	var at time.Time
+	err := metriclog.ReadFiles(path, func(l metriclog.Line) error {
+		if l.Time.Before(since) {
+			return nil
+		}
+		if !l.Time.Equal(at) && len(batch) > 0 {
+			s.keep(batch)
+			batch = nil
+		}
+		at = l.Time
+		batch = append(batch, histPoint{l.Resource, Point{Time: l.Time.UnixMilli(), Pass: l.Pass, Block: l.Block,
+			Success: l.Success, Exception: l.Exception, AvgRT: float64(l.AvgRT) / 1e6}})
+		return nil
+	})
+	if len(batch) > 0 {
+		s.keep(batch)
+	}
+	if err != nil {
+		return fmt.Errorf("dashboard: HistoryFile: %w", err)
+	}
+	return nil
+}
+
+// keep appends a delivery to the history, dropping the oldest beyond the
+// bounds. Called with mu held, or before serving.
+func (s *server) keep(batch []histPoint) {
+	s.history = append(s.history, batch)
+	s.points += len(batch)
+	cutoff := batch[0].Time - int64(s.opts.HistorySeconds)*1000
+	for len(s.history) > 1 && (s.points > s.opts.MaxHistoryPoints || s.history[0][0].Time < cutoff) {
+		s.points -= len(s.history[0])
+		s.history[0] = nil
+		s.history = s.history[1:]
+	}
+}
+
+// add takes a delivery from the feed and tells the pages.
+func (s *server) add(batch []stat.Second) {
+	pts := make([]histPoint, 0, len(batch))
+	for _, sec := range batch {
+		p := Point{Time: sec.Time.UnixMilli(), Pass: sec.Pass, Block: sec.Block, Success: sec.Success,
+			Exception: sec.Exception, MinRT: ms(sec.MinRT)}
+		if sec.Success > 0 {
+			p.AvgRT = ms(sec.RT) / float64(sec.Success)
+		}
+		pts = append(pts, histPoint{sec.Resource, p})
+	}
+	s.mu.Lock()
+	for _, p := range pts {
+		s.latest[p.resource] = p.Point
+	}
+	if len(pts) > 0 {
+		s.keep(pts)
+	}
+	s.mu.Unlock()
+	msg := s.buildTick(time.Now().UnixMilli())
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.tick = msg
+	for c := range s.clients {
+		select { // only the latest matters: replace what the client did not take
+		case <-c:
+		default:
+		}
+		c <- msg
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// buildTick makes the table: resources with rules or a second in the last
+// minute, busiest first, at most MaxRows.
+func (s *server) buildTick(now int64) []byte {
+	rules := map[string][]string{}
+	for _, r := range s.eng.Rules() {
+		rules[r.Resource] = append(rules[r.Resource], describe(r))
+	}
+	s.mu.Lock()
+	rows := make([]Row, 0, len(s.latest)+len(rules))
+	for res, p := range s.latest {
+		if now-p.Time > 60_000 && rules[res] == nil {
+			delete(s.latest, res)
+			continue
+		}
+		// A second is delivered a window after it ends and polled once a
+		// second: the latest is up to 4 s old while traffic goes on.
+		if now-p.Time > 5_000 {
+			p = Point{Time: p.Time} // idle since: nothing per second now
+		}
+		rows = append(rows, Row{Resource: res, Point: p})
+	}
+	s.mu.Unlock()
+	for res := range rules {
+		if !slices.ContainsFunc(rows, func(r Row) bool { return r.Resource == res }) {
+			rows = append(rows, Row{Resource: res})
+		}
+	}
+	slices.SortFunc(rows, func(a, b Row) int {
+		if c := cmp.Compare(b.Pass+b.Block, a.Pass+a.Block); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Resource, b.Resource)
+	})
+	rows = rows[:min(len(rows), s.opts.MaxRows)]
+	for i := range rows {
+		rows[i].Rules = strings.Join(rules[rows[i].Resource], "; ")
+		if snap, ok := s.eng.Snapshot(rows[i].Resource); ok {
+			rows[i].Inflight = snap.Inflight
+		}
+	}
+	b, _ := json.Marshal(Tick{Time: now, Rows: rows})
+	return b
+}
+
+// describe is a rule in a few words: "QPS 100/s Reject (per key)".
+func describe(r flow.Rule) string {
+	var b strings.Builder
+	if r.ID != "" {
+		b.WriteString(r.ID + ": ")
+	}
+	b.WriteString(r.Metric.String() + " " + strconv.FormatFloat(r.Threshold, 'g', -1, 64))
+	if r.Metric == flow.QPS {
+		b.WriteString("/s " + r.Behavior.String())
+	}
+	if r.PerKey {
+		b.WriteString(" per key")
+	}
+	if r.Global {
+		b.WriteString(" global")
+	}
+	if r.RelatedResource != "" {
+		b.WriteString(" of " + r.RelatedResource)
+	}
+	return b.String()
+}
+
+// ServeHTTP checks access, then serves the page and its API.
+func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !s.allowed(w, r) {
+		if s.opts.BasicAuthUser != "" {
+			w.Header().Set("WWW-Authenticate", `Basic realm="leapflow", charset="UTF-8"`)
+		}
+		http.Error(w, "unauthorized", http.StatusUnauthorized)
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("Cache-Control", "no-store")
+	s.mux.ServeHTTP(w, r)
+}
+
+// tokenCookie carries the token to the page's own requests (its script,
+// its stream) once the page was opened with ?token=.
+const tokenCookie = "leapflow_token"
+
+func (s *server) allowed(w http.ResponseWriter, r *http.Request) bool {
+	if s.opts.Token != "" {
+		tok, fromQuery := r.URL.Query().Get("token"), true
+		if v, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+			tok, fromQuery = v, false
+		} else if c, err := r.Cookie(tokenCookie); err == nil && tok == "" {
+			tok, fromQuery = c.Value, false
+		}
+		if subtle.ConstantTimeCompare([]byte(tok), []byte(s.opts.Token)) != 1 {
+			return false
+		}
+		if fromQuery {
+			http.SetCookie(w, &http.Cookie{Name: tokenCookie, Value: tok, HttpOnly: true, SameSite: http.SameSiteStrictMode})
+		}
+	}
+	if s.opts.BasicAuthUser != "" {
+		u, p, ok := r.BasicAuth()
+		if !ok || subtle.ConstantTimeCompare([]byte(u), []byte(s.opts.BasicAuthUser)) != 1 ||
+			subtle.ConstantTimeCompare([]byte(p), []byte(s.opts.BasicAuthPassword)) != 1 {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *server) serveTick(w http.ResponseWriter, _ *http.Request) {
+	s.mu.Lock()
+	msg := s.tick
+	s.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(msg)
+}
+
+// serveEvents streams a tick every second until the client goes away.
+func (s *server) serveEvents(w http.ResponseWriter, r *http.Request) {
+	rc := http.NewResponseController(w)
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("X-Accel-Buffering", "no")
+	c := make(chan []byte, 1)
+	s.mu.Lock()
+	c <- s.tick
+	s.clients[c] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.clients, c)
+		s.mu.Unlock()
+	}()
+	for {
+		select {
+		case <-r.Context().Done():
+			return
+		case msg := <-c:
+			if _, err := fmt.Fprintf(w, "event: tick\ndata: %s\n\n", msg); err != nil {
+				return
+			}
+			if err := rc.Flush(); err != nil {
+				return
+			}
+		}
+	}
+}
+
+// serveHistory answers a resource's points over the last HistorySeconds.
+func (s *server) serveHistory(w http.ResponseWriter, r *http.Request) {
+	res := r.URL.Query().Get("resource")
+	out := []Point{}
+	s.mu.Lock()
+	for _, batch := range s.history {
+		for _, p := range batch {
+			if p.resource == res {
+				out = append(out, p.Point)
+			}
+		}
+	}
+	s.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(out)
+}

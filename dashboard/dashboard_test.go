@@ -1,0 +1,233 @@
+package dashboard
+
+import (
+	"bufio"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/leapflow/leapflow/flow"
+	"github.com/leapflow/leapflow/stat/stattest"
+)
+
+// The default clock's ticker lives as long as the process; goleak checks
+// that no SSE stream outlives its client.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/leapflow/leapflow/stat.(*Coarse).run"))
+}
+
+func engine(t *testing.T, clock *stattest.Clock, rules ...flow.Rule) *flow.Engine {
+	t.Helper()
+	opts := []flow.Option{flow.WithMaxResources(16)}
+	if clock != nil {
+		opts = append(opts, flow.WithClock(clock))
+	}
+	e, err := flow.New(opts...)
+	require.NoError(t, err)
+	require.NoError(t, e.LoadRules(rules))
+	t.Cleanup(e.Feed().Close)
+	return e
+}
+
+func get(t *testing.T, url string, header ...string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	require.NoError(t, err)
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp, string(b)
+}
+
+// TestTickAndHistory: after a completed second the tick has the
+// resource's exact counts, its rules and its in-flight count, and the
+// history has its point; resources with rules and no traffic are listed.
+func TestTickAndHistory(t *testing.T) {
+	clock := stattest.NewClock(0)
+	eng := engine(t, clock, flow.Rule{ID: "api-limit", Resource: "api", Threshold: 2}, flow.Rule{Resource: "quiet", Metric: flow.Concurrency, Threshold: 3})
+	h, err := New(eng, Options{})
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	clock.Set(time.Second)
+	for range 3 {
+		if en, err := eng.Entry("api"); err == nil {
+			en.Exit(nil)
+		}
+	}
+	clock.Set(3 * time.Second)
+	eng.Feed().Poll()
+	resp, body := get(t, srv.URL+"/api/tick")
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	var tick Tick
+	require.NoError(t, json.Unmarshal([]byte(body), &tick))
+	require.Len(t, tick.Rows, 2)
+	api := tick.Rows[0]
+	assert.Equal(t, "api", api.Resource, "busiest first")
+	assert.Equal(t, int64(2), api.Pass)
+	assert.Equal(t, int64(1), api.Block)
+	assert.Equal(t, int64(2), api.Success)
+	assert.Equal(t, "api-limit: QPS 2/s Reject", api.Rules)
+	assert.Equal(t, "quiet", tick.Rows[1].Resource)
+	assert.Equal(t, "Concurrency 3", tick.Rows[1].Rules)
+
+	_, body = get(t, srv.URL+"/api/history?resource=api")
+	var pts []Point
+	require.NoError(t, json.Unmarshal([]byte(body), &pts))
+	require.Len(t, pts, 1)
+	assert.Equal(t, int64(2), pts[0].Pass)
+
+	resp, body = get(t, srv.URL+"/")
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Contains(t, body, `<script src="app.js"></script>`)
+	assert.Contains(t, resp.Header.Get("Content-Security-Policy"), "default-src 'self'")
+	resp, _ = get(t, srv.URL+"/app.js")
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/api/tick", nil)
+	resp, err = http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode, "read-only")
+}
+
+// TestAccess: with a token or basic auth, nothing is served without it.
+func TestAccess(t *testing.T) {
+	eng := engine(t, stattest.NewClock(0))
+	h, err := New(eng, Options{Token: "s3cret"})
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	for _, path := range []string{"/", "/app.js", "/api/tick", "/api/events", "/api/history?resource=x"} {
+		resp, _ := get(t, srv.URL+path)
+		assert.Equal(t, http.StatusUnauthorized, resp.StatusCode, path)
+		resp, _ = get(t, srv.URL+path+"?token=wrong")
+		assert.Equal(t, http.StatusUnauthorized, resp.StatusCode, path)
+	}
+	resp, _ := get(t, srv.URL+"/api/tick?token=s3cret")
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	resp, _ = get(t, srv.URL+"/api/tick", "Authorization", "Bearer s3cret")
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	// A page opened with the token passes it on to its own requests.
+	resp, _ = get(t, srv.URL+"/?token=s3cret")
+	require.Len(t, resp.Cookies(), 1)
+	c := resp.Cookies()[0]
+	assert.True(t, c.HttpOnly)
+	assert.Equal(t, http.SameSiteStrictMode, c.SameSite)
+	resp, _ = get(t, srv.URL+"/app.js", "Cookie", c.Name+"="+c.Value)
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	resp, _ = get(t, srv.URL+"/app.js", "Cookie", c.Name+"=wrong")
+	assert.Equal(t, http.StatusUnauthorized, resp.StatusCode)
+
+	basic, err := New(eng, Options{BasicAuthUser: "ops", BasicAuthPassword: "pw"})
+	require.NoError(t, err)
+	bsrv := httptest.NewServer(basic)
+	defer bsrv.Close()
+	resp, _ = get(t, bsrv.URL+"/")
+	assert.Equal(t, http.StatusUnauthorized, resp.StatusCode)
+	assert.Contains(t, resp.Header.Get("WWW-Authenticate"), "Basic")
+	req, _ := http.NewRequest(http.MethodGet, bsrv.URL+"/", nil)
+	req.SetBasicAuth("ops", "pw")
+	r2, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	r2.Body.Close()
+	assert.Equal(t, http.StatusOK, r2.StatusCode)
+
+	_, err = New(eng, Options{BasicAuthUser: "ops"})
+	assert.ErrorContains(t, err, "BasicAuthPassword")
+	_, err = New(eng, Options{MaxRows: -1})
+	assert.ErrorContains(t, err, "MaxRows")
+}
+
+// TestEventsStreamEndsWithItsClient: the stream sends a tick at once and
+// one per delivery; when the client goes away the handler returns
+// (goleak checks the package).
+func TestEventsStreamEndsWithItsClient(t *testing.T) {
+	clock := stattest.NewClock(0)
+	eng := engine(t, clock, flow.Rule{Resource: "api", Threshold: 100})
+	h, err := New(eng, Options{})
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	resp, err := http.Get(srv.URL + "/api/events")
+	require.NoError(t, err)
+	assert.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
+	r := bufio.NewReader(resp.Body)
+	readEvent := func() string {
+		var data string
+		for {
+			line, err := r.ReadString('\n')
+			require.NoError(t, err)
+			if line == "\n" {
+				return data
+			}
+			if v, ok := strings.CutPrefix(line, "data: "); ok {
+				data = strings.TrimSpace(v)
+			}
+		}
+	}
+	assert.Contains(t, readEvent(), `"resource":"api"`)
+	clock.Set(time.Second)
+	en, err := eng.Entry("api")
+	require.NoError(t, err)
+	en.Exit(nil)
+	clock.Set(3 * time.Second)
+	eng.Feed().Poll()
+	assert.Contains(t, readEvent(), `"pass":1`)
+	resp.Body.Close()
+	d := h.(*server)
+	require.Eventually(t, func() bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return len(d.clients) == 0
+	}, 5*time.Second, 10*time.Millisecond, "the stream ended with its client")
+}
+
+// TestHistoryFromAMetricLog: the chart's history is seeded from a metric
+// log's recent lines.
+func TestHistoryFromAMetricLog(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "m.log")
+	now := time.Now().Truncate(time.Second)
+	var b strings.Builder
+	for i, res := range []string{"api", "api", "other"} {
+		ts := now.Add(time.Duration(i-3) * time.Second)
+		b.WriteString(strings.Join([]string{
+			itoa(ts.UnixMilli()), ts.UTC().Format(time.DateTime), res, itoa(int64(i + 1)), "0", "1", "0", "5", "0", "0"}, "|") + "\n")
+	}
+	old := now.Add(-time.Hour)
+	b.WriteString(itoa(old.UnixMilli()) + "|" + old.UTC().Format(time.DateTime) + "|api|99|0|0|0|0|0|0\n")
+	require.NoError(t, os.WriteFile(path, []byte(b.String()), 0o600))
+	eng := engine(t, stattest.NewClock(0))
+	h, err := New(eng, Options{HistoryFile: path})
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	_, body := get(t, srv.URL+"/api/history?resource=api")
+	var pts []Point
+	require.NoError(t, json.Unmarshal([]byte(body), &pts))
+	require.Len(t, pts, 2, "the hour-old line is past the history")
+	assert.Equal(t, int64(1), pts[0].Pass)
+	assert.Equal(t, int64(2), pts[1].Pass)
+	assert.InDelta(t, 5.0, pts[0].AvgRT, 1e-9)
+
+	_, err = New(eng, Options{HistoryFile: filepath.Join(t.TempDir(), "none", "m.log")})
+	assert.ErrorContains(t, err, "HistoryFile")
+}
+
+func itoa(v int64) string { return strconv.FormatInt(v, 10) }
