@@ -161,7 +161,7 @@ func screenshot(ctx context.Context, url, path string, out io.Writer) error {
 	if _, err := chromedp.Run(bctx, chromedp.Evaluate[any](`document.querySelector('tr[data-resource="checkout"]').click()`)); err != nil {
 		return err
 	}
-	time.Sleep(8 * time.Second) // the chart fills
+	time.Sleep(8 * time.Second)                                  // the chart fills
 	png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100)) // quality 100: PNG
 	if err != nil {
 		return err
