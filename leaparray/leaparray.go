@@ -17,13 +17,13 @@ import (
 type WindowWrap[T any] struct {
 	start int64
 	slot  int64 // index in the ring, so Retired needs no division
-	// settled is set when RetireStale retired the bucket while it stayed
-	// in its slot: readers of ranges skip it, and its replacement does not
-	// retire it again.
-	settled stdatomic.Bool
 	// Value is the bucket's payload. The array hands out pointers to it; the
 	// value type makes its own fields safe for concurrent use.
 	Value T
+	// settled is set when RetireStale retired the bucket while it stayed
+	// in its slot: readers of ranges skip it, and its replacement does not
+	// retire it again. Last, so that the hot fields keep their lines.
+	settled stdatomic.Bool
 }
 
 // Start returns the first instant (inclusive) of the bucket's span.
