@@ -9,12 +9,9 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"net"
-	"os"
-	"os/signal"
 	"time"
 
 	"google.golang.org/grpc"
@@ -26,18 +23,10 @@ import (
 	"github.com/leapflow/leapflow/flow"
 	"github.com/leapflow/leapflow/grpcflow"
 	"github.com/leapflow/leapflow/internal/echo"
+	"github.com/leapflow/leapflow/internal/examplerun"
 )
 
-func main() {
-	addr := flag.String("addr", "127.0.0.1:50051", "address to listen on")
-	flag.Parse()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
-	if err := run(ctx, *addr, os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-}
+func main() { examplerun.Main("127.0.0.1:50051", run) }
 
 // rules are the service's limits, on the full method names.
 var rules = []flow.Rule{
