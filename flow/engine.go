@@ -191,6 +191,12 @@ func (e *Engine) LoadRules(rules []Rule) error {
 	return nil
 }
 
+// CheckRules validates rules as LoadRules would, without loading them or
+// making any resource: it returns them with their defaults filled in, or
+// the *RuleError of the first bad one. The registry's room and a token
+// source's binding are not checked.
+func (e *Engine) CheckRules(rules []Rule) ([]Rule, error) { return e.normalise(rules) }
+
 // normalise returns the rules with defaults filled in, or the first error.
 func (e *Engine) normalise(rules []Rule) ([]Rule, error) {
 	norm := make([]Rule, len(rules))

@@ -205,6 +205,10 @@ func (r *Rule) Name() string {
 	return r.Resource
 }
 
+// WithDefaults returns r with its zero-valued optional fields filled in, as
+// the engine loads it.
+func (r Rule) WithDefaults() Rule { return r.withDefaults() }
+
 // withDefaults returns r with its zero-valued optional fields filled in.
 func (r Rule) withDefaults() Rule {
 	if r.Metric == QPS && r.StatInterval == 0 {
