@@ -98,7 +98,9 @@ func TestErrorsNameFileLineRuleAndKey(t *testing.T) {
 // defined twice names both files; other files are left alone.
 func TestReadDirMerges(t *testing.T) {
 	dir := t.TempDir()
-	write := func(name, body string) { require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644)) }
+	write := func(name, body string) {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644))
+	}
 	write("b.yaml", "rules:\n  - id: two\n    resource: b\n    threshold: 2\n")
 	write("a.json", `{"rules": [{"id": "one", "resource": "a", "threshold": 1}]}`)
 	write("notes.txt", "not rules")
