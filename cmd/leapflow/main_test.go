@@ -1,0 +1,64 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func runCmd(args ...string) (int, string, string) {
+	var out, errOut bytes.Buffer
+	code := run(args, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+// TestCheck: a good file prints its normal form and exits 0; a bad one
+// prints file:line:column and exits 1; usage errors exit 2.
+func TestCheck(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.yaml")
+	require.NoError(t, os.WriteFile(good, []byte("rules:\n  - resource: api\n    threshold: 100\n    statInterval: 1s\n"), 0o644))
+	bad := filepath.Join(dir, "bad.yaml")
+	require.NoError(t, os.WriteFile(bad, []byte("rules:\n  - resource: api\n    treshold: 100\n"), 0o644))
+
+	code, out, errOut := runCmd("check", good)
+	assert.Equal(t, 0, code, errOut)
+	assert.Equal(t, "# "+good+": 1 rules, valid\nrules:\n  - resource: api\n    threshold: 100\n", out)
+
+	code, _, errOut = runCmd("check", good, bad)
+	assert.Equal(t, 1, code)
+	assert.Equal(t, bad+`:3:5: rule #0: unknown field "treshold"`+"\n", errOut)
+
+	code, _, errOut = runCmd("check", filepath.Join(dir, "missing.yaml"))
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errOut, "no such file")
+
+	code, _, errOut = runCmd("check", dir)
+	assert.Equal(t, 1, code, "the directory holds the bad file too")
+	assert.Contains(t, errOut, "bad.yaml:3:5")
+
+	for _, args := range [][]string{{}, {"check"}, {"lint", good}, {"fmt"}, {"fmt", "-x", good}} {
+		code, _, errOut := runCmd(args...)
+		assert.Equal(t, 2, code, "%v", args)
+		assert.NotEmpty(t, errOut)
+	}
+}
+
+// TestFmt: fmt prints the normal form, and -w rewrites the file with it.
+func TestFmt(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "r.yaml")
+	require.NoError(t, os.WriteFile(path, []byte("rules:\n- {resource: api, threshold: 5.0, behavior: Reject}\n"), 0o644))
+	code, out, errOut := runCmd("fmt", path)
+	require.Equal(t, 0, code, errOut)
+	normal := "rules:\n  - resource: api\n    threshold: 5\n"
+	assert.Equal(t, normal, out)
+	code, _, _ = runCmd("fmt", "-w", path)
+	require.Equal(t, 0, code)
+	got, err := os.ReadFile(path)
+	require.NoError(t, err)
+	assert.Equal(t, normal, string(got))
+}
