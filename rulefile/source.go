@@ -1,0 +1,269 @@
+package rulefile
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"go.uber.org/atomic"
+
+	"github.com/leapflow/leapflow/flow"
+)
+
+// Source is where an engine's rules come from: a file here; etcd, Consul or
+// a Kubernetes ConfigMap could be others. Run calls update with the rules
+// the source holds, at once and then each time they change (or with the
+// error that kept it from reading them), until ctx ends. One source owns
+// an engine's rule set: each update replaces every rule, so two sources on
+// one engine would undo each other.
+type Source interface {
+	Run(ctx context.Context, update func(rules []flow.Rule, err error))
+}
+
+// Options shape a Sync.
+type Options struct {
+	// OnError is told each update that failed (a bad file, rules the
+	// engine refused); the rules in force stay. Errors are also logged by
+	// Logger at warn.
+	OnError func(error)
+	// Logger logs failed updates (default slog.Default()).
+	Logger *slog.Logger
+}
+
+// Sync keeps an engine's rules those of a source.
+type Sync struct {
+	reloads atomic.Int64
+	mu      sync.Mutex
+	lastErr error
+	cancel  context.CancelFunc
+	done    chan struct{}
+}
+
+// Start applies src's rules to eng, now and on every change, until Stop.
+// A change is applied whole (flow.Engine.LoadRules) or not at all.
+func Start(eng *flow.Engine, src Source, opts Options) *Sync {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Sync{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		src.Run(ctx, func(rules []flow.Rule, err error) {
+			if err == nil {
+				err = eng.LoadRules(rules)
+			}
+			s.mu.Lock()
+			s.lastErr = err
+			s.mu.Unlock()
+			if err != nil {
+				opts.Logger.Warn("leapflow: rules not reloaded; the rules in force stay", "err", err)
+				if opts.OnError != nil {
+					opts.OnError(err)
+				}
+				return
+			}
+			s.reloads.Inc()
+		})
+	}()
+	return s
+}
+
+// Reloads returns how many rule sets were applied.
+func (s *Sync) Reloads() int64 { return s.reloads.Load() }
+
+// LastError returns the error of the latest update, nil if it was applied.
+func (s *Sync) LastError() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lastErr
+}
+
+// Stop stops following the source and waits for it.
+func (s *Sync) Stop() {
+	s.cancel()
+	<-s.done
+}
+
+// FileSource is a rule file (or a directory of them) followed with
+// fsnotify. It watches the file's directory, not the file, and filters by
+// name: a watch on the file itself dies when an editor replaces it by a
+// rename, or when it is deleted and made again. Events are debounced: a
+// burst (an editor's write, rename and chmod; a Kubernetes ConfigMap's
+// ..data symlink swap) ends in one read, and a read whose content is what
+// was applied last applies nothing. A file that is missing, empty, cut
+// short or bad is an error: the rules in force stay (clearing every rule
+// takes an explicit "rules: []").
+type FileSource struct {
+	Path string
+	// Debounce is how long events must stop before the file is read
+	// (default 100 ms).
+	Debounce time.Duration
+	// after is time.AfterFunc, replaced in tests.
+	after func(time.Duration, func()) interface{ Stop() bool }
+}
+
+// NewFileSource returns the source of the rule file or directory at path.
+func NewFileSource(path string) *FileSource { return &FileSource{Path: path} }
+
+// Run implements Source.
+func (f *FileSource) Run(ctx context.Context, update func([]flow.Rule, error)) {
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		update(nil, fmt.Errorf("rulefile: watching %s: %w", f.Path, err))
+		return
+	}
+	defer w.Close()
+	dir, name := f.watched()
+	if err := w.Add(dir); err != nil {
+		update(nil, fmt.Errorf("rulefile: watching %s: %w", dir, err))
+		return
+	}
+	debounce := f.Debounce
+	if debounce <= 0 {
+		debounce = 100 * time.Millisecond
+	}
+	after := f.after
+	if after == nil {
+		after = func(d time.Duration, fn func()) interface{ Stop() bool } { return time.AfterFunc(d, fn) }
+	}
+	var applied [32]byte
+	read := func() {
+		rules, sum, err := f.read()
+		if err == nil && sum == applied {
+			return // what is in force already
+		}
+		if err == nil {
+			applied = sum
+		} else {
+			applied = [32]byte{} // after an error, the same content is news again
+		}
+		update(rules, err)
+	}
+	read()
+	fire := make(chan struct{}, 1)
+	var timer interface{ Stop() bool }
+	for {
+		select {
+		case <-ctx.Done():
+			if timer != nil {
+				timer.Stop()
+			}
+			return
+		case ev, ok := <-w.Events:
+			if !ok {
+				return
+			}
+			if !relevant(ev.Name, name) {
+				continue
+			}
+			if timer != nil {
+				timer.Stop()
+			}
+			timer = after(debounce, func() {
+				select {
+				case fire <- struct{}{}:
+				default:
+				}
+			})
+		case err, ok := <-w.Errors:
+			if !ok {
+				return
+			}
+			update(nil, fmt.Errorf("rulefile: watching %s: %w", dir, err))
+		case <-fire:
+			read()
+		}
+	}
+}
+
+// watched returns the directory to watch and the name within it to follow
+// ("" for every rule file of a directory source).
+func (f *FileSource) watched() (dir, name string) {
+	if st, err := os.Stat(f.Path); err == nil && st.IsDir() {
+		return f.Path, ""
+	}
+	return filepath.Dir(f.Path), filepath.Base(f.Path)
+}
+
+// relevant reports whether an event on path concerns the source: its
+// file (or, for a directory, a rule file), or a ConfigMap's ..data link.
+func relevant(path, name string) bool {
+	base := filepath.Base(path)
+	switch {
+	case strings.HasPrefix(base, ".."):
+		return true // ..data, ..data_tmp, ..2026_...: a ConfigMap update
+	case name == "":
+		return hasExt(base) && !strings.HasPrefix(base, ".")
+	}
+	return base == name
+}
+
+// read reads the source's rules and a digest of what it read.
+func (f *FileSource) read() ([]flow.Rule, [32]byte, error) {
+	if st, err := os.Stat(f.Path); err == nil && st.IsDir() {
+		rules, err := ReadDir(f.Path)
+		if err != nil {
+			return nil, [32]byte{}, err
+		}
+		// The merged normal form stands for the directory's content.
+		out, err := Format(rules)
+		return rules, sha256.Sum256(out), err
+	}
+	data, err := os.ReadFile(f.Path)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			err = fmt.Errorf("rulefile: %s is missing: the rules in force stay", f.Path)
+		}
+		return nil, [32]byte{}, err
+	}
+	rules, err := Check(f.Path, data)
+	return rules, sha256.Sum256(data), err
+}
+
+// MemorySource is a Source held in memory: Set replaces its rules. It is
+// the small form of the interface (and the tests' source).
+type MemorySource struct {
+	mu    sync.Mutex
+	rules []flow.Rule
+	set   chan struct{}
+}
+
+// NewMemorySource returns a source holding rules.
+func NewMemorySource(rules []flow.Rule) *MemorySource {
+	return &MemorySource{rules: rules, set: make(chan struct{}, 1)}
+}
+
+// Set replaces the source's rules.
+func (m *MemorySource) Set(rules []flow.Rule) {
+	m.mu.Lock()
+	m.rules = rules
+	m.mu.Unlock()
+	select {
+	case m.set <- struct{}{}:
+	default:
+	}
+}
+
+// Run implements Source.
+func (m *MemorySource) Run(ctx context.Context, update func([]flow.Rule, error)) {
+	for {
+		m.mu.Lock()
+		rules := m.rules
+		m.mu.Unlock()
+		update(rules, nil)
+		select {
+		case <-ctx.Done():
+			return
+		case <-m.set:
+		}
+	}
+}
