@@ -27,6 +27,10 @@
 //     their fallback; leapflow_key_evictions_total: keys a PerKey rule
 //     evicted while active (both since the resource was registered).
 //   - leapflow_rule_threshold{rule, metric}: each rule's threshold.
+//   - With WithReloads (a rule source's rulefile.Sync):
+//     leapflow_rule_reloads_total, the rule sets applied, and
+//     leapflow_rule_reload_failed, 1 while the latest update failed (the
+//     rules in force are older than the source).
 //
 // Cardinality is bounded by the engine's registry cap (flow.WithMaxResources,
 // default 10,000 resources): a resource the registry lets go (idle a
@@ -61,13 +65,28 @@ type Collector struct {
 	passed, blocked, occupied, completed, failed *prometheus.Desc
 	duration, inflight, fallbacks, evictions     *prometheus.Desc
 	threshold                                    *prometheus.Desc
+	reloads, reloadFailed                        *prometheus.Desc
+	reloader                                     Reloader
 }
+
+// Reloader is what a rule source reports (rulefile.Sync has it).
+type Reloader interface {
+	Reloads() int64
+	LastError() error
+}
+
+// Option configures a Collector.
+type Option func(*Collector)
+
+// WithReloads exports a rule source's reload count and whether its latest
+// update failed.
+func WithReloads(r Reloader) Option { return func(c *Collector) { c.reloader = r } }
 
 // New returns a collector of eng's statistics. It subscribes to the
 // engine's feed and starts it (flow.Feed.Start): close the feed
 // (eng.Feed().Close()) when the engine is done with, to stop its
 // goroutine.
-func New(eng *flow.Engine) *Collector {
+func New(eng *flow.Engine, opts ...Option) *Collector {
 	desc := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc("leapflow_"+name, help, append([]string{"resource"}, labels...), nil)
 	}
@@ -84,6 +103,14 @@ func New(eng *flow.Engine) *Collector {
 		fallbacks: desc("fallback_decisions_total", "Requests a global rule decided by its fallback because its token source failed."),
 		evictions: desc("key_evictions_total", "Keys a per-key rule evicted from its table while their window held admissions."),
 		threshold: desc("rule_threshold", "A rule's threshold: requests per second (metric qps) or in flight (metric concurrency).", "rule", "metric"),
+		reloads:   prometheus.NewDesc("leapflow_rule_reloads_total", "Rule sets a rule source applied.", nil, nil),
+		reloadFailed: prometheus.NewDesc("leapflow_rule_reload_failed",
+			"1 while the rule source's latest update failed (the rules in force stay), else 0.", nil, nil),
+	}
+	for _, o := range opts {
+		if o != nil {
+			o(c)
+		}
 	}
 	feed := eng.Feed()
 	c.cancel = feed.Subscribe(c.add)
@@ -120,10 +147,22 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.duration, c.inflight, c.fallbacks, c.evictions, c.threshold} {
 		ch <- d
 	}
+	if c.reloader != nil {
+		ch <- c.reloads
+		ch <- c.reloadFailed
+	}
 }
 
 // Collect implements prometheus.Collector.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	if r := c.reloader; r != nil {
+		ch <- prometheus.MustNewConstMetric(c.reloads, prometheus.CounterValue, float64(r.Reloads()))
+		failed := 0.0
+		if r.LastError() != nil {
+			failed = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.reloadFailed, prometheus.GaugeValue, failed)
+	}
 	type row struct {
 		name string
 		t    totals

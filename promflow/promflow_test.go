@@ -149,3 +149,35 @@ func passed(t *testing.T, c *Collector) float64 {
 	}
 	return v
 }
+
+type reloads struct {
+	n   int64
+	err error
+}
+
+func (r *reloads) Reloads() int64   { return r.n }
+func (r *reloads) LastError() error { return r.err }
+
+// TestReloadMetrics: a rule source's reload count and failure are
+// exported.
+func TestReloadMetrics(t *testing.T) {
+	eng := engine(t, stattest.NewClock(0))
+	r := &reloads{n: 3}
+	c := New(eng, WithReloads(r))
+	defer c.Close()
+	want := `
+# HELP leapflow_rule_reloads_total Rule sets a rule source applied.
+# TYPE leapflow_rule_reloads_total counter
+leapflow_rule_reloads_total 3
+# HELP leapflow_rule_reload_failed 1 while the rule source's latest update failed (the rules in force stay), else 0.
+# TYPE leapflow_rule_reload_failed gauge
+leapflow_rule_reload_failed 0
+`
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want), "leapflow_rule_reloads_total", "leapflow_rule_reload_failed"))
+	r.err = errors.New("bad file")
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(strings.Replace(want, "failed 0", "failed 1", 1)),
+		"leapflow_rule_reloads_total", "leapflow_rule_reload_failed"))
+	problems, err := testutil.CollectAndLint(c)
+	require.NoError(t, err)
+	assert.Empty(t, problems)
+}
