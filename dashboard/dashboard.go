@@ -236,7 +236,13 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 func (s *server) buildTick(now int64) []byte {
 	rules := map[string][]string{}
 	for _, r := range s.eng.Rules() {
-		rules[r.Resource] = append(rules[r.Resource], describe(r))
+		if !r.DryRun {
+			rules[r.Resource] = append(rules[r.Resource], describe(r))
+		}
+	}
+	for _, d := range s.eng.DryRuns() {
+		rules[d.Rule.Resource] = append(rules[d.Rule.Resource],
+			describe(d.Rule)+" (dry run: "+strconv.FormatInt(d.WouldBlock, 10)+" would block)")
 	}
 	s.mu.Lock()
 	rows := make([]Row, 0, len(s.latest)+len(rules))

@@ -252,6 +252,9 @@ func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now int64, q *req
 		h.paced[i] = cost
 		wait = max(wait, d)
 	}
+	if len(rr.shadows) > 0 {
+		shade(rr, p, now, n)
+	}
 	if wait > 0 {
 		if ctx == nil {
 			ctx = context.Background()

@@ -22,6 +22,8 @@ type ruleSet struct {
 	locals map[ruleKey]*metric.Window
 	// tables holds per-key rules' keys, kept across reloads.
 	tables map[tableID]*keyTable
+	// shadows holds dry-run rules' windows and counts.
+	shadows map[ruleKey]*shadow
 }
 
 // ruleKey identifies a rule's state across reloads: the rule (every field
@@ -69,6 +71,8 @@ type resourceRules struct {
 	// to retry only when one rule decides (with several, the one that
 	// blocked first cannot speak for the others).
 	rules int
+	// shadows are the resource's dry-run rules.
+	shadows []shadowRule
 	// policy is the quota of the resource's strictest QPS rule of its own
 	// (the least per second; not a related-resource rule, which limits
 	// another resource's rate), for Engine.Policy; nil: none.
@@ -188,6 +192,7 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stat.Node, bounds []Bound
 		pacers:     map[ruleKey]*pacer{},
 		locals:     map[ruleKey]*metric.Window{},
 		tables:     map[tableID]*keyTable{},
+		shadows:    map[ruleKey]*shadow{},
 	}
 	copies := map[string]int{}
 	tableCopies := map[tableID]int{}
@@ -197,6 +202,10 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stat.Node, bounds []Bound
 		copies[fp]++
 		r := &norm[i]
 		rr := e.resourceRules(next, r, nodes)
+		if r.DryRun {
+			e.addShadow(next, old, rr, r, k)
+			continue
+		}
 		rr.rules++
 		if r.Metric == QPS && r.RelatedResource == "" && (rr.policy == nil || r.Threshold < rr.policy.Rule.Threshold) {
 			rr.policy = newBlockError(r, ReasonFlow)
@@ -216,12 +225,12 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stat.Node, bounds []Bound
 	}
 	for _, rr := range next.byResource {
 		if len(rr.groups) == 1 && rr.countsNode && len(rr.groups[0].warm) == 0 && rr.concLimit < 0 &&
-			len(rr.globals) == 0 && len(rr.related) == 0 && len(rr.paced) == 0 && !rr.hasKeyed() {
+			len(rr.globals) == 0 && len(rr.related) == 0 && len(rr.paced) == 0 && !rr.hasKeyed() && len(rr.shadows) == 0 {
 			g := &rr.groups[0]
 			rr.single, rr.singleLimit, rr.singleBE = g.w, g.static, g.staticBE
 		}
 		if len(rr.groups) == 0 && rr.concLimit < 0 && len(rr.globals) == 0 && len(rr.related) == 0 && len(rr.paced) == 0 &&
-			rr.keyConc.t == nil && len(rr.keyed) == 1 && rr.keyed[0].t.kind == keyWindow {
+			rr.keyConc.t == nil && len(rr.keyed) == 1 && rr.keyed[0].t.kind == keyWindow && len(rr.shadows) == 0 {
 			rr.singleKey = &rr.keyed[0]
 		}
 	}

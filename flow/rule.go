@@ -143,6 +143,13 @@ type Rule struct {
 	// Keys gives specific keys of a PerKey rule their own thresholds (a
 	// premium tenant at ten times the rule's, a known abuser at 0).
 	Keys []KeyLimit
+	// DryRun makes the rule count what it would block without blocking
+	// anything (a shadow mode, to roll a new limit out safely): it checks
+	// each request the resource's other rules admitted, in a window of its
+	// own, as if it were in force, and counts those it would have blocked
+	// (Engine.DryRuns). QPS rules with Behavior Reject on their own
+	// resource's rate only (not PerKey, Global or related).
+	DryRun bool
 }
 
 // KeyLimit is a specific key's threshold in a PerKey rule.
@@ -306,6 +313,8 @@ func (r *Rule) validate(i int) error {
 		return bad("LocalShare", r.LocalShare, "must be in (0, 1]")
 	case r.Global && r.RelatedResource != "":
 		return bad("RelatedResource", r.RelatedResource, "cannot be combined with Global")
+	case r.DryRun && (r.Metric != QPS || r.Behavior != Reject || r.PerKey || r.Global || r.RelatedResource != ""):
+		return bad("DryRun", r.DryRun, "is for QPS rules with Behavior Reject on their own resource's rate (not PerKey, Global or related)")
 	case r.Global && r.Behavior != Reject:
 		return bad("Behavior", r.Behavior, "must be Reject for a Global rule")
 	case r.RelatedResource != "" && (r.Metric != QPS || r.Behavior != Reject):

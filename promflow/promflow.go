@@ -27,6 +27,8 @@
 //     their fallback; leapflow_key_evictions_total: keys a PerKey rule
 //     evicted while active (both since the resource was registered).
 //   - leapflow_rule_threshold{rule, metric}: each rule's threshold.
+//   - leapflow_rule_would_block_total{rule}: what each dry-run rule
+//     would have blocked (flow.Rule.DryRun).
 //   - With WithReloads (a rule source's rulefile.Sync):
 //     leapflow_rule_reloads_total, the rule sets applied, and
 //     leapflow_rule_reload_failed, 1 while the latest update failed (the
@@ -65,7 +67,7 @@ type Collector struct {
 	passed, blocked, occupied, completed, failed *prometheus.Desc
 	duration, inflight, fallbacks, evictions     *prometheus.Desc
 	threshold                                    *prometheus.Desc
-	reloads, reloadFailed                        *prometheus.Desc
+	reloads, reloadFailed, wouldBlock            *prometheus.Desc
 	reloader                                     Reloader
 }
 
@@ -91,19 +93,20 @@ func New(eng *flow.Engine, opts ...Option) *Collector {
 		return prometheus.NewDesc("leapflow_"+name, help, append([]string{"resource"}, labels...), nil)
 	}
 	c := &Collector{
-		eng:       eng,
-		totals:    map[string]*totals{},
-		passed:    desc("requests_passed_total", "Requests admitted."),
-		blocked:   desc("requests_blocked_total", "Requests blocked by a rule."),
-		occupied:  desc("requests_occupied_total", "Requests admitted against a future window (priority borrowing), also counted as passed."),
-		completed: desc("requests_completed_total", "Admitted requests that exited."),
-		failed:    desc("requests_failed_total", "Admitted requests that exited with an error, also counted as completed."),
-		duration:  desc("request_duration_seconds", "Response times of the completed requests."),
-		inflight:  desc("requests_inflight", "Requests admitted and not exited."),
-		fallbacks: desc("fallback_decisions_total", "Requests a global rule decided by its fallback because its token source failed."),
-		evictions: desc("key_evictions_total", "Keys a per-key rule evicted from its table while their window held admissions."),
-		threshold: desc("rule_threshold", "A rule's threshold: requests per second (metric qps) or in flight (metric concurrency).", "rule", "metric"),
-		reloads:   prometheus.NewDesc("leapflow_rule_reloads_total", "Rule sets a rule source applied.", nil, nil),
+		eng:        eng,
+		totals:     map[string]*totals{},
+		passed:     desc("requests_passed_total", "Requests admitted."),
+		blocked:    desc("requests_blocked_total", "Requests blocked by a rule."),
+		occupied:   desc("requests_occupied_total", "Requests admitted against a future window (priority borrowing), also counted as passed."),
+		completed:  desc("requests_completed_total", "Admitted requests that exited."),
+		failed:     desc("requests_failed_total", "Admitted requests that exited with an error, also counted as completed."),
+		duration:   desc("request_duration_seconds", "Response times of the completed requests."),
+		inflight:   desc("requests_inflight", "Requests admitted and not exited."),
+		fallbacks:  desc("fallback_decisions_total", "Requests a global rule decided by its fallback because its token source failed."),
+		evictions:  desc("key_evictions_total", "Keys a per-key rule evicted from its table while their window held admissions."),
+		threshold:  desc("rule_threshold", "A rule's threshold: requests per second (metric qps) or in flight (metric concurrency).", "rule", "metric"),
+		wouldBlock: desc("rule_would_block_total", "Requests a dry-run rule would have blocked (it blocks nothing).", "rule"),
+		reloads:    prometheus.NewDesc("leapflow_rule_reloads_total", "Rule sets a rule source applied.", nil, nil),
 		reloadFailed: prometheus.NewDesc("leapflow_rule_reload_failed",
 			"1 while the rule source's latest update failed (the rules in force stay), else 0.", nil, nil),
 	}
@@ -144,7 +147,7 @@ func (c *Collector) add(batch []stat.Second) {
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.passed, c.blocked, c.occupied, c.completed, c.failed,
-		c.duration, c.inflight, c.fallbacks, c.evictions, c.threshold} {
+		c.duration, c.inflight, c.fallbacks, c.evictions, c.threshold, c.wouldBlock} {
 		ch <- d
 	}
 	if c.reloader != nil {
@@ -201,7 +204,18 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	type ruleKey struct{ resource, name, metric string }
 	thresholds := map[ruleKey]float64{}
 	var keys []ruleKey
+	for _, d := range c.eng.DryRuns() {
+		// Dry-run rules without IDs on one resource share a name: summed.
+		k := ruleKey{d.Rule.Resource, d.Rule.Name(), "dry"}
+		if _, dup := thresholds[k]; !dup {
+			keys = append(keys, k)
+		}
+		thresholds[k] += float64(d.WouldBlock)
+	}
 	for _, rule := range c.eng.Rules() {
+		if rule.DryRun {
+			continue
+		}
 		k := ruleKey{rule.Resource, rule.Name(), "qps"}
 		if rule.Metric == flow.Concurrency {
 			k.metric = "concurrency"
@@ -214,6 +228,10 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	for _, k := range keys {
+		if k.metric == "dry" {
+			ch <- prometheus.MustNewConstMetric(c.wouldBlock, prometheus.CounterValue, thresholds[k], k.resource, k.name)
+			continue
+		}
 		ch <- prometheus.MustNewConstMetric(c.threshold, prometheus.GaugeValue, thresholds[k], k.resource, k.name, k.metric)
 		if rule := k; !seen[rule.resource] {
 			// A resource with rules and no delivered second yet.

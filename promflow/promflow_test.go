@@ -181,3 +181,22 @@ leapflow_rule_reload_failed 0
 	require.NoError(t, err)
 	assert.Empty(t, problems)
 }
+
+// TestWouldBlock: a dry-run rule's would-block count is exported.
+func TestWouldBlock(t *testing.T) {
+	clock := stattest.NewClock(0)
+	eng := engine(t, clock, flow.Rule{ID: "trial", Resource: "api", Threshold: 1, DryRun: true})
+	c := New(eng)
+	defer c.Close()
+	for range 3 {
+		en, err := eng.Entry("api")
+		require.NoError(t, err)
+		en.Exit(nil)
+	}
+	want := `
+# HELP leapflow_rule_would_block_total Requests a dry-run rule would have blocked (it blocks nothing).
+# TYPE leapflow_rule_would_block_total counter
+leapflow_rule_would_block_total{resource="api",rule="trial"} 2
+`
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want), "leapflow_rule_would_block_total", "leapflow_rule_threshold"))
+}

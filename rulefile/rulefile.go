@@ -12,7 +12,7 @@
 // Concurrency), threshold, statInterval, behavior (Reject, WarmUp,
 // Throttle, WarmUpThrottle), warmUpPeriod, coldFactor, maxQueueing,
 // relatedResource, global, fallback (Local, Open, Closed), localShare,
-// perKey, maxKeys and keys (a list of key and threshold). Durations are Go
+// perKey, maxKeys, keys (a list of key and threshold) and dryRun. Durations are Go
 // duration strings ("500ms", "1m30s"). threshold is required: a rule
 // without one is an error, never a threshold of 0 (which blocks
 // everything).
@@ -70,6 +70,7 @@ type fileRule struct {
 	PerKey          bool       `yaml:"perKey,omitempty"`
 	MaxKeys         int        `yaml:"maxKeys,omitempty"`
 	Keys            []keyLimit `yaml:"keys,omitempty"`
+	DryRun          bool       `yaml:"dryRun,omitempty"`
 }
 
 type keyLimit struct {
@@ -169,7 +170,7 @@ func (fr *fileRule) rule() (flow.Rule, *fieldErr) {
 	r := flow.Rule{
 		ID: fr.ID, Resource: fr.Resource, Threshold: float64(*fr.Threshold), ColdFactor: float64(fr.ColdFactor),
 		RelatedResource: fr.RelatedResource, Global: fr.Global, LocalShare: float64(fr.LocalShare),
-		PerKey: fr.PerKey, MaxKeys: fr.MaxKeys,
+		PerKey: fr.PerKey, MaxKeys: fr.MaxKeys, DryRun: fr.DryRun,
 	}
 	for _, e := range []struct {
 		key, text string
@@ -450,7 +451,7 @@ func normal(r flow.Rule) fileRule {
 		Metric: text(r.Metric, r.Metric == flow.QPS), Behavior: text(r.Behavior, r.Behavior == flow.Reject),
 		Fallback:     text(r.Fallback, r.Fallback == flow.FallbackLocal),
 		WarmUpPeriod: dur(r.WarmUpPeriod), MaxQueueing: dur(r.MaxQueueing), RelatedResource: r.RelatedResource,
-		Global: r.Global, PerKey: r.PerKey}
+		Global: r.Global, PerKey: r.PerKey, DryRun: r.DryRun}
 	blank := flow.Rule{Resource: r.Resource, Metric: r.Metric, Behavior: r.Behavior, Global: r.Global,
 		Fallback: r.Fallback, PerKey: r.PerKey}.WithDefaults()
 	if d.StatInterval != blank.StatInterval {

@@ -21,7 +21,7 @@ var update = flag.Bool("update", false, "rewrite the golden files")
 func TestNormalFormIsGolden(t *testing.T) {
 	rules, err := ReadFile("testdata/all.yaml")
 	require.NoError(t, err)
-	require.Len(t, rules, 11)
+	require.Len(t, rules, 12)
 	out, err := Format(rules)
 	require.NoError(t, err)
 	golden := filepath.Join("testdata", "all.golden.yaml")

@@ -1,0 +1,75 @@
+package flow
+
+import (
+	"go.uber.org/atomic"
+
+	"github.com/leapflow/leapflow/metric"
+)
+
+// shadow is a dry-run rule's state, kept across reloads that keep the
+// rule: its own window, and what it would have blocked.
+type shadow struct {
+	w       *metric.Window
+	blocked atomic.Int64
+}
+
+// shadowRule is a dry-run rule in a rule set.
+type shadowRule struct {
+	s     *shadow
+	limit int64
+	rule  *Rule
+}
+
+// addShadow adds dry-run rule r, whose state is keyed k.
+func (e *Engine) addShadow(next, old *ruleSet, rr *resourceRules, r *Rule, k ruleKey) {
+	s := reuse(old.shadows, k, func() *shadow {
+		w, err := metric.NewWindow(e.buckets(r.StatInterval), r.StatInterval)
+		if err != nil {
+			panic(err) // validated
+		}
+		return &shadow{w: w}
+	})
+	next.shadows[k] = s
+	rr.shadows = append(rr.shadows, shadowRule{s: s, limit: perWindow(r.Threshold, r.StatInterval), rule: r})
+}
+
+// shade checks an admitted request against the resource's dry-run rules,
+// each in its own window as if it were in force, counting what they would
+// have blocked.
+func shade(rr *resourceRules, p int, now, n int64) {
+	for i := range rr.shadows {
+		sr := &rr.shadows[i]
+		if _, ok := sr.s.w.AdmitOn(p, now, n, sr.limit); !ok {
+			sr.s.blocked.Add(n)
+		}
+	}
+}
+
+// DryRun is what a dry-run rule would have blocked.
+type DryRun struct {
+	Rule Rule
+	// WouldBlock counts the requests it would have blocked since it was
+	// loaded (kept by reloads that keep the rule unchanged).
+	WouldBlock int64
+}
+
+// DryRuns returns the dry-run rules in force, in load order, with what
+// each would have blocked.
+func (e *Engine) DryRuns() []DryRun {
+	set := e.rules.Load()
+	var out []DryRun
+	counted := map[*shadow]bool{}
+	for i := range set.rules {
+		r := &set.rules[i]
+		if !r.DryRun {
+			continue
+		}
+		for _, sr := range set.byResource[r.Resource].shadows {
+			if sr.rule == r && !counted[sr.s] {
+				counted[sr.s] = true
+				out = append(out, DryRun{Rule: *r, WouldBlock: sr.s.blocked.Load()})
+			}
+		}
+	}
+	return out
+}
