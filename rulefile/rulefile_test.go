@@ -114,3 +114,30 @@ func TestReadDirMerges(t *testing.T) {
 	_, err = ReadDir(dir)
 	assert.ErrorContains(t, err, `rule "one": the ID is defined in `+filepath.Join(dir, "a.json")+" too")
 }
+
+// TestTheDocumentedFileIsValid: docs/rules.yaml, the README's example,
+// reads and holds every behaviour.
+func TestTheDocumentedFileIsValid(t *testing.T) {
+	rules, err := ReadFile(filepath.Join("..", "docs", "rules.yaml"))
+	require.NoError(t, err)
+	seen := map[string]bool{}
+	for _, r := range rules {
+		seen[r.Behavior.String()] = true
+		seen[r.Metric.String()] = true
+		if r.PerKey {
+			seen["PerKey"] = true
+		}
+		if r.Global {
+			seen["Global"] = true
+		}
+		if r.DryRun {
+			seen["DryRun"] = true
+		}
+		if r.RelatedResource != "" {
+			seen["Related"] = true
+		}
+	}
+	for _, kind := range []string{"Reject", "WarmUp", "Throttle", "WarmUpThrottle", "QPS", "Concurrency", "PerKey", "Global", "DryRun", "Related"} {
+		assert.True(t, seen[kind], kind)
+	}
+}
