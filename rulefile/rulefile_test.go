@@ -141,3 +141,34 @@ func TestTheDocumentedFileIsValid(t *testing.T) {
 		assert.True(t, seen[kind], kind)
 	}
 }
+
+// TestEachFieldDecodes: every key lands in its flow.Rule field.
+func TestEachFieldDecodes(t *testing.T) {
+	base := "rules:\n  - resource: a\n    threshold: 5\n"
+	want := flow.Rule{Resource: "a", Threshold: 5}
+	for _, tc := range []struct {
+		extra string
+		set   func(*flow.Rule)
+	}{
+		{"    id: x\n", func(r *flow.Rule) { r.ID = "x" }},
+		{"    metric: Concurrency\n", func(r *flow.Rule) { r.Metric = flow.Concurrency }},
+		{"    statInterval: 250ms\n", func(r *flow.Rule) { r.StatInterval = 250 * time.Millisecond }},
+		{"    behavior: WarmUp\n    warmUpPeriod: 1m30s\n    coldFactor: 2.5\n", func(r *flow.Rule) {
+			r.Behavior, r.WarmUpPeriod, r.ColdFactor = flow.WarmUp, 90*time.Second, 2.5
+		}},
+		{"    behavior: Throttle\n    maxQueueing: 20ms\n", func(r *flow.Rule) { r.Behavior, r.MaxQueueing = flow.Throttle, 20*time.Millisecond }},
+		{"    relatedResource: b\n", func(r *flow.Rule) { r.RelatedResource = "b" }},
+		{"    global: true\n    fallback: Closed\n", func(r *flow.Rule) { r.Global, r.Fallback = true, flow.FallbackClosed }},
+		{"    global: true\n    localShare: 0.5\n", func(r *flow.Rule) { r.Global, r.LocalShare = true, 0.5 }},
+		{"    perKey: true\n    maxKeys: 10\n    keys:\n      - key: k\n        threshold: 7\n", func(r *flow.Rule) {
+			r.PerKey, r.MaxKeys, r.Keys = true, 10, []flow.KeyLimit{{Key: "k", Threshold: 7}}
+		}},
+		{"    dryRun: true\n", func(r *flow.Rule) { r.DryRun = true }},
+	} {
+		rules, err := Parse("f.yaml", []byte(base+tc.extra))
+		require.NoError(t, err, tc.extra)
+		w := want
+		tc.set(&w)
+		assert.Equal(t, []flow.Rule{w}, rules, tc.extra)
+	}
+}
