@@ -34,65 +34,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
-	"time"
 	"unicode"
 
-	"github.com/goccy/go-yaml"
-	"github.com/goccy/go-yaml/ast"
-	"github.com/goccy/go-yaml/parser"
 
 	"github.com/leapflow/leapflow/flow"
 	"github.com/leapflow/leapflow/internal/names"
 )
-
-// fileRule is flow.Rule as a file holds it. Enums and durations are read
-// as strings and converted by rule, so their errors are placed at their
-// keys.
-type fileRule struct {
-	ID              string     `yaml:"id,omitempty"`
-	Resource        string     `yaml:"resource"`
-	Metric          string     `yaml:"metric,omitempty"`
-	Threshold       *number    `yaml:"threshold"`
-	StatInterval    string     `yaml:"statInterval,omitempty"`
-	Behavior        string     `yaml:"behavior,omitempty"`
-	WarmUpPeriod    string     `yaml:"warmUpPeriod,omitempty"`
-	ColdFactor      number     `yaml:"coldFactor,omitempty"`
-	MaxQueueing     string     `yaml:"maxQueueing,omitempty"`
-	RelatedResource string     `yaml:"relatedResource,omitempty"`
-	Global          bool       `yaml:"global,omitempty"`
-	Fallback        string     `yaml:"fallback,omitempty"`
-	LocalShare      number     `yaml:"localShare,omitempty"`
-	PerKey          bool       `yaml:"perKey,omitempty"`
-	MaxKeys         int        `yaml:"maxKeys,omitempty"`
-	Keys            []keyLimit `yaml:"keys,omitempty"`
-	DryRun          bool       `yaml:"dryRun,omitempty"`
-}
-
-type keyLimit struct {
-	Key       string  `yaml:"key"`
-	Threshold *number `yaml:"threshold"`
-}
-
-// number is a float64 that writes as an integer when it is one ("500",
-// not "500.0").
-type number float64
-
-// MarshalYAML implements yaml.InterfaceMarshaler.
-func (n number) MarshalYAML() (any, error) {
-	if f := float64(n); f == math.Trunc(f) && math.Abs(f) < 1<<53 {
-		return int64(f), nil
-	}
-	return float64(n), nil
-}
-
-type file struct {
-	Rules *[]fileRule `yaml:"rules"`
-}
 
 // Error is a problem in a rule file, placed at a line and column (0 when
 // the file could not be read that far).
@@ -126,24 +77,34 @@ func (e *Error) Unwrap() error { return e.Err }
 // Parse reads the rules of one file's data; name is the file's name in
 // errors. An empty file (or one of comments only) and a file without a
 // rules key are errors: clearing every rule takes an explicit "rules: []".
-func Parse(name string, data []byte) ([]flow.Rule, error) {
-	if len(bytes.TrimSpace(stripComments(data))) == 0 {
-		return nil, &Error{File: name, Msg: `the file is empty: write "rules: []" to clear every rule`}
-	}
-	var f file
-	if err := yaml.UnmarshalWithOptions(data, &f, yaml.DisallowUnknownField(), yaml.Strict()); err != nil {
-		return nil, yamlError(name, data, err)
-	}
-	if f.Rules == nil {
-		return nil, &Error{File: name, Line: 1, Msg: `no "rules" key: write "rules: []" to clear every rule`}
-	}
-	rules := make([]flow.Rule, len(*f.Rules))
-	for i, fr := range *f.Rules {
-		r, err := fr.rule()
-		if err != nil {
-			return nil, placed(name, data, i, fr.name(i), err.key, err.msg, nil)
+// Files hold one YAML document, without anchors, aliases, merge keys or
+// tags, nested at most 64 deep, of at most MaxFileSize bytes; values must
+// be of their key's type (a name that looks like a number is quoted); an
+// ID appears once.
+func Parse(name string, data []byte) (rules []flow.Rule, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			rules, err = nil, &Error{File: name, Msg: fmt.Sprintf("cannot be read: %v", v)}
 		}
-		rules[i] = r
+	}()
+	d := &decoder{name: name}
+	raw, err := d.parse(data)
+	if err != nil {
+		return nil, err
+	}
+	d.raw = raw
+	rules = make([]flow.Rule, len(raw))
+	ids := map[string]int{}
+	for i := range raw {
+		if rules[i], err = d.rule(i, &raw[i]); err != nil {
+			return nil, err
+		}
+		if id := rules[i].ID; id != "" {
+			if j, dup := ids[id]; dup {
+				return nil, d.errAt(raw[i].fields["id"], fmt.Sprintf("%q", id), "the ID is the ID of rule #%d too", j)
+			}
+			ids[id] = i
+		}
 	}
 	return rules, nil
 }
@@ -157,166 +118,6 @@ func stripComments(data []byte) []byte {
 		}
 	}
 	return out
-}
-
-type fieldErr struct{ key, msg string }
-
-// rule checks what only the file knows (required keys, names, durations)
-// and makes the flow.Rule.
-func (fr *fileRule) rule() (flow.Rule, *fieldErr) {
-	if fr.Threshold == nil {
-		return flow.Rule{}, &fieldErr{"threshold", "threshold is required (0 blocks everything)"}
-	}
-	r := flow.Rule{
-		ID: fr.ID, Resource: fr.Resource, Threshold: float64(*fr.Threshold), ColdFactor: float64(fr.ColdFactor),
-		RelatedResource: fr.RelatedResource, Global: fr.Global, LocalShare: float64(fr.LocalShare),
-		PerKey: fr.PerKey, MaxKeys: fr.MaxKeys, DryRun: fr.DryRun,
-	}
-	for _, e := range []struct {
-		key, text string
-		into      interface{ UnmarshalText([]byte) error }
-	}{{"metric", fr.Metric, &r.Metric}, {"behavior", fr.Behavior, &r.Behavior}, {"fallback", fr.Fallback, &r.Fallback}} {
-		if e.text == "" {
-			continue
-		}
-		if err := e.into.UnmarshalText([]byte(e.text)); err != nil {
-			return flow.Rule{}, &fieldErr{e.key, strings.TrimPrefix(err.Error(), "flow: ")}
-		}
-	}
-	for _, d := range []struct {
-		key, text string
-		into      *time.Duration
-	}{{"statInterval", fr.StatInterval, &r.StatInterval}, {"warmUpPeriod", fr.WarmUpPeriod, &r.WarmUpPeriod},
-		{"maxQueueing", fr.MaxQueueing, &r.MaxQueueing}} {
-		if d.text == "" {
-			continue
-		}
-		v, err := time.ParseDuration(d.text)
-		if err != nil {
-			return flow.Rule{}, &fieldErr{d.key, fmt.Sprintf("%s: %q is not a duration (such as 500ms, 1m30s)", d.key, d.text)}
-		}
-		*d.into = v
-	}
-	for j, k := range fr.Keys {
-		if k.Threshold == nil {
-			return flow.Rule{}, &fieldErr{fmt.Sprintf("keys[%d].threshold", j), "threshold is required"}
-		}
-		r.Keys = append(r.Keys, flow.KeyLimit{Key: k.Key, Threshold: float64(*k.Threshold)})
-	}
-	return r, nil
-}
-
-func (fr *fileRule) name(i int) string {
-	switch {
-	case fr.ID != "":
-		return fmt.Sprintf("%q", fr.ID)
-	case fr.Resource != "":
-		return fmt.Sprintf("%q", fr.Resource)
-	}
-	return fmt.Sprintf("#%d", i)
-}
-
-// yamlError places a decoding error.
-func yamlError(name string, data []byte, err error) error {
-	e := &Error{File: name, Msg: err.Error()}
-	var ye yaml.Error
-	if errors.As(err, &ye) {
-		e.Msg = ye.GetMessage()
-		if tok := ye.GetToken(); tok != nil && tok.Position != nil {
-			e.Line, e.Column = tok.Position.Line, tok.Position.Column
-			if i, ok := ruleAt(data, e.Line); ok {
-				e.Rule = fmt.Sprintf("#%d", i)
-			}
-			var te *yaml.TypeError
-			if errors.As(err, &te) {
-				e.Msg = typeMessage(data, e.Line, tok.Value, e.Msg)
-			}
-		}
-	}
-	return e
-}
-
-// typeMessage says what a value of the wrong type should have been, in the
-// file's words rather than Go's: `threshold: "five" is not a number`.
-func typeMessage(data []byte, line int, value, msg string) string {
-	want := "of another type"
-	for goType, word := range map[string]string{"rulefile.number": "a number", "string": "a string", "bool": "true or false",
-		"int": "an integer", "[]rulefile.fileRule": "a list of rules", "[]rulefile.keyLimit": "a list of keys",
-		"rulefile.fileRule": "a rule (a mapping)", "rulefile.keyLimit": "a key (a mapping)"} {
-		if strings.HasSuffix(msg, "of type "+goType) {
-			want = word
-		}
-	}
-	key := "value"
-	if lines := strings.Split(string(data), "\n"); line-1 < len(lines) {
-		text := strings.TrimSpace(strings.TrimLeft(strings.TrimSpace(lines[line-1]), "-{"))
-		if k, _, ok := strings.Cut(text, ":"); ok {
-			key = strings.Trim(strings.TrimSpace(k), `"'`)
-		}
-	}
-	return fmt.Sprintf("%s: %q is not %s", key, value, want)
-}
-
-// ruleAt returns the index of the rule whose item holds line.
-func ruleAt(data []byte, line int) (int, bool) {
-	f, err := parser.ParseBytes(data, 0)
-	if err != nil {
-		return 0, false
-	}
-	found := -1
-	for i := 0; ; i++ {
-		n := nodeAt(f, fmt.Sprintf("$.rules[%d]", i))
-		if n == nil {
-			break
-		}
-		if n.GetToken().Position.Line <= line {
-			found = i
-		}
-	}
-	return found, found >= 0
-}
-
-func nodeAt(f *ast.File, path string) ast.Node {
-	p, err := yaml.PathString(path)
-	if err != nil {
-		return nil
-	}
-	n, err := p.FilterFile(f)
-	if err != nil || n == nil {
-		return nil
-	}
-	return n
-}
-
-// placed is an error at rule i's key (or the rule itself when the key is
-// not in the file).
-func placed(name string, data []byte, i int, rule, key, msg string, cause error) error {
-	e := &Error{File: name, Rule: rule, Msg: msg, Err: cause}
-	f, err := parser.ParseBytes(data, 0)
-	if err != nil {
-		return e
-	}
-	// The key itself, or the nearest of its parents the file has.
-	path := fmt.Sprintf("$.rules[%d]", i)
-	if key != "" {
-		path += "." + key
-	}
-	var n ast.Node
-	for n == nil && path != "$" {
-		if n = nodeAt(f, path); n == nil {
-			cut := strings.LastIndexAny(path, ".[")
-			if cut < 0 {
-				break
-			}
-			path = path[:cut]
-		}
-	}
-	if n != nil {
-		if p := n.GetToken().Position; p != nil {
-			e.Line, e.Column = p.Line, p.Column
-		}
-	}
-	return e
 }
 
 // keyOf is the file key of a flow.Rule field.
@@ -348,15 +149,22 @@ func Check(name string, data []byte) ([]flow.Rule, error) {
 	if err != nil {
 		return nil, err
 	}
+	d := &decoder{name: name}
+	raw, _ := d.parse(data) // Parse read it: no error
 	eng, err := flow.New(flow.WithTokenSource(failing{}), flow.WithMaxResources(max(len(rules), 1)))
 	if err != nil {
 		return nil, err
 	}
 	if _, err := eng.CheckRules(rules); err != nil {
 		var re *flow.RuleError
-		if errors.As(err, &re) {
-			return nil, placed(name, data, re.Index, fmt.Sprintf("%q", re.Rule), keyOf(re.Field),
-				fmt.Sprintf("%s %s, got %s", keyOf(re.Field), re.Reason, names.Value(re.Value)), err)
+		if errors.As(err, &re) && re.Index < len(raw) {
+			e := d.errAt(raw[re.Index].fields[keyOf(re.Field)], fmt.Sprintf("%q", re.Rule),
+				"%s %s, got %s", keyOf(re.Field), re.Reason, names.Value(re.Value))
+			e.Err = err
+			if e.Line == 0 && raw[re.Index].at != nil { // a key the file left out: the rule
+				e.Line, e.Column = raw[re.Index].at.Line, raw[re.Index].at.Column
+			}
+			return nil, e
 		}
 		return nil, &Error{File: name, Msg: err.Error(), Err: err}
 	}
@@ -421,54 +229,3 @@ func hasExt(name string) bool {
 	return false
 }
 
-// Format writes rules in the normal form (see the package doc) as YAML.
-func Format(rules []flow.Rule) ([]byte, error) {
-	out := file{Rules: new([]fileRule)}
-	for _, r := range rules {
-		*out.Rules = append(*out.Rules, normal(r))
-	}
-	return yaml.MarshalWithOptions(out, yaml.IndentSequence(true))
-}
-
-// normal is r with what the engine fills in by default left out.
-func normal(r flow.Rule) fileRule {
-	d := r.WithDefaults()
-	th := number(r.Threshold)
-	text := func(m interface{ MarshalText() ([]byte, error) }, zero bool) string {
-		if zero {
-			return ""
-		}
-		b, _ := m.MarshalText()
-		return string(b)
-	}
-	dur := func(v time.Duration) string {
-		if v == 0 {
-			return ""
-		}
-		return v.String()
-	}
-	fr := fileRule{ID: r.ID, Resource: r.Resource, Threshold: &th,
-		Metric: text(r.Metric, r.Metric == flow.QPS), Behavior: text(r.Behavior, r.Behavior == flow.Reject),
-		Fallback:     text(r.Fallback, r.Fallback == flow.FallbackLocal),
-		WarmUpPeriod: dur(r.WarmUpPeriod), MaxQueueing: dur(r.MaxQueueing), RelatedResource: r.RelatedResource,
-		Global: r.Global, PerKey: r.PerKey, DryRun: r.DryRun}
-	blank := flow.Rule{Resource: r.Resource, Metric: r.Metric, Behavior: r.Behavior, Global: r.Global,
-		Fallback: r.Fallback, PerKey: r.PerKey}.WithDefaults()
-	if d.StatInterval != blank.StatInterval {
-		fr.StatInterval = dur(d.StatInterval)
-	}
-	if d.ColdFactor != blank.ColdFactor {
-		fr.ColdFactor = number(d.ColdFactor)
-	}
-	if d.LocalShare != blank.LocalShare {
-		fr.LocalShare = number(d.LocalShare)
-	}
-	if d.MaxKeys != blank.MaxKeys {
-		fr.MaxKeys = d.MaxKeys
-	}
-	for _, k := range r.Keys {
-		t := number(k.Threshold)
-		fr.Keys = append(fr.Keys, keyLimit{Key: k.Key, Threshold: &t})
-	}
-	return fr
-}

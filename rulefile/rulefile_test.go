@@ -75,18 +75,18 @@ func TestErrorsNameFileLineRuleAndKey(t *testing.T) {
 	for _, tc := range []struct{ in, want string }{
 		{"rules:\n  - resource: a\n    treshold: 5\n", `f.yaml:3:5: rule #0: unknown field "treshold"`},
 		{"rules:\n  - resource: a\n", `f.yaml:2:13: rule "a": threshold is required (0 blocks everything)`},
-		{"rules:\n  - resource: a\n    threshold: five\n", `f.yaml:3:16: rule #0: threshold: "five" is not a number`},
+		{"rules:\n  - resource: a\n    threshold: five\n", `f.yaml:3:16: rule "a": threshold: "five" is not a number`},
 		{"rules:\n  - resource: a\n    threshold: 5\n    metric: QPX\n", `f.yaml:4:13: rule "a": unknown metric "QPX" (valid: QPS, Concurrency)`},
 		{"rules:\n  - resource: a\n    threshold: 5\n    behavior: Slow\n", `f.yaml:4:15: rule "a": unknown behavior "Slow" (valid: Reject, WarmUp, Throttle, WarmUpThrottle)`},
 		{"rules:\n  - resource: a\n    threshold: 5\n    global: true\n    fallback: Maybe\n", `f.yaml:5:15: rule "a": unknown fallback "Maybe" (valid: Local, Open, Closed)`},
 		{"rules:\n  - resource: a\n    threshold: 5\n    statInterval: 5x\n", `f.yaml:4:19: rule "a": statInterval: "5x" is not a duration (such as 500ms, 1m30s)`},
 		{"rules:\n  - resource: a\n    threshold: -1\n", `f.yaml:3:16: rule "a": threshold must be a finite number >= 0, got -1`},
 		{"rules:\n  - id: w\n    resource: b\n    threshold: 5\n    behavior: WarmUp\n", `f.yaml:2:7: rule "w": warmUpPeriod must be > 0 for WarmUp, got 0s`},
-		{"rules:\n  - resource: a\n    threshold: 5\n    perKey: true\n    keys:\n      - key: k\n", `f.yaml:6:12: rule "a": threshold is required`},
-		{"rules:\n  - resource: a\n    threshold: 5\n    global: maybe\n", `f.yaml:4:13: rule #0: global: "maybe" is not true or false`},
+		{"rules:\n  - resource: a\n    threshold: 5\n    perKey: true\n    keys:\n      - key: k\n", `f.yaml:6:12: rule "a": keys[0]: key and threshold are required`},
+		{"rules:\n  - resource: a\n    threshold: 5\n    global: maybe\n", `f.yaml:4:13: rule "a": global: "maybe" is not true or false`},
 		{"", `f.yaml: the file is empty: write "rules: []" to clear every rule`},
 		{"# only a comment\n", `f.yaml: the file is empty: write "rules: []" to clear every rule`},
-		{"other: 1\n", `f.yaml:1:1: unknown field "other"`},
+		{"other: 1\n", `f.yaml:1:1: unknown field "other" (a rule file has only rules)`},
 		{"rules: [\n", `f.yaml:1:8: sequence end token ']' not found`},
 	} {
 		_, err := Check("f.yaml", []byte(tc.in))
