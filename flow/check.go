@@ -252,9 +252,6 @@ func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now int64, q *req
 		h.paced[i] = cost
 		wait = max(wait, d)
 	}
-	if len(rr.shadows) > 0 {
-		shade(rr, p, now, n)
-	}
 	if wait > 0 {
 		if ctx == nil {
 			ctx = context.Background()
@@ -264,6 +261,15 @@ func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now int64, q *req
 			return Entry{}, err
 		}
 		now += wait
+	}
+	if len(rr.shadows) > 0 {
+		// Dry-run rules see the request once it is admitted for good
+		// (after any wait), as a priority request if it is one.
+		var borrow time.Duration
+		if q.priority {
+			borrow = time.Duration(e.occupyTimeout)
+		}
+		shade(rr, p, now, n, borrow)
 	}
 	if !rr.countsNode {
 		node.Second().AddOn(p, now, metric.Pass, n)

@@ -1,6 +1,8 @@
 package flow
 
 import (
+	"time"
+
 	"go.uber.org/atomic"
 
 	"github.com/leapflow/leapflow/metric"
@@ -34,14 +36,21 @@ func (e *Engine) addShadow(next, old *ruleSet, rr *resourceRules, r *Rule, k rul
 }
 
 // shade checks an admitted request against the resource's dry-run rules,
-// each in its own window as if it were in force, counting what they would
-// have blocked.
-func shade(rr *resourceRules, p int, now, n int64) {
+// each in its own window as if it were in force (a priority request may
+// borrow from its next window, as a rule in force lets it: borrow is the
+// occupy timeout then), counting what they would have blocked.
+func shade(rr *resourceRules, p int, now, n int64, borrow time.Duration) {
 	for i := range rr.shadows {
 		sr := &rr.shadows[i]
-		if _, ok := sr.s.w.AdmitOn(p, now, n, sr.limit); !ok {
-			sr.s.blocked.Add(n)
+		if _, ok := sr.s.w.AdmitOn(p, now, n, sr.limit); ok {
+			continue
 		}
+		if borrow > 0 {
+			if _, ok := sr.s.w.Borrow(now, n, sr.limit, borrow); ok {
+				continue
+			}
+		}
+		sr.s.blocked.Add(n)
 	}
 }
 

@@ -20,7 +20,10 @@ import (
 // nothing are not delivered. Counts that reach a second after it was
 // delivered (a pass taken back when a queued request gave up, a write from
 // a goroutine that read the clock long before) go out with the resource's
-// next delivered second, so totals over seconds are exact. A feed falling
+// next delivered second. No count of a second goes below zero, so sums over
+// seconds only grow: a pass taken back waits for a later second with
+// passes to take it from (one taken back when no pass follows is never
+// subtracted). Sums are otherwise exact. A feed falling
 // more than 58 seconds behind (not polled) skips what the engine no longer
 // holds.
 //
@@ -34,7 +37,10 @@ import (
 type Feed struct {
 	eng    *Engine
 	origin time.Time // wall time at engine time 0
-	// mu serialises deliveries; subscribers are called under it, in order.
+	// deliver serialises deliveries: subscribers are called under it, in
+	// order, and may subscribe or cancel (mu), but not Poll or Close.
+	deliver sync.Mutex
+	// mu guards the subscribers and the state below.
 	mu     sync.Mutex
 	subs   map[int]func([]stat.Second)
 	nextID int
@@ -62,7 +68,7 @@ func (e *Engine) Feed() *Feed {
 // possibly empty, in order of time), until
 // the returned function is called. fn runs on the polling goroutine, one
 // call at a time: it must not block (copy what it keeps; the slice is
-// reused).
+// reused), and may subscribe or cancel, but not Poll or Close.
 func (f *Feed) Subscribe(fn func([]stat.Second)) (cancel func()) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -81,12 +87,19 @@ func (f *Feed) Subscribe(fn func([]stat.Second)) (cancel func()) {
 func (f *Feed) Poll() { f.poll(false) }
 
 func (f *Feed) poll(final bool) {
+	f.deliver.Lock()
+	defer f.deliver.Unlock()
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	if f.closed {
+		f.mu.Unlock()
 		return
 	}
 	f.closed = final
+	subs := make([]func([]stat.Second), 0, len(f.subs))
+	for _, fn := range f.subs {
+		subs = append(subs, fn)
+	}
+	f.mu.Unlock()
 	f.batch = f.batch[:0]
 	f.eng.registry.Seconds(f.eng.now(), final, func(s stat.Second) {
 		s.Time = f.origin.Add(time.Duration(s.Start)).Truncate(time.Second)
@@ -95,7 +108,7 @@ func (f *Feed) poll(final bool) {
 	// By second, then as the registry ranges (a final delivery holds two
 	// or three seconds of each resource).
 	slices.SortStableFunc(f.batch, func(a, b stat.Second) int { return cmp.Compare(a.Start, b.Start) })
-	for _, fn := range f.subs {
+	for _, fn := range subs {
 		fn(f.batch)
 	}
 }
@@ -108,14 +121,15 @@ func (f *Feed) Start() {
 	if f.stop != nil || f.stopping {
 		return
 	}
-	f.stop, f.done = make(chan struct{}), make(chan struct{})
+	stop, done := make(chan struct{}), make(chan struct{})
+	f.stop, f.done = stop, done
 	go func() {
-		defer close(f.done)
+		defer close(done)
 		t := time.NewTicker(time.Second)
 		defer t.Stop()
 		for {
 			select {
-			case <-f.stop:
+			case <-stop:
 				return
 			case <-t.C:
 				f.Poll()
@@ -130,7 +144,7 @@ func (f *Feed) Start() {
 func (f *Feed) Close() {
 	f.mu.Lock()
 	stop, done := f.stop, f.done
-	f.stopping = true
+	f.stop, f.stopping = nil, true
 	f.mu.Unlock()
 	if stop != nil {
 		close(stop)

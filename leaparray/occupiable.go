@@ -81,6 +81,24 @@ func (o *Occupiable[T]) retireFolded() {
 	}
 }
 
+// DueBorrow returns the earliest start, at or before now, of a bucket that
+// was borrowed from and not made yet: making it (Current) folds the borrow
+// in. A reader that needs every count by time (metric's Settle) makes it.
+func (o *Occupiable[T]) DueBorrow(now int64) (int64, bool) {
+	if o.pending.Load() == 0 {
+		return 0, false
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	best, ok := int64(0), false
+	for _, f := range o.future {
+		if f.n > 0 && f.start <= now && (!ok || f.start < best) {
+			best, ok = f.start, true
+		}
+	}
+	return best, ok
+}
+
 // Pending returns the total borrowed from buckets that have not been made
 // current yet.
 func (o *Occupiable[T]) Pending() int64 { return o.pending.Load() }

@@ -15,6 +15,15 @@ package metric
 func (w *Window) Settle(now int64) {
 	now = max(now, 0)
 	a := &w.arr
+	// Borrows due by now fold in when their bucket is made: make it, so a
+	// priority request's pass is counted in its own second by time.
+	for {
+		start, ok := a.DueBorrow(now)
+		if !ok || start <= a.Head().Start() {
+			break
+		}
+		a.Current(start)
+	}
 	if head := a.Head(); now >= head.Start()+a.BucketLen() && head.Value.active() {
 		a.Current(now)
 	}

@@ -127,7 +127,7 @@ func (n *Node) idle(now int64) bool {
 
 // newNode makes the node of resource; cfg must be valid.
 func newNode(resource string, cfg NodeConfig) *Node {
-	n := &Node{resource: resource, feed: secondFeed{late: metric.Counts{MinRT: -1}}}
+	n := &Node{resource: resource, feed: secondFeed{late: metric.Counts{MinRT: -1}, lastEmitted: math.MinInt64}}
 	// Written only by the second window's retirements: no striping needed.
 	mins, err := metric.NewWindow(60, time.Minute, metric.WithStripes(1))
 	if err != nil {

@@ -3,6 +3,7 @@ package stat
 import (
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -61,8 +62,10 @@ type Registry struct {
 	lastReclaim int64      // guarded by mu
 	errFull     error      // built once: refusals allocate nothing
 	// feeding is set by the first call of Seconds: nodes made from then
-	// on keep their seconds from the start.
+	// on keep their seconds from the start; fedTo is where the latest
+	// call stood.
 	feeding atomic.Bool
+	fedTo   atomic.Int64
 }
 
 // NewRegistry returns a Registry holding at most max resources (0 means
@@ -196,10 +199,12 @@ func (r *Registry) create(resource string) *Node {
 	n := newNode(resource, r.cfg) // cfg was validated: cannot fail
 	n.created = r.clock.Now()
 	if r.feeding.Load() {
-		// A feed runs: every bucket of the node comes after this.
+		// A feed runs: every count of the node is new (a request recounted
+		// here after its node was let go may be from an earlier second,
+		// which then goes out with the next one).
 		n.feed.started = true
-		n.feed.since = n.created - n.created%second
-		n.feed.fed = n.feed.since
+		n.feed.since = math.MinInt64
+		n.feed.fed = r.fedTo.Load()
 	}
 	r.nodes.Store(resource, n)
 	r.count.Inc()
@@ -259,6 +264,9 @@ func (r *Registry) Cap() int { return int(r.max) }
 // out once. One caller at a time: flow.Feed is the one.
 func (r *Registry) Seconds(now int64, partial bool, fn func(Second)) {
 	r.feeding.Store(true)
+	if hi := now - second - (now-second)%second; hi > r.fedTo.Load() {
+		r.fedTo.Store(hi)
+	}
 	r.nodes.Range(func(_, v any) bool {
 		v.(*Node).deliver(now, partial, fn)
 		return true

@@ -41,11 +41,15 @@ type secondFeed struct {
 	// before it was delivered.
 	started    bool
 	since, fed int64
+	// lastEmitted is the latest second delivered: nothing goes out at or
+	// before it again.
+	lastEmitted int64
 	// pending are the seconds handed over and not delivered, in order.
 	pending []pendingSecond
 	// late is what was handed over for a second after its delivery (a
 	// pass taken back, a write that clamped into an old bucket): it goes
-	// out with the next delivered second.
+	// out with the next delivered second, as far as that stays at or above
+	// zero.
 	late metric.Counts
 	// fallbacks is the fallback total at the previous delivery.
 	fallbacks int64
@@ -126,7 +130,10 @@ func (n *Node) deliverLocked(now int64, partial bool, fn func(Second)) {
 	hi := now - second
 	hi -= hi % second
 	if partial {
-		hi = now - now%second + second
+		// Up to the newest bucket's second: a write that clamped into it
+		// may be ahead of now.
+		c := n.second.Clamp(now)
+		hi = c - c%second + second
 	}
 	n.feedMu.Lock()
 	defer n.feedMu.Unlock()
@@ -137,7 +144,6 @@ func (n *Node) deliverLocked(now int64, partial bool, fn func(Second)) {
 		f.started = true
 		f.since = now - now%second + second
 		f.fed = f.since
-		f.late = metric.Counts{MinRT: -1}
 		f.fallbacks = n.fallbacks.Load()
 		if !partial {
 			return
@@ -150,30 +156,69 @@ func (n *Node) deliverLocked(now int64, partial bool, fn func(Second)) {
 			}
 		}
 	}
+	// Late counts and fallbacks go out with the first second delivered
+	// now, but a count never goes below zero in a second: what a second
+	// cannot take (a pass taken back) waits in late for later ones, so
+	// sums only grow and each second goes out once, in order.
 	total := n.fallbacks.Load()
-	extra, fallbacks := f.late, total-f.fallbacks
-	f.late, f.fallbacks = metric.Counts{MinRT: -1}, total
+	fallbacks := total - f.fallbacks
 	k := 0
 	for ; k < len(f.pending) && f.pending[k].start < hi; k++ {
 		p := f.pending[k]
-		fb := int64(0)
-		if k == 0 {
-			p.c.Add(extra)
-			fb = fallbacks
+		if p.start <= f.lastEmitted {
+			f.late.Add(p.c) // cannot happen but after a clock step back: kept for later
+			continue
 		}
-		n.emit(p.start, p.c, fb, partial && p.start+second > now, fn)
+		absorb(&p.c, &f.late)
+		fb := fallbacks
+		fallbacks = 0
+		if n.emit(p.start, p.c, fb, partial && p.start+second > now, fn) {
+			f.lastEmitted = p.start
+		} else {
+			fallbacks = fb
+		}
 	}
-	if k == 0 && (!extra.Zero() || fallbacks != 0) && hi > f.since {
-		n.emit(hi-second, extra, fallbacks, partial, fn)
+	if last := hi - second; (positive(f.late) || fallbacks != 0) && last > f.lastEmitted && last >= f.since {
+		var c metric.Counts
+		c.MinRT = -1
+		absorb(&c, &f.late)
+		if n.emit(last, c, fallbacks, partial, fn) {
+			f.lastEmitted, fallbacks = last, 0
+		}
 	}
+	f.fallbacks = total - fallbacks
 	f.pending = f.pending[:copy(f.pending, f.pending[k:])]
 	f.fed = max(f.fed, hi)
 }
 
-// emit hands fn the second starting at start.
-func (n *Node) emit(start int64, c metric.Counts, fallbacks int64, partial bool, fn func(Second)) {
+// absorb moves late's counts into c as far as c stays at or above zero;
+// what c cannot take stays in late.
+func absorb(c, late *metric.Counts) {
+	for _, p := range [...][2]*int64{{&c.Pass, &late.Pass}, {&c.Block, &late.Block}, {&c.Success, &late.Success},
+		{&c.Exception, &late.Exception}, {&c.RT, &late.RT}, {&c.Occupied, &late.Occupied}} {
+		if v := *p[0] + *p[1]; v >= 0 {
+			*p[0], *p[1] = v, 0
+		} else {
+			*p[0], *p[1] = 0, v
+		}
+	}
+	if late.MinRT >= 0 && (c.MinRT < 0 || late.MinRT < c.MinRT) {
+		c.MinRT = late.MinRT
+	}
+	c.MaxConcurrency = max(c.MaxConcurrency, late.MaxConcurrency)
+	late.MinRT, late.MaxConcurrency = -1, 0
+}
+
+// positive reports whether c holds a count above zero.
+func positive(c metric.Counts) bool {
+	return c.Pass > 0 || c.Block > 0 || c.Success > 0 || c.Exception > 0 || c.RT > 0 || c.Occupied > 0 ||
+		c.MinRT >= 0 || c.MaxConcurrency > 0
+}
+
+// emit hands fn the second starting at start, if it holds anything.
+func (n *Node) emit(start int64, c metric.Counts, fallbacks int64, partial bool, fn func(Second)) bool {
 	if c.Zero() && fallbacks == 0 {
-		return
+		return false
 	}
 	sec := Second{
 		Resource: n.resource, Start: start,
@@ -184,4 +229,5 @@ func (n *Node) emit(start int64, c metric.Counts, fallbacks int64, partial bool,
 		sec.MinRT = time.Duration(c.MinRT)
 	}
 	fn(sec)
+	return true
 }
