@@ -40,7 +40,6 @@ import (
 	"strings"
 	"unicode"
 
-
 	"github.com/leapflow/leapflow/flow"
 	"github.com/leapflow/leapflow/internal/names"
 )
@@ -228,4 +227,3 @@ func hasExt(name string) bool {
 	}
 	return false
 }
-
