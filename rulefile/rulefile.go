@@ -197,6 +197,10 @@ func ReadDir(dir string) ([]flow.Rule, error) {
 		}
 	}
 	sort.Strings(names)
+	if len(names) == 0 {
+		// As an empty file: clearing every rule takes an explicit list.
+		return nil, &Error{File: dir, Msg: `no rule files (.yaml, .yml, .json): write one with "rules: []" to clear every rule`}
+	}
 	var all []flow.Rule
 	seen := map[string]string{}
 	for _, n := range names {

@@ -32,7 +32,8 @@ type Source interface {
 type Options struct {
 	// OnError is told each update that failed (a bad file, rules the
 	// engine refused); the rules in force stay. Errors are also logged by
-	// Logger at warn.
+	// Logger at warn. It runs on the source's goroutine: it must return
+	// (Stop waits for it); a panic in it is logged.
 	OnError func(error)
 	// Logger logs failed updates (default slog.Default()).
 	Logger *slog.Logger
@@ -61,6 +62,11 @@ func Start(eng *flow.Engine, src Source, opts Options) *Sync {
 			if err == nil {
 				err = eng.LoadRules(rules)
 			}
+			defer func() {
+				if v := recover(); v != nil {
+					opts.Logger.Error("leapflow: the rule source's OnError panicked", "panic", v)
+				}
+			}()
 			s.mu.Lock()
 			s.lastErr = err
 			s.mu.Unlock()
@@ -123,10 +129,6 @@ func (f *FileSource) Run(ctx context.Context, update func([]flow.Rule, error)) {
 	}
 	defer w.Close()
 	dir, name := f.watched()
-	if err := w.Add(dir); err != nil {
-		update(nil, fmt.Errorf("rulefile: watching %s: %w", dir, err))
-		return
-	}
 	debounce := f.Debounce
 	if debounce <= 0 {
 		debounce = 100 * time.Millisecond
@@ -135,8 +137,60 @@ func (f *FileSource) Run(ctx context.Context, update func([]flow.Rule, error)) {
 	if after == nil {
 		after = func(d time.Duration, fn func()) interface{ Stop() bool } { return time.AfterFunc(d, fn) }
 	}
+	fire := make(chan struct{}, 1)
+	signal := func() {
+		select {
+		case fire <- struct{}{}:
+		default:
+		}
+	}
+	// The directory is watched while it exists; when it is missing (not
+	// made yet, or removed), a retry every second watches it again.
+	watching := false
+	var retry interface{ Stop() bool }
+	watch := func() bool {
+		if watching {
+			return true
+		}
+		if err := w.Add(dir); err != nil {
+			retry = after(time.Second, signal)
+			return false
+		}
+		watching = true
+		return true
+	}
+	// A file that is a symlink to another directory (not a ConfigMap's
+	// ..data) has its target's directory watched too.
+	var target string
+	follow := func() {
+		if name == "" {
+			return
+		}
+		t, err := filepath.EvalSymlinks(f.Path)
+		if err != nil || t == target {
+			return
+		}
+		if target != "" && filepath.Dir(target) != dir {
+			_ = w.Remove(filepath.Dir(target))
+		}
+		target = t
+		if td := filepath.Dir(t); td != dir {
+			_ = w.Add(td)
+		}
+	}
 	var applied [32]byte
+	missing := false // reported once while the directory stays missing
 	read := func() {
+		if !watch() {
+			applied = [32]byte{}
+			if !missing {
+				missing = true
+				update(nil, fmt.Errorf("rulefile: watching %s: the directory is missing: the rules in force stay", dir))
+			}
+			return
+		}
+		missing = false
+		follow()
 		rules, sum, err := f.read()
 		if err == nil && sum == applied {
 			return // what is in force already
@@ -149,37 +203,53 @@ func (f *FileSource) Run(ctx context.Context, update func([]flow.Rule, error)) {
 		update(rules, err)
 	}
 	read()
-	fire := make(chan struct{}, 1)
 	var timer interface{ Stop() bool }
+	var burst time.Time // when the events being debounced began
+	stop := func(t interface{ Stop() bool }) {
+		if t != nil {
+			t.Stop()
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
-			if timer != nil {
-				timer.Stop()
-			}
+			stop(timer)
+			stop(retry)
 			return
 		case ev, ok := <-w.Events:
 			if !ok {
 				return
 			}
-			if !relevant(ev.Name, name) {
+			if filepath.Clean(ev.Name) == filepath.Clean(dir) && ev.Has(fsnotify.Remove|fsnotify.Rename) {
+				watching = false // the watch went with the directory
+			}
+			if !relevant(ev.Name, name) && (target == "" || ev.Name != target) && watching {
 				continue
 			}
-			if timer != nil {
-				timer.Stop()
+			// Debounced, but a storm of events cannot put the read off
+			// for more than ten debounce periods.
+			stop(timer)
+			if burst.IsZero() {
+				burst = time.Now()
 			}
-			timer = after(debounce, func() {
-				select {
-				case fire <- struct{}{}:
-				default:
-				}
-			})
+			if time.Since(burst) > 10*debounce {
+				burst = time.Time{}
+				signal()
+				continue
+			}
+			timer = after(debounce, signal)
 		case err, ok := <-w.Errors:
 			if !ok {
 				return
 			}
+			// Events may have been lost (a queue overflow): say so, then
+			// read the file again.
 			update(nil, fmt.Errorf("rulefile: watching %s: %w", dir, err))
+			applied = [32]byte{}
+			stop(timer)
+			timer = after(debounce, signal)
 		case <-fire:
+			burst = time.Time{}
 			read()
 		}
 	}
