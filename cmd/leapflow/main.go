@@ -3,6 +3,10 @@
 //	leapflow check rules.yaml [more.yaml | rules.d ...]   # validate; print each file's rules in normal form
 //	leapflow fmt rules.yaml [...]                         # print the normal form; -w rewrites the files
 //
+// The normal form keeps no comments: fmt -w drops them (it writes only
+// what reads back to the same rules, through a temporary file and a
+// rename).
+//
 // A directory stands for its .yaml, .yml and .json files, merged. A bad file
 // is reported as file:line:column with the rule and key, and the command
 // exits 1; a usage error exits 2.
@@ -11,10 +15,12 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 
 	"github.com/leapflow/leapflow/flow"
 	"github.com/leapflow/leapflow/rulefile"
@@ -55,6 +61,10 @@ func read(path string) ([]flow.Rule, error) {
 }
 
 func check(paths []string, stdout, stderr io.Writer) int {
+	if len(paths) == 1 && (paths[0] == "-h" || paths[0] == "--help") {
+		fmt.Fprint(stdout, usage)
+		return 0
+	}
 	if len(paths) == 0 {
 		fmt.Fprint(stderr, usage)
 		return 2
@@ -83,6 +93,9 @@ func format(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	write := fs.Bool("w", false, "rewrite the files in normal form")
 	if err := fs.Parse(args); err != nil || fs.NArg() == 0 {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
 		if err == nil {
 			fmt.Fprint(stderr, usage)
 		}
@@ -95,7 +108,7 @@ func format(args []string, stdout, stderr io.Writer) int {
 			var out []byte
 			if out, err = rulefile.Format(rules); err == nil {
 				if *write {
-					err = os.WriteFile(p, out, 0o644)
+					err = replace(p, out)
 				} else {
 					_, err = stdout.Write(out)
 				}
@@ -107,4 +120,31 @@ func format(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	return status
+}
+
+// replace writes data over path through a temporary file in its directory
+// and a rename, so the file is never left half written; its mode is kept.
+// Comments in the file are not kept (the normal form has none).
+func replace(path string, data []byte) error {
+	mode := os.FileMode(0o644)
+	if st, err := os.Stat(path); err == nil {
+		mode = st.Mode().Perm()
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name()) // after the rename, nothing to remove
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(mode); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
 }
