@@ -162,7 +162,7 @@ func (s *server) seed(path string) error {
 	since := time.Now().Add(-time.Duration(s.opts.HistorySeconds) * time.Second)
 	var batch []histPoint
 	var at time.Time
-	err := metriclog.ReadFiles(path, func(l metriclog.Line) error {
+	err := metriclog.ReadFilesSkipBad(path, func(l metriclog.Line) error {
 		if l.Time.Before(since) {
 			return nil
 		}
@@ -187,6 +187,9 @@ func (s *server) seed(path string) error {
 // keep appends a delivery to the history, dropping the oldest beyond the
 // bounds. Called with mu held, or before serving.
 func (s *server) keep(batch []histPoint) {
+	if len(batch) > s.opts.MaxHistoryPoints {
+		batch = batch[:s.opts.MaxHistoryPoints] // one delivery larger than the whole bound
+	}
 	s.history = append(s.history, batch)
 	s.points += len(batch)
 	cutoff := batch[0].Time - int64(s.opts.HistorySeconds)*1000
@@ -378,6 +381,9 @@ func (s *server) serveEvents(w http.ResponseWriter, r *http.Request) {
 		case <-r.Context().Done():
 			return
 		case msg := <-c:
+			// A client that stops reading without closing must not hold
+			// the stream for ever.
+			_ = rc.SetWriteDeadline(time.Now().Add(10 * time.Second))
 			if _, err := fmt.Fprintf(w, "event: tick\ndata: %s\n\n", msg); err != nil {
 				return
 			}

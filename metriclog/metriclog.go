@@ -117,6 +117,9 @@ func NewWriter(eng *flow.Engine, path string, o Options) (*Writer, error) {
 	if err := os.MkdirAll(filepath.Dir(l.Filename), 0o755); err != nil {
 		return nil, fmt.Errorf("metriclog: %w", err)
 	}
+	if err := endLine(l.Filename); err != nil {
+		return nil, fmt.Errorf("metriclog: %w", err)
+	}
 	w := &Writer{feed: eng.Feed(), lines: make(chan []stat.Second, 64), done: make(chan struct{}), log: l}
 	go w.run()
 	w.cancel = w.feed.Subscribe(func(b []stat.Second) {
@@ -128,21 +131,31 @@ func NewWriter(eng *flow.Engine, path string, o Options) (*Writer, error) {
 	return w, nil
 }
 
-// run writes each delivery and flushes it.
+// run writes each delivery. Writes to the file hold whole lines only (at
+// most 64 KiB of them), so a rotation, which lumberjack makes before a
+// write that would not fit, never splits a line.
 func (w *Writer) run() {
 	defer close(w.done)
-	buf := bufio.NewWriterSize(w.log, 64<<10)
-	var line []byte
+	const chunk = 64 << 10
+	var buf, line []byte
+	write := func() {
+		if len(buf) == 0 {
+			return
+		}
+		if _, err := w.log.Write(buf); err != nil && w.err == nil {
+			w.err = err
+		}
+		buf = buf[:0]
+	}
 	for batch := range w.lines {
 		for i := range batch {
 			line = AppendLine(line[:0], &batch[i])
-			if _, err := buf.Write(line); err != nil && w.err == nil {
-				w.err = err
+			if len(buf)+len(line) > chunk {
+				write()
 			}
+			buf = append(buf, line...)
 		}
-		if err := buf.Flush(); err != nil && w.err == nil {
-			w.err = err
-		}
+		write()
 	}
 }
 
@@ -161,6 +174,31 @@ func (w *Writer) Close() error {
 		}
 	})
 	return w.err
+}
+
+// endLine ends a file a crash left in the middle of a line, so the lines
+// appended after it read.
+func endLine(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil || st.Size() == 0 {
+		return err
+	}
+	last := make([]byte, 1)
+	if _, err := f.ReadAt(last, st.Size()-1); err != nil {
+		return err
+	}
+	if last[0] != '\n' {
+		_, err = f.WriteAt([]byte("\n"), st.Size())
+	}
+	return err
 }
 
 // AppendLine appends s's line (with its newline) to dst.
@@ -263,8 +301,15 @@ func unescape(s string) (string, error) {
 
 // Read calls fn with each line of r, in order, stopping at fn's error. A
 // line that does not parse is an error naming its number (a last line
-// without its newline, cut short by a crash, is skipped).
-func Read(r io.Reader, fn func(Line) error) error {
+// without its newline, cut short by a crash, is skipped); SkipBad skips
+// them all instead.
+func Read(r io.Reader, fn func(Line) error) error { return read(r, false, fn) }
+
+// SkipBad is Read that skips the lines that do not parse (the remnant of a
+// line a crash cut short), for readers that want what can be read.
+func SkipBad(r io.Reader, fn func(Line) error) error { return read(r, true, fn) }
+
+func read(r io.Reader, skip bool, fn func(Line) error) error {
 	br := bufio.NewReader(r)
 	for n := 1; ; n++ {
 		s, err := br.ReadString('\n')
@@ -276,6 +321,9 @@ func Read(r io.Reader, fn func(Line) error) error {
 		}
 		l, perr := ParseLine(strings.TrimSuffix(s, "\n"))
 		if perr != nil {
+			if skip {
+				continue
+			}
 			return fmt.Errorf("line %d: %w", n, perr)
 		}
 		if err := fn(l); err != nil {
@@ -286,7 +334,12 @@ func Read(r io.Reader, fn func(Line) error) error {
 
 // ReadFiles reads the log at path with its rotated backups, oldest first:
 // every line the writer kept, in the order written.
-func ReadFiles(path string, fn func(Line) error) error {
+func ReadFiles(path string, fn func(Line) error) error { return readFiles(path, Read, fn) }
+
+// ReadFilesSkipBad is ReadFiles that skips lines that do not parse.
+func ReadFilesSkipBad(path string, fn func(Line) error) error { return readFiles(path, SkipBad, fn) }
+
+func readFiles(path string, read func(io.Reader, func(Line) error) error, fn func(Line) error) error {
 	ext := filepath.Ext(path)
 	prefix := strings.TrimSuffix(filepath.Base(path), ext) + "-"
 	entries, err := os.ReadDir(filepath.Dir(path))
@@ -313,7 +366,7 @@ func ReadFiles(path string, fn func(Line) error) error {
 		if err != nil {
 			return fmt.Errorf("metriclog: %w", err)
 		}
-		err = Read(f, fn)
+		err = read(f, fn)
 		_ = f.Close()
 		if err != nil {
 			return fmt.Errorf("metriclog: %s: %w", name, err)

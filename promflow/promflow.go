@@ -42,6 +42,7 @@ package promflow
 
 import (
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -179,7 +180,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	sort.Slice(rows, func(i, j int) bool { return rows[i].name < rows[j].name })
 	seen := make(map[string]bool, len(rows))
 	counter := func(d *prometheus.Desc, v int64, res string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), res)
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), label(res))
 	}
 	for _, r := range rows {
 		snap, ok := c.eng.Snapshot(r.name)
@@ -196,7 +197,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.occupied, r.t.occupied, r.name)
 		counter(c.completed, r.t.success, r.name)
 		counter(c.failed, r.t.exception, r.name)
-		ch <- prometheus.MustNewConstSummary(c.duration, uint64(max(r.t.success, 0)), r.t.rt, nil, r.name)
+		ch <- prometheus.MustNewConstSummary(c.duration, uint64(max(r.t.success, 0)), r.t.rt, nil, label(r.name))
 		c.live(ch, snap)
 	}
 	// Rules without IDs on one resource share a name: the strictest of
@@ -229,10 +230,10 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, k := range keys {
 		if k.metric == "dry" {
-			ch <- prometheus.MustNewConstMetric(c.wouldBlock, prometheus.CounterValue, thresholds[k], k.resource, k.name)
+			ch <- prometheus.MustNewConstMetric(c.wouldBlock, prometheus.CounterValue, thresholds[k], label(k.resource), label(k.name))
 			continue
 		}
-		ch <- prometheus.MustNewConstMetric(c.threshold, prometheus.GaugeValue, thresholds[k], k.resource, k.name, k.metric)
+		ch <- prometheus.MustNewConstMetric(c.threshold, prometheus.GaugeValue, thresholds[k], label(k.resource), label(k.name), k.metric)
 		if rule := k; !seen[rule.resource] {
 			// A resource with rules and no delivered second yet.
 			seen[rule.resource] = true
@@ -245,7 +246,13 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 
 // live sends what is read from the engine at scrape time.
 func (c *Collector) live(ch chan<- prometheus.Metric, snap stat.Snapshot) {
-	ch <- prometheus.MustNewConstMetric(c.inflight, prometheus.GaugeValue, float64(snap.Inflight), snap.Resource)
-	ch <- prometheus.MustNewConstMetric(c.fallbacks, prometheus.CounterValue, float64(snap.Fallbacks), snap.Resource)
-	ch <- prometheus.MustNewConstMetric(c.evictions, prometheus.CounterValue, float64(snap.KeyEvictions), snap.Resource)
+	res := label(snap.Resource)
+	ch <- prometheus.MustNewConstMetric(c.inflight, prometheus.GaugeValue, float64(snap.Inflight), res)
+	ch <- prometheus.MustNewConstMetric(c.fallbacks, prometheus.CounterValue, float64(snap.Fallbacks), res)
+	ch <- prometheus.MustNewConstMetric(c.evictions, prometheus.CounterValue, float64(snap.KeyEvictions), res)
 }
+
+// label is a name as a label value: label values must be UTF-8, and one
+// name that is not must not fail the whole scrape (its bad bytes become
+// U+FFFD; two such names could then share a label).
+func label(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }
