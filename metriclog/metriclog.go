@@ -15,7 +15,8 @@
 // splits into its fields; Read undoes it.
 //
 // Lines are written by one goroutine, fed by the engine's feed (flow.Feed,
-// seconds a window after they end), and rotated by size with
+// seconds a window after they end; when the disk stalls for more than 64
+// deliveries, the feed waits rather than lose a line), and rotated by size with
 // gopkg.in/natefinch/lumberjack.v2: the file is renamed with a timestamp
 // (name-2006-01-02T15-04-05.000.ext) when the next write would pass
 // MaxSize, and the oldest backups beyond MaxBackups are removed.
