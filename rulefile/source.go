@@ -145,7 +145,9 @@ func (f *FileSource) Run(ctx context.Context, update func([]flow.Rule, error)) {
 		}
 	}
 	// The directory is watched while it exists; when it is missing (not
-	// made yet, or removed), a retry every second watches it again.
+	// made yet, or removed), a retry (every 4 debounce periods, at most a
+	// second) watches it again.
+	retryEvery := min(max(4*debounce, 100*time.Millisecond), time.Second)
 	watching := false
 	var retry interface{ Stop() bool }
 	watch := func() bool {
@@ -153,7 +155,7 @@ func (f *FileSource) Run(ctx context.Context, update func([]flow.Rule, error)) {
 			return true
 		}
 		if err := w.Add(dir); err != nil {
-			retry = after(time.Second, signal)
+			retry = after(retryEvery, signal)
 			return false
 		}
 		watching = true
