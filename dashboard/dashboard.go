@@ -294,6 +294,9 @@ func describe(r flow.Rule) string {
 	if r.Metric == flow.QPS {
 		b.WriteString("/s " + r.Behavior.String())
 	}
+	if r.Behavior == flow.GCRA && r.Burst > 1 {
+		b.WriteString(" burst " + strconv.Itoa(r.Burst))
+	}
 	if r.PerKey {
 		b.WriteString(" per key")
 	}

@@ -39,6 +39,23 @@ func (e *Engine) enter(set *ruleSet, rr *resourceRules, node *stat.Node, opts []
 		// A now behind the newest bucket was counted in it: start there.
 		return e.admitted(set, node, p, max(now, r.Start()), n, false, nil, nil), nil
 	}
+	if gr := rr.singleGCRA; gr != nil {
+		// One GCRA rule: one compare-and-swap, the pass or block counted
+		// on the node.
+		ok, rm := gr.take(now, n)
+		ev := metric.Pass
+		if !ok {
+			ev = metric.Block
+		}
+		node.Second().AddOn(p, now, ev, n)
+		if node.Dropped() {
+			node = e.recount(node, p, now, ev, n)
+		}
+		if !ok {
+			return blocked(0, rm), gr.be
+		}
+		return e.admitted(set, node, p, now, n, false, nil, nil), nil
+	}
 	if kr := rr.singleKey; kr != nil {
 		// One PerKey limit: one admission on the key, the pass or block
 		// counted on the node.
@@ -98,6 +115,7 @@ type held struct {
 	res   [2]metric.Reservation
 	more  []metric.Reservation
 	paced [maxPacedRules]int64 // costs, by index into rr.paced
+	gcra  [maxGCRARules]bool   // tokens taken, by index into rr.gcras
 	gres  [maxGlobalRules]metric.Reservation
 	gkeys [maxGlobalRules]keyHeld // PerKey global rules' local fallbacks
 	kc    *keyState               // counted by the PerKey Concurrency rule
@@ -126,6 +144,11 @@ func (e *Engine) release(rr *resourceRules, h *held, n int64) {
 	for i := range rr.paced {
 		if cost := h.paced[i]; cost != 0 {
 			rr.paced[i].p.giveBack(cost)
+		}
+	}
+	for i := range rr.gcras {
+		if h.gcra[i] {
+			rr.gcras[i].give(n)
 		}
 	}
 	for i := range rr.globals {
@@ -233,6 +256,14 @@ func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now int64, q *req
 			now = max(now, h.keys[i].b*kr.t.bucketLen)
 		}
 		wait = max(wait, d)
+	}
+	for i := range rr.gcras {
+		gr := &rr.gcras[i]
+		ok, rm := gr.take(now, n)
+		if !ok {
+			return e.block(rr, &h, p, now, n, gr.be, 0, rm)
+		}
+		h.gcra[i] = true
 	}
 	for _, rel := range rr.related {
 		if seen := rel.node.Rate(now, metric.Pass); seen+float64(n) > rel.threshold {

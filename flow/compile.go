@@ -24,6 +24,8 @@ type ruleSet struct {
 	tables map[tableID]*keyTable
 	// shadows holds dry-run rules' windows and counts.
 	shadows map[ruleKey]*shadow
+	// gcras holds GCRA rules' arrival times.
+	gcras map[ruleKey]*gcra
 }
 
 // ruleKey identifies a rule's state across reloads: the rule (every field
@@ -48,11 +50,13 @@ type resourceRules struct {
 	singleLimit int64
 	singleBE    *BlockError
 	// singleKey is set when the resource's only rule is one PerKey Reject
-	// QPS rule: Entry then takes a short path too.
-	singleKey *keyRule
-	node      *stat.Node
-	concLimit int64 // -1: no concurrency rule
-	concBE    *BlockError
+	// QPS rule, singleGCRA when it is one GCRA rule: Entry then takes a
+	// short path too.
+	singleKey  *keyRule
+	singleGCRA *gcraRule
+	node       *stat.Node
+	concLimit  int64 // -1: no concurrency rule
+	concBE     *BlockError
 	// counting is set when the rule set adds the concurrency rule: Entry
 	// waits for it until the requests already in flight are counted.
 	counting   *gate
@@ -71,8 +75,9 @@ type resourceRules struct {
 	// to retry only when one rule decides (with several, the one that
 	// blocked first cannot speak for the others).
 	rules int
-	// shadows are the resource's dry-run rules.
+	// shadows are the resource's dry-run rules; gcras its GCRA rules.
 	shadows []shadowRule
+	gcras   []gcraRule
 	// policy is the quota of the resource's strictest QPS rule of its own
 	// (the least per second; not a related-resource rule, which limits
 	// another resource's rate), for Engine.Policy; nil: none.
@@ -180,6 +185,7 @@ func (g *gate) wait() {
 const (
 	maxPacedRules  = 4
 	maxGlobalRules = 4
+	maxGCRARules   = 4
 )
 
 // compile builds the rule set of valid rules norm, whose resources' nodes
@@ -193,6 +199,7 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stat.Node, bounds []Bound
 		locals:     map[ruleKey]*metric.Window{},
 		tables:     map[tableID]*keyTable{},
 		shadows:    map[ruleKey]*shadow{},
+		gcras:      map[ruleKey]*gcra{},
 	}
 	copies := map[string]int{}
 	tableCopies := map[tableID]int{}
@@ -225,13 +232,17 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stat.Node, bounds []Bound
 	}
 	for _, rr := range next.byResource {
 		if len(rr.groups) == 1 && rr.countsNode && len(rr.groups[0].warm) == 0 && rr.concLimit < 0 &&
-			len(rr.globals) == 0 && len(rr.related) == 0 && len(rr.paced) == 0 && !rr.hasKeyed() && len(rr.shadows) == 0 {
+			len(rr.globals) == 0 && len(rr.related) == 0 && len(rr.paced) == 0 && !rr.hasKeyed() && len(rr.shadows) == 0 &&
+			len(rr.gcras) == 0 {
 			g := &rr.groups[0]
 			rr.single, rr.singleLimit, rr.singleBE = g.w, g.static, g.staticBE
 		}
 		if len(rr.groups) == 0 && rr.concLimit < 0 && len(rr.globals) == 0 && len(rr.related) == 0 && len(rr.paced) == 0 &&
-			rr.keyConc.t == nil && len(rr.keyed) == 1 && rr.keyed[0].t.kind == keyWindow && len(rr.shadows) == 0 {
+			rr.keyConc.t == nil && len(rr.keyed) == 1 && rr.keyed[0].t.kind == keyWindow && len(rr.shadows) == 0 && len(rr.gcras) == 0 {
 			rr.singleKey = &rr.keyed[0]
+		}
+		if len(rr.gcras) == 1 && rr.rules == 1 && len(rr.shadows) == 0 {
+			rr.singleGCRA = &rr.gcras[0]
 		}
 	}
 	return next
@@ -294,6 +305,10 @@ func (e *Engine) add(next, old *ruleSet, r *Rule, k ruleKey, id tableID, nodes m
 			be:         newBlockError(r, ReasonGlobal),
 			beLocal:    newBlockError(r, ReasonFlow),
 		})
+	case r.Behavior == GCRA:
+		g := reuse(old.gcras, k, func() *gcra { return &gcra{} })
+		next.gcras[k] = g
+		rr.gcras = append(rr.gcras, newGCRARule(g, r))
 	case r.Behavior == Throttle || r.Behavior == WarmUpThrottle:
 		p := reuse(old.pacers, k, func() *pacer { return newPacer(r.MaxQueueing) })
 		next.pacers[k] = p

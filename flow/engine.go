@@ -202,6 +202,7 @@ func (e *Engine) normalise(rules []Rule) ([]Rule, error) {
 	norm := make([]Rule, len(rules))
 	paced := map[string]int{}
 	globals := map[string]int{}
+	gcras := map[string]int{}
 	keyed := map[string][2]int{}
 	var keys int
 	for i, r := range rules {
@@ -223,6 +224,10 @@ func (e *Engine) normalise(rules []Rule) ([]Rule, error) {
 				return nil, r.errorf(i, "Global", true, "exceeds %d global rules for resource %s", maxGlobalRules, names.Abbrev(r.Resource))
 			}
 		case r.PerKey:
+		case r.Behavior == GCRA:
+			if gcras[r.Resource]++; gcras[r.Resource] > maxGCRARules {
+				return nil, r.errorf(i, "Behavior", r.Behavior, "exceeds %d GCRA rules for resource %s", maxGCRARules, names.Abbrev(r.Resource))
+			}
 		case r.Behavior == Throttle || r.Behavior == WarmUpThrottle:
 			if paced[r.Resource]++; paced[r.Resource] > maxPacedRules {
 				return nil, r.errorf(i, "Behavior", r.Behavior, "exceeds %d throttling rules for resource %s", maxPacedRules, names.Abbrev(r.Resource))

@@ -56,7 +56,7 @@ func TestRuleValidation(t *testing.T) {
 		{Rule{Resource: "api", Threshold: math.NaN()}, "Threshold must be a finite number >= 0, got NaN"},
 		{Rule{Resource: "api", Threshold: math.Inf(1)}, "Threshold must be a finite number >= 0, got +Inf"},
 		{Rule{ID: "r1", Resource: "api", Metric: 7}, `rule "r1" (#0): Metric must be QPS or Concurrency, got Metric(7)`},
-		{Rule{Resource: "api", Behavior: 9}, "Behavior must be Reject, WarmUp, Throttle or WarmUpThrottle, got Behavior(9)"},
+		{Rule{Resource: "api", Behavior: 9}, "Behavior must be Reject, WarmUp, Throttle, WarmUpThrottle or GCRA, got Behavior(9)"},
 		{Rule{Resource: "api", Metric: Concurrency, Behavior: Throttle}, "Behavior must be Reject for a Concurrency rule, got Throttle"},
 		{Rule{Resource: "api", StatInterval: 1500 * time.Microsecond}, "StatInterval must be a positive whole number of milliseconds, got 1.5ms"},
 		{Rule{Resource: "api", StatInterval: -time.Second}, "StatInterval must be a positive whole number of milliseconds, got -1s"},

@@ -45,6 +45,12 @@ const (
 	Throttle
 	// WarmUpThrottle spaces requests evenly at the warming-up rate.
 	WarmUpThrottle
+	// GCRA is a token bucket (x/time/rate's model): Burst tokens, refilled
+	// at Threshold per second; a request of n takes n or is refused at
+	// once. It is one word of state, the theoretical arrival time of the
+	// next request, moved by compare-and-swap (the generic cell rate
+	// algorithm), exact at any concurrency.
+	GCRA
 )
 
 func (b Behavior) String() string {
@@ -57,6 +63,8 @@ func (b Behavior) String() string {
 		return "Throttle"
 	case WarmUpThrottle:
 		return "WarmUpThrottle"
+	case GCRA:
+		return "GCRA"
 	}
 	return fmt.Sprintf("Behavior(%d)", uint8(b))
 }
@@ -143,6 +151,10 @@ type Rule struct {
 	// Keys gives specific keys of a PerKey rule their own thresholds (a
 	// premium tenant at ten times the rule's, a known abuser at 0).
 	Keys []KeyLimit
+	// Burst is a GCRA rule's bucket: the most requests admitted at once
+	// after an idle spell (default 1, at most MaxBurst; left zero
+	// otherwise).
+	Burst int
 	// DryRun makes the rule count what it would block without blocking
 	// anything (a shadow mode, to roll a new limit out safely): it checks
 	// each request the resource's other rules admitted, in a window of its
@@ -172,6 +184,9 @@ const (
 	// maxKeyLimits bounds a rule's Keys.
 	maxKeyLimits = 10_000
 )
+
+// MaxBurst is the largest Burst a GCRA rule accepts.
+const MaxBurst = 1 << 30
 
 // MaxThreshold is the largest Threshold a rule accepts: a trillion a second
 // (or in flight) is beyond any real limit, and keeps every counter of an
@@ -229,6 +244,9 @@ func (r Rule) withDefaults() Rule {
 	}
 	if r.PerKey && r.MaxKeys == 0 {
 		r.MaxKeys = DefaultMaxKeys
+	}
+	if r.Behavior == GCRA && r.Burst == 0 {
+		r.Burst = 1
 	}
 	if len(r.Keys) > 0 {
 		r.Keys = append([]KeyLimit(nil), r.Keys...) // the caller's slice stays theirs
@@ -289,8 +307,18 @@ func (r *Rule) validate(i int) error {
 		return bad("Threshold", r.Threshold, fmt.Sprintf("must be at most MaxThreshold (%g)", float64(MaxThreshold)))
 	case r.Metric > Concurrency:
 		return bad("Metric", r.Metric, "must be QPS or Concurrency")
-	case r.Behavior > WarmUpThrottle:
-		return bad("Behavior", r.Behavior, "must be Reject, WarmUp, Throttle or WarmUpThrottle")
+	case r.Behavior > GCRA:
+		return bad("Behavior", r.Behavior, "must be Reject, WarmUp, Throttle, WarmUpThrottle or GCRA")
+	case r.Behavior != GCRA && r.Burst != 0:
+		return bad("Burst", r.Burst, "is for GCRA rules (leave it zero otherwise)")
+	case r.Behavior == GCRA && (r.Burst < 1 || r.Burst > MaxBurst):
+		return bad("Burst", r.Burst, fmt.Sprintf("must be in [1, %d]", MaxBurst))
+	case r.Behavior == GCRA && (r.PerKey || r.Global || r.RelatedResource != "" || r.DryRun):
+		return bad("Behavior", r.Behavior, "GCRA is for plain local rules (not PerKey, Global, related or DryRun)")
+	case r.Behavior == GCRA && r.Threshold > 0 && r.Threshold < minPacedRate:
+		return bad("Threshold", r.Threshold, "must be 0 or at least 0.001 (one request per 1000 s) for GCRA")
+	case r.Behavior == GCRA && r.StatInterval != DefaultStatInterval:
+		return bad("StatInterval", r.StatInterval, "must be 1s (or left zero) for GCRA rules, which have no window")
 	case r.Metric == Concurrency && r.Behavior != Reject:
 		return bad("Behavior", r.Behavior, "must be Reject for a Concurrency rule")
 	case r.Metric == Concurrency && r.StatInterval != 0:

@@ -8,7 +8,7 @@ import "fmt"
 
 var (
 	metricNames   = []Metric{QPS, Concurrency}
-	behaviorNames = []Behavior{Reject, WarmUp, Throttle, WarmUpThrottle}
+	behaviorNames = []Behavior{Reject, WarmUp, Throttle, WarmUpThrottle, GCRA}
 	fallbackNames = []Fallback{FallbackLocal, FallbackOpen, FallbackClosed}
 )
 

@@ -40,7 +40,7 @@ type rawKey struct {
 
 // The keys of a rule, in the order the normal form writes them.
 var ruleKeys = []string{"id", "resource", "metric", "threshold", "statInterval", "behavior", "warmUpPeriod",
-	"coldFactor", "maxQueueing", "relatedResource", "global", "fallback", "localShare", "perKey", "maxKeys", "keys", "dryRun"}
+	"coldFactor", "maxQueueing", "burst", "relatedResource", "global", "fallback", "localShare", "perKey", "maxKeys", "keys", "dryRun"}
 
 // decoder turns a file's syntax tree into rules, with errors placed.
 type decoder struct {
@@ -406,15 +406,15 @@ func (d *decoder) rule(i int, r *rawRule) (flow.Rule, error) {
 				return out, d.errAt(n, rule, "%s: 0 would read as the default: leave the key out for it", key)
 			}
 			*map[string]*float64{"coldFactor": &out.ColdFactor, "localShare": &out.LocalShare}[key] = v
-		case "maxKeys":
+		case "maxKeys", "burst":
 			v, err := d.integer(n, key, rule)
 			if err != nil {
 				return out, err
 			}
 			if v == 0 {
-				return out, d.errAt(n, rule, "maxKeys: 0 would read as the default: leave the key out for it")
+				return out, d.errAt(n, rule, "%s: 0 would read as the default: leave the key out for it", key)
 			}
-			out.MaxKeys = v
+			*map[string]*int{"maxKeys": &out.MaxKeys, "burst": &out.Burst}[key] = v
 		case "relatedResource":
 			if out.RelatedResource, err = d.str(n, key, rule); err != nil {
 				return out, err

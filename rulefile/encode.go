@@ -91,6 +91,9 @@ func writeRule(b *strings.Builder, r flow.Rule) {
 	if r.MaxQueueing != 0 {
 		field("maxQueueing", dur(r.MaxQueueing))
 	}
+	if d.Burst != blank.Burst {
+		field("burst", strconv.Itoa(d.Burst))
+	}
 	if r.RelatedResource != "" {
 		field("relatedResource", quote(r.RelatedResource))
 	}

@@ -10,7 +10,7 @@
 //
 // Every field of flow.Rule has a key: id, resource, metric (QPS,
 // Concurrency), threshold, statInterval, behavior (Reject, WarmUp,
-// Throttle, WarmUpThrottle), warmUpPeriod, coldFactor, maxQueueing,
+// Throttle, WarmUpThrottle, GCRA), warmUpPeriod, coldFactor, maxQueueing, burst,
 // relatedResource, global, fallback (Local, Open, Closed), localShare,
 // perKey, maxKeys, keys (a list of key and threshold) and dryRun. Durations are Go
 // duration strings ("500ms", "1m30s"). threshold is required: a rule

@@ -21,7 +21,7 @@ var update = flag.Bool("update", false, "rewrite the golden files")
 func TestNormalFormIsGolden(t *testing.T) {
 	rules, err := ReadFile("testdata/all.yaml")
 	require.NoError(t, err)
-	require.Len(t, rules, 12)
+	require.Len(t, rules, 13)
 	out, err := Format(rules)
 	require.NoError(t, err)
 	golden := filepath.Join("testdata", "all.golden.yaml")
@@ -77,7 +77,7 @@ func TestErrorsNameFileLineRuleAndKey(t *testing.T) {
 		{"rules:\n  - resource: a\n", `f.yaml:2:13: rule "a": threshold is required (0 blocks everything)`},
 		{"rules:\n  - resource: a\n    threshold: five\n", `f.yaml:3:16: rule "a": threshold: "five" is not a number`},
 		{"rules:\n  - resource: a\n    threshold: 5\n    metric: QPX\n", `f.yaml:4:13: rule "a": unknown metric "QPX" (valid: QPS, Concurrency)`},
-		{"rules:\n  - resource: a\n    threshold: 5\n    behavior: Slow\n", `f.yaml:4:15: rule "a": unknown behavior "Slow" (valid: Reject, WarmUp, Throttle, WarmUpThrottle)`},
+		{"rules:\n  - resource: a\n    threshold: 5\n    behavior: Slow\n", `f.yaml:4:15: rule "a": unknown behavior "Slow" (valid: Reject, WarmUp, Throttle, WarmUpThrottle, GCRA)`},
 		{"rules:\n  - resource: a\n    threshold: 5\n    global: true\n    fallback: Maybe\n", `f.yaml:5:15: rule "a": unknown fallback "Maybe" (valid: Local, Open, Closed)`},
 		{"rules:\n  - resource: a\n    threshold: 5\n    statInterval: 5x\n", `f.yaml:4:19: rule "a": statInterval: "5x" is not a duration (such as 500ms, 1m30s)`},
 		{"rules:\n  - resource: a\n    threshold: -1\n", `f.yaml:3:16: rule "a": threshold must be a finite number >= 0, got -1`},
@@ -137,7 +137,7 @@ func TestTheDocumentedFileIsValid(t *testing.T) {
 			seen["Related"] = true
 		}
 	}
-	for _, kind := range []string{"Reject", "WarmUp", "Throttle", "WarmUpThrottle", "QPS", "Concurrency", "PerKey", "Global", "DryRun", "Related"} {
+	for _, kind := range []string{"Reject", "WarmUp", "Throttle", "WarmUpThrottle", "GCRA", "QPS", "Concurrency", "PerKey", "Global", "DryRun", "Related"} {
 		assert.True(t, seen[kind], kind)
 	}
 }
@@ -164,6 +164,7 @@ func TestEachFieldDecodes(t *testing.T) {
 			r.PerKey, r.MaxKeys, r.Keys = true, 10, []flow.KeyLimit{{Key: "k", Threshold: 7}}
 		}},
 		{"    dryRun: true\n", func(r *flow.Rule) { r.DryRun = true }},
+		{"    behavior: GCRA\n    burst: 20\n", func(r *flow.Rule) { r.Behavior, r.Burst = flow.GCRA, 20 }},
 	} {
 		rules, err := Parse("f.yaml", []byte(base+tc.extra))
 		require.NoError(t, err, tc.extra)

@@ -1,0 +1,55 @@
+package flow
+
+import (
+	"math"
+
+	"go.uber.org/atomic"
+)
+
+// gcra is a GCRA rule's state, kept across reloads that keep the rule: the
+// theoretical arrival time (engine ns) of the next request at the
+// sustained rate. The bucket is full when it is at or before now.
+type gcra struct{ tat atomic.Int64 }
+
+// gcraRule is a GCRA rule in a rule set: every token costs interval ns,
+// and the bucket holds tolerance ns of them (Burst x interval).
+type gcraRule struct {
+	g                   *gcra
+	interval, tolerance int64
+	burst               int64
+	off                 bool // Threshold 0: refuses everything
+	be                  *BlockError
+}
+
+func newGCRARule(g *gcra, r *Rule) gcraRule {
+	gr := gcraRule{g: g, burst: int64(r.Burst), be: newBlockError(r, ReasonFlow), off: r.Threshold == 0}
+	if !gr.off {
+		// Whole nanoseconds per token: at most 1e12/s, so at least 1 ns.
+		gr.interval = max(int64(math.Round(1e9/r.Threshold)), 1)
+		gr.tolerance = gr.interval * gr.burst
+	}
+	return gr
+}
+
+// take takes n tokens at now, or reports when they would be there (the
+// wait, -1 when never: more than Burst) and how long until the bucket is
+// full again.
+func (r *gcraRule) take(now, n int64) (ok bool, rm room) {
+	if r.off || n > r.burst {
+		return false, unknownRoom
+	}
+	cost := n * r.interval // n <= Burst <= 2^30 and interval <= 1e12: no overflow
+	for {
+		tat := r.g.tat.Load()
+		next := max(tat, now) + cost
+		if next-now > r.tolerance {
+			return false, room{next - now - r.tolerance, max(tat-now, 0)}
+		}
+		if r.g.tat.CompareAndSwap(tat, next) {
+			return true, room{}
+		}
+	}
+}
+
+// give gives back n tokens taken (a later rule blocked the request).
+func (r *gcraRule) give(n int64) { r.g.tat.Sub(n * r.interval) }
