@@ -71,6 +71,29 @@ var accLimiters = []accLimiter{
 		},
 	},
 	{
+		// GCRA as x/time/rate is set up here: a burst of the threshold,
+		// refilled at threshold per W.
+		name: "leapflow-gcra",
+		make: func(t int64, w time.Duration, clock func() int64, _ func(time.Duration)) func(int64) (bool, int64) {
+			eng, err := flow.New(flow.WithClock(funcClock(clock)))
+			if err != nil {
+				panic(err)
+			}
+			if err := eng.LoadRules([]flow.Rule{{Resource: "r", Threshold: float64(t) * float64(time.Second) / float64(w),
+				Behavior: flow.GCRA, Burst: int(t)}}); err != nil {
+				panic(err)
+			}
+			return func(int64) (bool, int64) {
+				en, err := eng.Entry("r")
+				if err != nil {
+					return false, 0
+				}
+				en.Exit(nil)
+				return true, en.Start()
+			}
+		},
+	},
+	{
 		name: "fixed-window", ownBuckets: 1,
 		make: func(t int64, w time.Duration, clock func() int64, _ func(time.Duration)) func(int64) (bool, int64) {
 			l := baseline.NewFixedWindow(t, w, clock)
