@@ -52,46 +52,17 @@ func (c uberClock) Sleep(d time.Duration) { c.sleep(d) }
 var accLimiters = []accLimiter{
 	{
 		name: "leapflow", ownBuckets: leapflowBuckets,
-		make: func(t int64, w time.Duration, clock func() int64, _ func(time.Duration)) func(int64) (bool, int64) {
-			eng, err := flow.New(flow.WithClock(funcClock(clock)))
-			if err != nil {
-				panic(err)
-			}
-			if err := eng.LoadRules([]flow.Rule{{Resource: "r", Threshold: float64(t) * float64(time.Second) / float64(w), StatInterval: w}}); err != nil {
-				panic(err)
-			}
-			return func(int64) (bool, int64) {
-				en, err := eng.Entry("r")
-				if err != nil {
-					return false, 0
-				}
-				en.Exit(nil)
-				return true, en.Start()
-			}
-		},
+		make: leapflowWith(func(t int64, w time.Duration) flow.Rule {
+			return flow.Rule{Resource: "r", Threshold: float64(t) * float64(time.Second) / float64(w), StatInterval: w}
+		}),
 	},
 	{
 		// GCRA as x/time/rate is set up here: a burst of the threshold,
 		// refilled at threshold per W.
 		name: "leapflow-gcra",
-		make: func(t int64, w time.Duration, clock func() int64, _ func(time.Duration)) func(int64) (bool, int64) {
-			eng, err := flow.New(flow.WithClock(funcClock(clock)))
-			if err != nil {
-				panic(err)
-			}
-			if err := eng.LoadRules([]flow.Rule{{Resource: "r", Threshold: float64(t) * float64(time.Second) / float64(w),
-				Behavior: flow.GCRA, Burst: int(t)}}); err != nil {
-				panic(err)
-			}
-			return func(int64) (bool, int64) {
-				en, err := eng.Entry("r")
-				if err != nil {
-					return false, 0
-				}
-				en.Exit(nil)
-				return true, en.Start()
-			}
-		},
+		make: leapflowWith(func(t int64, w time.Duration) flow.Rule {
+			return flow.Rule{Resource: "r", Threshold: float64(t) * float64(time.Second) / float64(w), Behavior: flow.GCRA, Burst: int(t)}
+		}),
 	},
 	{
 		name: "fixed-window", ownBuckets: 1,
@@ -128,6 +99,28 @@ var accLimiters = []accLimiter{
 			return func(int64) (bool, int64) { return true, l.Take().UnixNano() - uberOffset }
 		},
 	},
+}
+
+// leapflowWith makes an accLimiter's make for an engine holding the rule
+// that rule returns.
+func leapflowWith(rule func(t int64, w time.Duration) flow.Rule) func(int64, time.Duration, func() int64, func(time.Duration)) func(int64) (bool, int64) {
+	return func(t int64, w time.Duration, clock func() int64, _ func(time.Duration)) func(int64) (bool, int64) {
+		eng, err := flow.New(flow.WithClock(funcClock(clock)))
+		if err != nil {
+			panic(err)
+		}
+		if err := eng.LoadRules([]flow.Rule{rule(t, w)}); err != nil {
+			panic(err)
+		}
+		return func(int64) (bool, int64) {
+			en, err := eng.Entry("r")
+			if err != nil {
+				return false, 0
+			}
+			en.Exit(nil)
+			return true, en.Start()
+		}
+	}
 }
 
 // accuracy is what one run admitted, read off the admission instants.
