@@ -261,12 +261,12 @@ func (s *server) buildTick(now int64) []byte {
 		}
 		rows = append(rows, Row{Resource: res, Point: p})
 	}
-	s.mu.Unlock()
 	for res := range rules {
-		if !slices.ContainsFunc(rows, func(r Row) bool { return r.Resource == res }) {
+		if _, live := s.latest[res]; !live { // a resource with rules and no recent second
 			rows = append(rows, Row{Resource: res})
 		}
 	}
+	s.mu.Unlock()
 	slices.SortFunc(rows, func(a, b Row) int {
 		if c := cmp.Compare(b.Pass+b.Block, a.Pass+a.Block); c != 0 {
 			return c

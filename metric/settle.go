@@ -53,25 +53,14 @@ func (w *Window) CountsRange(lo, hi int64) Counts {
 	c := Counts{MinRT: -1}
 	for b := range w.arr.Buckets(lo, hi) {
 		v := &b.Value
-		c.Pass += v.get(Pass)
-		c.Block += v.get(Block)
-		c.Success += v.get(Success)
-		c.Exception += v.get(Exception)
-		c.RT += v.get(RT)
-		c.Occupied += v.get(OccupiedPass)
-		if rt, ok := v.lowestRT(); ok && (c.MinRT < 0 || rt < c.MinRT) {
-			c.MinRT = rt
+		o := Counts{Pass: v.get(Pass), Block: v.get(Block), Success: v.get(Success), Exception: v.get(Exception),
+			RT: v.get(RT), Occupied: v.get(OccupiedPass), MinRT: -1, MaxConcurrency: v.maxConcurrency()}
+		if rt, ok := v.lowestRT(); ok {
+			o.MinRT = rt
 		}
-		c.MaxConcurrency = max(c.MaxConcurrency, v.maxConcurrency())
+		c.Add(o)
 	}
 	return c
-}
-
-// Landing returns the start of the bucket a write at t lands in now: t's
-// bucket, or the newest if t is behind it (see Absorb).
-func (w *Window) Landing(t int64) int64 {
-	t = w.arr.Clamp(t)
-	return t - t%w.arr.BucketLen()
 }
 
 // RecordConcurrency records c requests in flight at now: the bucket keeps

@@ -43,10 +43,7 @@ var ruleKeys = []string{"id", "resource", "metric", "threshold", "statInterval",
 	"coldFactor", "maxQueueing", "burst", "relatedResource", "global", "fallback", "localShare", "perKey", "maxKeys", "keys", "dryRun"}
 
 // decoder turns a file's syntax tree into rules, with errors placed.
-type decoder struct {
-	name string
-	raw  []rawRule
-}
+type decoder struct{ name string }
 
 func (d *decoder) errAt(n ast.Node, rule, format string, args ...any) *Error {
 	e := &Error{File: d.name, Rule: rule, Msg: fmt.Sprintf(format, args...)}

@@ -80,32 +80,36 @@ func (e *Error) Unwrap() error { return e.Err }
 // tags, nested at most 64 deep, of at most MaxFileSize bytes; values must
 // be of their key's type (a name that looks like a number is quoted); an
 // ID appears once.
-func Parse(name string, data []byte) (rules []flow.Rule, err error) {
+func Parse(name string, data []byte) ([]flow.Rule, error) {
+	rules, _, err := parse(name, data)
+	return rules, err
+}
+
+// parse is Parse, also returning the raw rules (their keys' positions).
+func parse(name string, data []byte) (rules []flow.Rule, raw []rawRule, err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			rules, err = nil, &Error{File: name, Msg: fmt.Sprintf("cannot be read: %v", v)}
+			rules, raw, err = nil, nil, &Error{File: name, Msg: fmt.Sprintf("cannot be read: %v", v)}
 		}
 	}()
 	d := &decoder{name: name}
-	raw, err := d.parse(data)
-	if err != nil {
-		return nil, err
+	if raw, err = d.parse(data); err != nil {
+		return nil, nil, err
 	}
-	d.raw = raw
 	rules = make([]flow.Rule, len(raw))
 	ids := map[string]int{}
 	for i := range raw {
 		if rules[i], err = d.rule(i, &raw[i]); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if id := rules[i].ID; id != "" {
 			if j, dup := ids[id]; dup {
-				return nil, d.errAt(raw[i].fields["id"], fmt.Sprintf("%q", id), "the ID is the ID of rule #%d too", j)
+				return nil, nil, d.errAt(raw[i].fields["id"], fmt.Sprintf("%q", id), "the ID is the ID of rule #%d too", j)
 			}
 			ids[id] = i
 		}
 	}
-	return rules, nil
+	return rules, raw, nil
 }
 
 // stripComments blanks every line that holds only a comment.
@@ -144,12 +148,11 @@ func (failing) Acquire(context.Context, flow.GlobalRequest) (bool, error) {
 // rules are checked too). The error of a rule the engine refuses is placed
 // at its key.
 func Check(name string, data []byte) ([]flow.Rule, error) {
-	rules, err := Parse(name, data)
+	rules, raw, err := parse(name, data)
 	if err != nil {
 		return nil, err
 	}
 	d := &decoder{name: name}
-	raw, _ := d.parse(data) // Parse read it: no error
 	eng, err := flow.New(flow.WithTokenSource(failing{}), flow.WithMaxResources(max(len(rules), 1)))
 	if err != nil {
 		return nil, err
