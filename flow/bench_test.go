@@ -188,9 +188,10 @@ func BenchmarkPerKeyHotKeys(b *testing.B) {
 	})
 }
 
-// BenchmarkGCRAEntryExit is the pass path of a GCRA rule that never
-// blocks, through a Resource handle, beside a Reject rule's (the issue's
-// bound: within 1.5x at 1 and 2 goroutines).
+// BenchmarkGCRAEntryExit is the pass path of a GCRA rule and of a
+// span-exact Reject rule that never block, through a Resource handle,
+// beside a plain Reject rule's (the bound: within 1.5x at 1 and 2
+// goroutines).
 func BenchmarkGCRAEntryExit(b *testing.B) {
 	e, err := New()
 	if err != nil {
@@ -199,10 +200,11 @@ func BenchmarkGCRAEntryExit(b *testing.B) {
 	if err := e.LoadRules([]Rule{
 		{Resource: "reject", Threshold: 1e12},
 		{Resource: "gcra", Threshold: 1e12, Behavior: GCRA, Burst: MaxBurst},
+		{Resource: "span-exact", Threshold: 1e12, SpanExact: true},
 	}); err != nil {
 		b.Fatal(err)
 	}
-	for _, name := range []string{"reject", "gcra"} {
+	for _, name := range []string{"reject", "gcra", "span-exact"} {
 		r, err := e.Resource(name)
 		if err != nil {
 			b.Fatal(err)

@@ -33,11 +33,19 @@ func (e *Engine) enter(set *ruleSet, rr *resourceRules, node *stat.Node, opts []
 		// admission, nothing to give back.
 		r, ok := w.AdmitOn(p, now, n, rr.singleLimit)
 		if !ok {
-			w.AddOn(p, now, metric.Block, n)
+			node.Second().AddOn(p, now, metric.Block, n)
 			return blocked(float64(r.Seen()), roomOf(w.RoomIn(now, n, rr.singleLimit))), rr.singleBE
 		}
 		// A now behind the newest bucket was counted in it: start there.
-		return e.admitted(set, node, p, max(now, r.Start()), n, false, nil, nil), nil
+		now = max(now, r.Start())
+		if rr.singleApart {
+			// A span-exact window: the node's own counts the pass too.
+			node.Second().AddOn(p, now, metric.Pass, n)
+			if node.Dropped() {
+				node = e.recount(node, p, now, metric.Pass, n)
+			}
+		}
+		return e.admitted(set, node, p, now, n, false, nil, nil), nil
 	}
 	if gr := rr.singleGCRA; gr != nil {
 		// One GCRA rule: one compare-and-swap, the pass or block counted

@@ -49,6 +49,9 @@ type resourceRules struct {
 	single      *metric.Window
 	singleLimit int64
 	singleBE    *BlockError
+	// singleApart is set when single is not the node's second window (a
+	// span-exact rule's): passes and blocks are counted on the node too.
+	singleApart bool
 	// singleKey is set when the resource's only rule is one PerKey Reject
 	// QPS rule, singleGCRA when it is one GCRA rule: Entry then takes a
 	// short path too.
@@ -231,11 +234,12 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stat.Node, bounds []Bound
 		e.add(next, old, r, k, id, nodes, bounds[i])
 	}
 	for _, rr := range next.byResource {
-		if len(rr.groups) == 1 && rr.countsNode && len(rr.groups[0].warm) == 0 && rr.concLimit < 0 &&
+		if len(rr.groups) == 1 && len(rr.groups[0].warm) == 0 && rr.concLimit < 0 &&
 			len(rr.globals) == 0 && len(rr.related) == 0 && len(rr.paced) == 0 && !rr.hasKeyed() && len(rr.shadows) == 0 &&
 			len(rr.gcras) == 0 {
 			g := &rr.groups[0]
 			rr.single, rr.singleLimit, rr.singleBE = g.w, g.static, g.staticBE
+			rr.singleApart = !rr.countsNode
 		}
 		if len(rr.groups) == 0 && rr.concLimit < 0 && len(rr.globals) == 0 && len(rr.related) == 0 && len(rr.paced) == 0 &&
 			rr.keyConc.t == nil && len(rr.keyed) == 1 && rr.keyed[0].t.kind == keyWindow && len(rr.shadows) == 0 && len(rr.gcras) == 0 {
@@ -320,6 +324,9 @@ func (e *Engine) add(next, old *ruleSet, r *Rule, k ruleKey, id tableID, nodes m
 		rr.paced = append(rr.paced, pr)
 	default: // Reject or WarmUp, counted in a window
 		w := e.window(rr.node, r.StatInterval)
+		if r.SpanExact {
+			w = e.spanWindow(rr.node, r.StatInterval)
+		}
 		g := rr.group(w, r.StatInterval)
 		if w == rr.node.Second() {
 			rr.countsNode = true
@@ -354,6 +361,19 @@ func (e *Engine) window(n *stat.Node, interval time.Duration) *metric.Window {
 	w, err := n.Window(interval, e.buckets(interval))
 	if err != nil {
 		panic(err) // a validated interval (whole ms, at most 1h) cannot fail
+	}
+	return w
+}
+
+// spanWindow returns the node window span-exact rules with this interval
+// count in: the interval's n buckets and one more, so that an admission is
+// checked against the last n+1 buckets (every span of the interval lies
+// within n+1 consecutive buckets).
+func (e *Engine) spanWindow(n *stat.Node, interval time.Duration) *metric.Window {
+	k := e.buckets(interval)
+	w, err := n.Window(interval+interval/time.Duration(k), k+1)
+	if err != nil {
+		panic(err) // the interval divides into k buckets, so into k+1 of the same length
 	}
 	return w
 }

@@ -42,6 +42,46 @@
 // With n buckets of a window W, any span shorter than W - W/n admits at most
 // the threshold; a span of W can admit up to twice it (see metric).
 //
+// # Span-exact rules
+//
+// A Reject rule with SpanExact holds its threshold T in every continuous
+// span of its StatInterval W, at any concurrency, in O(n) memory and with
+// no lock: it admits against the last n+1 buckets of length b = W/n (a
+// window of its own, n+1 buckets over W + b) instead of the last n.
+//
+// Proof. A pass is counted in the bucket of its admission time (a caller
+// whose clock reading is behind the newest bucket is counted, and
+// stamped, at that bucket's start: Entry.Start), and no pass is ever
+// counted in a bucket once a newer one exists (metric.Window.Admit checks
+// the bucket is still the newest after its write, and backs out
+// otherwise). A borrowed (waiting) pass is stamped at the start of the
+// bucket it borrowed and counted against every window containing that
+// bucket before it is granted. So when bucket i is the newest, buckets
+// i-n .. i-1 hold their final counts, and Admit keeps the sum of buckets
+// i-n .. i at or below T, whatever the interleaving. A span [s, s+W) of
+// length W = n*b meets at most n+1 consecutive buckets (those from
+// floor(s/b) to floor((s+W)/b), the last only when s is not a multiple
+// of b), every stamp in it lies in those buckets, and their sum is at most
+// T. So no span of W admits more than T.
+//
+// Cost. The steady rate is n/(n+1) of the threshold: under saturation a
+// greedy caller fills the window in its first bucket, then nothing is
+// admitted until that bucket leaves the n+1, T per n+1 buckets; traffic
+// spread evenly is admitted whole up to n/(n+1) of T per W, as n+1
+// buckets of it must fit in T (80% with 4 buckets, 95% with 20). A rule
+// meant to pass T per W steadily and never more than T' in any span sets
+// T' as its threshold and n with n/(n+1) T' >= T. The span window is made per resource and interval beside
+// the resource's plain windows, so plain rules keep their own; on the
+// short path (one span-exact rule and nothing else) Entry costs one more
+// atomic add than a plain rule (the pass is also counted in the resource's
+// statistics).
+//
+// Global rules do not take SpanExact yet: the Redis layer's window script
+// sums the buckets of a window the same way, so the same n+1 bound would
+// carry over to it unchanged, but the leases its instances hold locally
+// would have to be counted against the extra bucket too, which they are
+// not.
+//
 // # Per-key limits
 //
 // A rule with PerKey applies its threshold to each caller key separately:

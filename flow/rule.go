@@ -162,6 +162,19 @@ type Rule struct {
 	// (Engine.DryRuns). QPS rules with Behavior Reject on their own
 	// resource's rate only (not PerKey, Global or related).
 	DryRun bool
+	// SpanExact holds the threshold in every continuous span of
+	// StatInterval, not only in each window of whole buckets: a plain
+	// window of n buckets can admit up to twice its threshold in a span
+	// that ends just after a bucket boundary (all of one window at the end
+	// of its oldest bucket, all of the next at the start of its newest). A
+	// span-exact rule admits against the last n+1 buckets instead of n,
+	// which costs 1/(n+1) of the steady rate (n is the engine's sample
+	// count, 4 by default: a steady 80% of Threshold);
+	// see the package doc for the proof. QPS rules with Behavior Reject on
+	// their own resource's rate (not PerKey, Global, related or DryRun).
+	// Span-exact rules of one resource and StatInterval admit together,
+	// in a window of their own, beside the resource's plain rules.
+	SpanExact bool
 }
 
 // KeyLimit is a specific key's threshold in a PerKey rule.
@@ -343,6 +356,8 @@ func (r *Rule) validate(i int) error {
 		return bad("RelatedResource", r.RelatedResource, "cannot be combined with Global")
 	case r.DryRun && (r.Metric != QPS || r.Behavior != Reject || r.PerKey || r.Global || r.RelatedResource != ""):
 		return bad("DryRun", r.DryRun, "is for QPS rules with Behavior Reject on their own resource's rate (not PerKey, Global or related)")
+	case r.SpanExact && (r.Metric != QPS || r.Behavior != Reject || r.PerKey || r.Global || r.RelatedResource != "" || r.DryRun):
+		return bad("SpanExact", r.SpanExact, "is for QPS rules with Behavior Reject on their own resource's rate (not PerKey, Global, related or DryRun)")
 	case r.Global && r.Behavior != Reject:
 		return bad("Behavior", r.Behavior, "must be Reject for a Global rule")
 	case r.RelatedResource != "" && (r.Metric != QPS || r.Behavior != Reject):

@@ -40,7 +40,7 @@ type rawKey struct {
 
 // The keys of a rule, in the order the normal form writes them.
 var ruleKeys = []string{"id", "resource", "metric", "threshold", "statInterval", "behavior", "warmUpPeriod",
-	"coldFactor", "maxQueueing", "burst", "relatedResource", "global", "fallback", "localShare", "perKey", "maxKeys", "keys", "dryRun"}
+	"coldFactor", "maxQueueing", "burst", "relatedResource", "global", "fallback", "localShare", "perKey", "maxKeys", "keys", "dryRun", "spanExact"}
 
 // decoder turns a file's syntax tree into rules, with errors placed.
 type decoder struct{ name string }
@@ -416,12 +416,12 @@ func (d *decoder) rule(i int, r *rawRule) (flow.Rule, error) {
 			if out.RelatedResource, err = d.str(n, key, rule); err != nil {
 				return out, err
 			}
-		case "global", "perKey", "dryRun":
+		case "global", "perKey", "dryRun", "spanExact":
 			v, err := d.boolean(n, key, rule)
 			if err != nil {
 				return out, err
 			}
-			*map[string]*bool{"global": &out.Global, "perKey": &out.PerKey, "dryRun": &out.DryRun}[key] = v
+			*map[string]*bool{"global": &out.Global, "perKey": &out.PerKey, "dryRun": &out.DryRun, "spanExact": &out.SpanExact}[key] = v
 		}
 	}
 	for j, k := range r.keys {

@@ -121,6 +121,9 @@ func writeRule(b *strings.Builder, r flow.Rule) {
 	if r.DryRun {
 		field("dryRun", "true")
 	}
+	if r.SpanExact {
+		field("spanExact", "true")
+	}
 }
 
 // plain matches strings YAML reads back as themselves unquoted (and that

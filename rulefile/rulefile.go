@@ -12,7 +12,8 @@
 // Concurrency), threshold, statInterval, behavior (Reject, WarmUp,
 // Throttle, WarmUpThrottle, GCRA), warmUpPeriod, coldFactor, maxQueueing, burst,
 // relatedResource, global, fallback (Local, Open, Closed), localShare,
-// perKey, maxKeys, keys (a list of key and threshold) and dryRun. Durations are Go
+// perKey, maxKeys, keys (a list of key and threshold), dryRun and
+// spanExact. Durations are Go
 // duration strings ("500ms", "1m30s"). threshold is required: a rule
 // without one is an error, never a threshold of 0 (which blocks
 // everything).

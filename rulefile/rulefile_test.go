@@ -21,7 +21,7 @@ var update = flag.Bool("update", false, "rewrite the golden files")
 func TestNormalFormIsGolden(t *testing.T) {
 	rules, err := ReadFile("testdata/all.yaml")
 	require.NoError(t, err)
-	require.Len(t, rules, 13)
+	require.Len(t, rules, 14)
 	out, err := Format(rules)
 	require.NoError(t, err)
 	golden := filepath.Join("testdata", "all.golden.yaml")
@@ -164,6 +164,7 @@ func TestEachFieldDecodes(t *testing.T) {
 			r.PerKey, r.MaxKeys, r.Keys = true, 10, []flow.KeyLimit{{Key: "k", Threshold: 7}}
 		}},
 		{"    dryRun: true\n", func(r *flow.Rule) { r.DryRun = true }},
+		{"    spanExact: true\n", func(r *flow.Rule) { r.SpanExact = true }},
 		{"    behavior: GCRA\n    burst: 20\n", func(r *flow.Rule) { r.Behavior, r.Burst = flow.GCRA, 20 }},
 	} {
 		rules, err := Parse("f.yaml", []byte(base+tc.extra))

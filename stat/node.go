@@ -71,7 +71,7 @@ type Node struct {
 	keyless, keyEvictions atomic.Int64
 
 	mu      sync.Mutex // guards adding to windows; reads go through the pointer
-	windows atomic.Pointer[map[time.Duration]*metric.Window]
+	windows atomic.Pointer[map[windowShape]*metric.Window]
 
 	// feedMu guards feed, and orders hand-overs into the minute window
 	// against deliveries of completed seconds (see handOver).
@@ -140,7 +140,7 @@ func newNode(resource string, cfg NodeConfig) *Node {
 		panic(err) // cfg was validated
 	}
 	n.second, n.minute = sec, mins
-	n.windows.Store(&map[time.Duration]*metric.Window{})
+	n.windows.Store(&map[windowShape]*metric.Window{})
 	return n
 }
 
@@ -198,29 +198,38 @@ func (n *Node) AcquireConcurrency(k, limit int64) (seen int64, ok bool) {
 // ReleaseConcurrency ends n requests that AcquireConcurrency counted.
 func (n *Node) ReleaseConcurrency(k int64) { n.concurrency.Sub(k) }
 
-// Window returns the window of the given interval used by rules with a stat
-// interval other than 1 s, creating it (sampleCount buckets) the first time.
-// Windows live as long as the node, so rule reloads keep their counts.
+// windowShape names one of a node's extra windows: rules whose windows
+// have the same interval and bucket count share it.
+type windowShape struct {
+	interval time.Duration
+	buckets  int
+}
+
+// Window returns the window of the given interval and bucket count used by
+// rules with a stat interval other than 1 s, or span-exact rules, creating
+// it the first time. Windows live as long as the node, so rule reloads
+// keep their counts.
 func (n *Node) Window(interval time.Duration, sampleCount int) (*metric.Window, error) {
-	if w, ok := (*n.windows.Load())[interval]; ok {
+	k := windowShape{interval, sampleCount}
+	if w, ok := (*n.windows.Load())[k]; ok {
 		return w, nil
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	old := *n.windows.Load()
-	if w, ok := old[interval]; ok {
+	if w, ok := old[k]; ok {
 		return w, nil
 	}
 	w, err := metric.NewWindow(sampleCount, interval)
 	if err != nil {
 		return nil, err
 	}
-	// Copy on write: the map is read without the lock on every Entry.
-	next := make(map[time.Duration]*metric.Window, len(old)+1)
-	for k, v := range old {
-		next[k] = v
+	// Copy on write: readers take no lock.
+	next := make(map[windowShape]*metric.Window, len(old)+1)
+	for s, v := range old {
+		next[s] = v
 	}
-	next[interval] = w
+	next[k] = w
 	n.windows.Store(&next)
 	return w, nil
 }

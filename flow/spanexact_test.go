@@ -1,0 +1,272 @@
+package flow
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/leapflow/leapflow/stat/stattest"
+)
+
+// stamp is n admissions at engine time t (Entry.Start).
+type stamp struct{ t, n int64 }
+
+// mostInSpan is the most admitted in any continuous span [s, s+w): the
+// brute-force reading of every span, from the admission times alone.
+func mostInSpan(stamps []stamp, w int64) int64 {
+	s := slices.Clone(stamps)
+	slices.SortFunc(s, func(a, b stamp) int { return int(a.t - b.t) })
+	var best, run int64
+	i := 0
+	for j := range s {
+		run += s[j].n
+		for s[j].t-s[i].t >= w {
+			run -= s[i].n
+			i++
+		}
+		best = max(best, run)
+	}
+	return best
+}
+
+func TestMostInSpanOracle(t *testing.T) {
+	// The span reader against a literal count over every start.
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 50 {
+		var st []stamp
+		for range 40 {
+			st = append(st, stamp{r.Int64N(100), 1 + r.Int64N(3)})
+		}
+		w := 1 + r.Int64N(30)
+		var want int64
+		for s := int64(-w); s <= 100; s++ {
+			var c int64
+			for _, x := range st {
+				if x.t >= s && x.t < s+w {
+					c += x.n
+				}
+			}
+			want = max(want, c)
+		}
+		assert.Equal(t, want, mostInSpan(st, w))
+	}
+}
+
+func TestSpanExactValidation(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(0))
+	for _, r := range []Rule{
+		{Resource: "a", Metric: Concurrency, Threshold: 1, SpanExact: true},
+		{Resource: "a", Threshold: 1, Behavior: Throttle, SpanExact: true},
+		{Resource: "a", Threshold: 1, Behavior: GCRA, Burst: 1, SpanExact: true},
+		{Resource: "a", Threshold: 1, PerKey: true, SpanExact: true},
+		{Resource: "a", Threshold: 1, Global: true, SpanExact: true},
+		{Resource: "a", Threshold: 1, RelatedResource: "b", SpanExact: true},
+		{Resource: "a", Threshold: 1, DryRun: true, SpanExact: true},
+	} {
+		err := e.LoadRules([]Rule{{Resource: "ok", Threshold: 5, SpanExact: true}, r})
+		require.Error(t, err, "%+v", r)
+		assert.Contains(t, err.Error(), "SpanExact")
+		assert.Empty(t, e.Rules(), "a set with one bad rule changes nothing")
+	}
+}
+
+// greedy admits as much as it can at each instant of times, recording
+// what it admitted.
+func greedy(t *testing.T, e *Engine, clock *stattest.Clock, res string, times ...time.Duration) []stamp {
+	t.Helper()
+	var st []stamp
+	for _, at := range times {
+		clock.Set(at)
+		for {
+			en, err := e.Entry(res)
+			if err != nil {
+				break
+			}
+			st = append(st, stamp{en.Start(), 1})
+			en.Exit(nil)
+		}
+	}
+	return st
+}
+
+// TestSpanExactAdversarialBoundary is the arrival pattern that maximises
+// a continuous span of a bucketed window: everything at the end of one
+// bucket, then everything at the start of the next window. A plain window
+// admits twice its threshold in less than W; a span-exact one never more
+// than the threshold in any W.
+func TestSpanExactAdversarialBoundary(t *testing.T) {
+	const threshold = 100
+	for _, n := range []int{1, 2, 4, 5, 10, 20, 50} {
+		t.Run(fmt.Sprintf("buckets=%d", n), func(t *testing.T) {
+			clock := stattest.NewClock(0)
+			e, _ := newEngine(t, clock, WithSampleCount(n))
+			load(t, e, Rule{Resource: "plain", Threshold: threshold})
+			b := time.Second / time.Duration(n)
+			at := []time.Duration{b - 1, time.Second, time.Second + b - 1, time.Second + b, 2*time.Second + b}
+			plain := greedy(t, e, clock, "plain", at...)
+			clock2 := stattest.NewClock(0) // the clock never steps back
+			e, _ = newEngine(t, clock2, WithSampleCount(n))
+			load(t, e, Rule{Resource: "span", Threshold: threshold, SpanExact: true})
+			span := greedy(t, e, clock2, "span", at...)
+			w := int64(time.Second)
+			assert.Equal(t, int64(2*threshold), mostInSpan(plain, w), "the plain window's double burst")
+			assert.LessOrEqual(t, mostInSpan(span, w), int64(threshold))
+			// The span-exact window admits again exactly when the first
+			// burst (at b-1) has left every span: at W + b, not before
+			// (stamps are engine time, which runs at an offset).
+			require.Greater(t, len(span), threshold)
+			assert.Equal(t, int64(time.Second+1), span[threshold].t-span[0].t)
+		})
+	}
+}
+
+// TestSpanExactRandomArrivals checks every continuous span of seeded
+// random traffic (steps of any size across bucket edges, batches,
+// priority requests borrowing ahead) against the threshold, and the
+// steady rate under saturation against n/(n+1) of it.
+func TestSpanExactRandomArrivals(t *testing.T) {
+	const threshold = 60
+	for seed := range uint64(20) {
+		r := rand.New(rand.NewPCG(seed, 7))
+		n := []int{1, 2, 4, 5, 10}[seed%5]
+		clock := stattest.NewClock(0)
+		e, _ := newEngine(t, clock, WithSampleCount(n), WithOccupyTimeout(500*ms))
+		load(t, e, Rule{Resource: "api", Threshold: threshold, SpanExact: true})
+		var st []stamp
+		now := time.Duration(0)
+		for range 6000 {
+			switch r.IntN(10) {
+			case 0:
+				now += time.Duration(r.Int64N(int64(time.Second)))
+			case 1, 2:
+				now += time.Duration(r.Int64N(int64(time.Millisecond)))
+			default:
+				now += time.Duration(r.Int64N(int64(50 * time.Microsecond)))
+			}
+			clock.Set(now)
+			// A burst at this instant, often larger than the room.
+			for range r.IntN(12) {
+				c := 1 + r.IntN(3)
+				opts := []EntryOption{WithCount(c)}
+				if r.IntN(8) == 0 {
+					opts = append(opts, WithPriority())
+				}
+				if en, err := e.Entry("api", opts...); err == nil {
+					st = append(st, stamp{en.Start(), int64(c)})
+					en.Exit(nil)
+				}
+			}
+		}
+		require.NotEmpty(t, st)
+		assert.LessOrEqual(t, mostInSpan(st, int64(time.Second)), int64(threshold), "seed %d, %d buckets", seed, n)
+	}
+}
+
+// TestSpanExactSteadyRate: greedy traffic at every millisecond for 20
+// windows is admitted at n/(n+1) of the threshold, the documented cost.
+func TestSpanExactSteadyRate(t *testing.T) {
+	const threshold = 100
+	for _, n := range []int{1, 4, 10} {
+		clock := stattest.NewClock(0)
+		e, _ := newEngine(t, clock, WithSampleCount(n))
+		load(t, e, Rule{Resource: "api", Threshold: threshold, SpanExact: true})
+		var times []time.Duration
+		for tms := range 20_000 {
+			times = append(times, time.Duration(tms)*ms)
+		}
+		st := greedy(t, e, clock, "api", times...)
+		periods := int64(20*n) / int64(n+1) // whole periods of n+1 buckets
+		assert.GreaterOrEqual(t, int64(len(st)), periods*threshold, "n=%d", n)
+		assert.LessOrEqual(t, int64(len(st)), (periods+1)*threshold, "n=%d", n)
+	}
+}
+
+// TestSpanExactHammer runs G goroutines against span-exact rules, each
+// moving the engine's clock a random step before each request, through
+// four seconds, and checks
+// every continuous span of the admission times the engine stamped. One
+// resource has the span-exact rule alone (the short path), another has a
+// plain rule beside it and priority requests (the full check, borrowing).
+func TestSpanExactHammer(t *testing.T) {
+	const threshold = 50
+	for _, g := range goroutineCounts() {
+		t.Run(fmt.Sprintf("goroutines=%d", g), func(t *testing.T) {
+			clock := stattest.NewClock(0)
+			e, _ := newEngine(t, clock, WithOccupyTimeout(300*ms))
+			load(t, e,
+				Rule{Resource: "alone", Threshold: threshold, SpanExact: true},
+				Rule{Resource: "mixed", Threshold: threshold, SpanExact: true},
+				Rule{Resource: "mixed", Threshold: 2 * threshold})
+			stamps := make([][2][]stamp, g)
+			var workers sync.WaitGroup
+			for i := range g {
+				workers.Add(1)
+				go func() {
+					defer workers.Done()
+					r := rand.New(rand.NewPCG(uint64(i), 2))
+					for k := 0; clock.Now() < int64(4*time.Second); k++ {
+						// Every worker moves the clock: it cannot starve.
+						clock.Advance(time.Duration(r.Int64N(int64(40 * time.Microsecond))))
+						res, idx := "alone", 0
+						opts := []EntryOption{WithCount(1 + k%2)}
+						if k%2 == 1 {
+							res, idx = "mixed", 1
+							if r.IntN(4) == 0 {
+								opts = append(opts, WithPriority())
+							}
+						}
+						if en, err := e.Entry(res, opts...); err == nil {
+							stamps[i][idx] = append(stamps[i][idx], stamp{en.Start(), int64(1 + k%2)})
+							en.Exit(nil)
+						}
+					}
+				}()
+			}
+			workers.Wait()
+			for idx, res := range []string{"alone", "mixed"} {
+				var all []stamp
+				for i := range stamps {
+					all = append(all, stamps[i][idx]...)
+				}
+				require.NotEmpty(t, all, res)
+				assert.LessOrEqual(t, mostInSpan(all, int64(time.Second)), int64(threshold), res)
+			}
+		})
+	}
+}
+
+func TestSpanExactAllocatesNothing(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(0))
+	load(t, e, Rule{Resource: "span", Threshold: 1e12, SpanExact: true})
+	r, err := e.Resource("span")
+	require.NoError(t, err)
+	assert.Zero(t, testing.AllocsPerRun(1000, func() {
+		en, err := r.Entry()
+		if err == nil {
+			en.Exit(nil)
+		}
+	}))
+}
+
+// TestSpanExactCountsOnTheNode: a span-exact rule keeps its own window,
+// and the resource's statistics still count every pass and block once.
+func TestSpanExactCountsOnTheNode(t *testing.T) {
+	clock := stattest.NewClock(0)
+	e, _ := newEngine(t, clock)
+	load(t, e, Rule{Resource: "api", Threshold: 3, SpanExact: true})
+	for range 5 {
+		if en, err := e.Entry("api"); err == nil {
+			en.Exit(nil)
+		}
+	}
+	snap, ok := e.Snapshot("api")
+	require.True(t, ok)
+	assert.Equal(t, 3.0, snap.PassQPS)
+	assert.Equal(t, 2.0, snap.BlockQPS)
+}
