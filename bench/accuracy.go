@@ -57,6 +57,13 @@ var accLimiters = []accLimiter{
 		}),
 	},
 	{
+		// The same rule, span-exact: every continuous W within T.
+		name: "leapflow-span-exact", ownBuckets: leapflowBuckets,
+		make: leapflowWith(func(t int64, w time.Duration) flow.Rule {
+			return flow.Rule{Resource: "r", Threshold: float64(t) * float64(time.Second) / float64(w), StatInterval: w, SpanExact: true}
+		}),
+	},
+	{
 		// GCRA as x/time/rate is set up here: a burst of the threshold,
 		// refilled at threshold per W.
 		name: "leapflow-gcra",
@@ -129,10 +136,11 @@ type accuracy struct {
 	scenario  string
 	threshold int64
 	total     int64
-	maxOwn    int64 // -1: the limiter has no windows of its own
-	maxHalf   int64 // any continuous W/2
-	maxShort  int64 // any continuous W - W/n (n = leapflow's buckets)
-	maxFull   int64 // any continuous W
+	maxOwn    int64   // -1: the limiter has no windows of its own
+	maxHalf   int64   // any continuous W/2
+	maxShort  int64   // any continuous W - W/n (n = leapflow's buckets)
+	maxFull   int64   // any continuous W
+	perW      float64 // admitted per W over the run; 0: not a rate (boundary)
 }
 
 func (a accuracy) over() int64 { return max(0, max(a.maxOwn, a.maxFull)-a.threshold) }
@@ -184,6 +192,13 @@ func summarize(l accLimiter, scenario string, threshold int64, w time.Duration, 
 // hammerAccuracy runs g goroutines against a fresh limiter on the real
 // clock for d and records every admission.
 func hammerAccuracy(l accLimiter, threshold int64, w time.Duration, g int, d time.Duration) accuracy {
+	a := summarize(l, "hammer", threshold, w, hammerRun(l, threshold, w, g, d))
+	a.perW = float64(a.total) * float64(w) / float64(d)
+	return a
+}
+
+// hammerRun is the hammer: the admission instants, unsorted.
+func hammerRun(l accLimiter, threshold int64, w time.Duration, g int, d time.Duration) []int64 {
 	origin := time.Now()
 	clock := func() int64 { return int64(time.Since(origin)) }
 	allow := l.make(threshold, w, clock, time.Sleep)
@@ -207,7 +222,8 @@ func hammerAccuracy(l accLimiter, threshold int64, w time.Duration, g int, d tim
 	for _, p := range per {
 		ts = append(ts, p...)
 	}
-	return summarize(l, "hammer", threshold, w, ts)
+	slices.Sort(ts)
+	return ts
 }
 
 // fakeClock is the synthetic time of the deterministic scenarios; sleeping
@@ -258,5 +274,7 @@ func greedy(l accLimiter, threshold int64, w time.Duration) accuracy {
 			ts = append(ts, at)
 		}
 	}
-	return summarize(l, "greedy", threshold, w, ts)
+	a := summarize(l, "greedy", threshold, w, ts)
+	a.perW = steadyRate(l, threshold, w)
+	return a
 }

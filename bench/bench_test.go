@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/leapflow/leapflow/flow"
 	"github.com/leapflow/leapflow/internal/hammer"
 )
 
@@ -37,7 +38,7 @@ func TestQuickRun(t *testing.T) {
 	for _, want := range []string{"# leapflow bench report", "## Throughput", "### one hot resource", "### 1000 resources", "## Accuracy", "## Memory", "![accuracy](accuracy.svg)",
 		"## Global limit on Redis", "| global, leasing |", "the fullest server window held", "## Saturated CPU", "| default (coarse) | 256 |",
 		"### Below the limit", "### Random arrivals against the oracle", "| poisson | 1000 | 4 |", "### Entry latency with Redis far away", "| 20ms |",
-		"### Saturated CPU, healthy Redis", "| 256 |",
+		"### Saturated CPU, healthy Redis", "| 256 |", "## Precision against buckets", "| 50 | span-exact |",
 		"## Per-key limits", "| leapflow | zipf over 10000 keys |", "| map+x/time/rate | uniform over 100000 keys |", "most in its own windows"} {
 		assert.Contains(t, string(md), want)
 	}
@@ -68,6 +69,26 @@ func TestLeapflowNeverOverAdmits(t *testing.T) {
 		assert.LessOrEqual(t, a.maxShort, int64(threshold), a.scenario)
 		assert.LessOrEqual(t, a.maxFull, int64(2*threshold), a.scenario)
 		assert.Positive(t, a.total, a.scenario)
+	}
+	// Span-exact: every continuous W within the threshold, in every
+	// scenario, at a steady n/(n+1) of it under saturation.
+	for _, l := range accLimiters {
+		if l.name != "leapflow-span-exact" {
+			continue
+		}
+		for _, a := range []accuracy{boundary(l, threshold, 1e9), greedy(l, threshold, 1e9), hammerAccuracy(l, threshold, 1e8, 16, 3e8)} {
+			assert.LessOrEqual(t, a.maxFull, int64(threshold), a.scenario)
+			assert.Positive(t, a.total, a.scenario)
+		}
+		n := float64(flow.DefaultSpanBuckets)
+		assert.InDelta(t, threshold*n/(n+1), steadyRate(l, threshold, 1e9), 1)
+	}
+	// The precision table's extremes: one bucket (the fixed window) lets
+	// the seeds' boundary example hold twice the threshold in a span of
+	// W; span-exact with one bucket never more than it.
+	assert.Equal(t, int64(2*threshold), boundary(precisionLimiter(1, false), threshold, 1e9).maxFull)
+	for _, n := range precisionBuckets {
+		assert.LessOrEqual(t, boundary(precisionLimiter(n, true), threshold, 1e9).maxFull, int64(threshold), "n=%d", n)
 	}
 	// The fixed window's double burst is visible where leapflow has none.
 	for _, l := range accLimiters {

@@ -131,6 +131,7 @@ type report struct {
 	started    time.Time
 	throughput []result
 	accuracy   []accuracy
+	precision  []precisionRow
 	memory     []memResult
 	global     []globalResult
 	globalAcc  *globalAccuracy
@@ -145,7 +146,7 @@ type report struct {
 
 func run(cfg config, stdout, stderr io.Writer) error {
 	rep := &report{cfg: cfg, started: time.Now()}
-	steps := len(impls)*len(cfg.goroutines)*len(cfg.resources) + 3*len(accLimiters) + len(memCases) + 3*len(cfg.goroutines) + 2 + globalLoadSteps(cfg) + 2*len(keyLimiters)*(len(perKeyGoroutines)+1) + mwCaseCount*len(mwGoroutines())
+	steps := len(impls)*len(cfg.goroutines)*len(cfg.resources) + 3*len(accLimiters) + 2*len(precisionBuckets) + len(memCases) + 3*len(cfg.goroutines) + 2 + globalLoadSteps(cfg) + 2*len(keyLimiters)*(len(perKeyGoroutines)+1) + mwCaseCount*len(mwGoroutines())
 	var bar *progressbar.ProgressBar
 	tick := func(desc string) {}
 	if cfg.progress {
@@ -176,6 +177,7 @@ func run(cfg config, stdout, stderr io.Writer) error {
 		tick("accuracy " + l.name)
 		rep.accuracy = append(rep.accuracy, hammerAccuracy(l, cfg.threshold, cfg.window, cfg.accG, cfg.accDuration))
 	}
+	rep.precision = precisionSection(cfg, tick)
 	for _, c := range memCases {
 		tick("memory " + c.name)
 		rep.memory = append(rep.memory, measureMemory(c, cfg.memN))

@@ -82,15 +82,16 @@ func (r *report) printTables(w io.Writer) {
 	}
 	fmt.Fprintf(w, "\nAccuracy: threshold %d per %v; spans are continuous, 'own' is the limiter's own windows\n", r.cfg.threshold, r.cfg.window)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprint(tw, "limiter\tscenario\tadmitted\tmax own\tmax W/2\tmax W-W/n\tmax W\tover T\t\n")
+	fmt.Fprint(tw, "limiter\tscenario\tadmitted\tper W\tmax own\tmax W/2\tmax W-W/n\tmax W\tover T\t\n")
 	for _, a := range r.accuracy {
 		own := "-"
 		if a.maxOwn >= 0 {
 			own = fmt.Sprint(a.maxOwn)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%d\t%d\t%d\t\n", a.limiter, a.scenario, a.total, own, a.maxHalf, a.maxShort, a.maxFull, a.over())
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%d\t%d\t%d\t\n", a.limiter, a.scenario, a.total, a.rate(), own, a.maxHalf, a.maxShort, a.maxFull, a.over())
 	}
 	tw.Flush()
+	writePrecision(w, r.cfg.threshold, r.cfg.window, r.cfg.accG, r.precision)
 	fmt.Fprintf(w, "\nSaturated CPU: busy goroutines hammer one rule of %d/s while one more sleeps 5 ms in a loop\n", r.cfg.threshold)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprint(tw, "clock	goroutines	seconds	admitted	clock behind, at worst\t\n")
@@ -231,17 +232,18 @@ func (r *report) markdown(w io.Writer) {
 	fmt.Fprintf(w, "\n## Accuracy\n\nThreshold %d per window W = %v. Scenarios: **boundary** — the seeds' example on a fake clock, "+
 		"%d requests at 1.9 W then %d at 2.0 W; **greedy** — a fake clock ticking every millisecond for 3 W, asking until refused; "+
 		"**hammer** — %d goroutines on the real clock for %v. Columns: admissions in total, the most in any of the limiter's own windows "+
-		"(`-` for limiters without windows), the most in any continuous span of W/2, W - W/n (n = %d, leapflow's buckets) and W, "+
+		"(`-` for limiters without windows), the rate admitted per W (greedy: the steady rate, greedy callers every millisecond for 220 W counted after the first 20; hammer: over the run; `-` for the boundary's two bursts), the most in any continuous span of W/2, W - W/n (n = %d, leapflow's buckets) and W, "+
 		"and over-admission against the threshold (the larger of own-window and span-W excess).\n\n",
 		c.threshold, c.window, c.threshold, c.threshold, c.accG, c.accDuration, leapflowBuckets)
-	fmt.Fprintf(w, "![accuracy](accuracy.svg)\n\n| limiter | scenario | admitted | max own window | max W/2 | max W-W/n | max W | over T |\n|---|---|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(w, "![accuracy](accuracy.svg)\n\n| limiter | scenario | admitted | per W | max own window | max W/2 | max W-W/n | max W | over T |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, a := range r.accuracy {
 		own := "-"
 		if a.maxOwn >= 0 {
 			own = fmt.Sprint(a.maxOwn)
 		}
-		fmt.Fprintf(w, "| %s | %s | %d | %s | %d | %d | %d | %d |\n", a.limiter, a.scenario, a.total, own, a.maxHalf, a.maxShort, a.maxFull, a.over())
+		fmt.Fprintf(w, "| %s | %s | %d | %s | %s | %d | %d | %d | %d |\n", a.limiter, a.scenario, a.total, a.rate(), own, a.maxHalf, a.maxShort, a.maxFull, a.over())
 	}
+	writePrecision(w, c.threshold, c.window, c.accG, r.precision)
 	fmt.Fprintf(w, "\n## Saturated CPU\n\nBusy goroutines outnumbering the cores hammer one rule of %d/s through a flow.Resource "+
 		"while one more goroutine sleeps 5 ms in a loop (every service has timers). A clock advanced only by a ticker goroutine "+
 		"falls behind here, because the ticker waits behind every busy goroutine; the default clock is also refreshed by its "+

@@ -366,11 +366,11 @@ func (e *Engine) window(n *stat.Node, interval time.Duration) *metric.Window {
 }
 
 // spanWindow returns the node window span-exact rules with this interval
-// count in: the interval's n buckets and one more, so that an admission is
-// checked against the last n+1 buckets (every span of the interval lies
-// within n+1 consecutive buckets).
+// count in: n buckets of the interval (WithSpanBuckets) and one more, so
+// that an admission is checked against the last n+1 buckets (every span
+// of the interval lies within n+1 consecutive buckets).
 func (e *Engine) spanWindow(n *stat.Node, interval time.Duration) *metric.Window {
-	k := e.buckets(interval)
+	k := e.spanBuckets // divides 1 ms, so every whole-millisecond interval
 	w, err := n.Window(interval+interval/time.Duration(k), k+1)
 	if err != nil {
 		panic(err) // the interval divides into k buckets, so into k+1 of the same length

@@ -27,6 +27,7 @@ type Engine struct {
 	source        TokenSource
 	occupyTimeout int64
 	sampleCount   int
+	spanBuckets   int
 	sleep         sleepFunc
 	slots         *slots
 	maxKeys       int
@@ -54,6 +55,7 @@ func New(opts ...Option) (*Engine, error) {
 		source:        cfg.source,
 		occupyTimeout: int64(cfg.occupyTimeout),
 		sampleCount:   cfg.sampleCount,
+		spanBuckets:   cfg.spanBuckets,
 		sleep:         cfg.sleep,
 		maxKeys:       cfg.maxKeys,
 	}

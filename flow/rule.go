@@ -167,9 +167,9 @@ type Rule struct {
 	// window of n buckets can admit up to twice its threshold in a span
 	// that ends just after a bucket boundary (all of one window at the end
 	// of its oldest bucket, all of the next at the start of its newest). A
-	// span-exact rule admits against the last n+1 buckets instead of n,
-	// which costs 1/(n+1) of the steady rate (n is the engine's sample
-	// count, 4 by default: a steady 80% of Threshold);
+	// span-exact rule admits against the last n+1 buckets of W/n, which
+	// costs 1/(n+1) of the steady rate (n is the engine's WithSpanBuckets,
+	// 10 by default: a steady 91% of Threshold);
 	// see the package doc for the proof. QPS rules with Behavior Reject on
 	// their own resource's rate (not PerKey, Global, related or DryRun).
 	// Span-exact rules of one resource and StatInterval admit together,

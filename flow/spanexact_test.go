@@ -59,6 +59,11 @@ func TestMostInSpanOracle(t *testing.T) {
 }
 
 func TestSpanExactValidation(t *testing.T) {
+	for _, n := range []int{0, -1, 3, 7, 2000} {
+		_, err := New(WithSpanBuckets(n))
+		require.Error(t, err, "n=%d", n)
+		assert.Contains(t, err.Error(), fmt.Sprintf("WithSpanBuckets must divide 1ms into whole nanoseconds and be at most 1000, got %d", n))
+	}
 	e, _ := newEngine(t, stattest.NewClock(0))
 	for _, r := range []Rule{
 		{Resource: "a", Metric: Concurrency, Threshold: 1, SpanExact: true},
@@ -111,7 +116,7 @@ func TestSpanExactAdversarialBoundary(t *testing.T) {
 			at := []time.Duration{b - 1, time.Second, time.Second + b - 1, time.Second + b, 2*time.Second + b}
 			plain := greedy(t, e, clock, "plain", at...)
 			clock2 := stattest.NewClock(0) // the clock never steps back
-			e, _ = newEngine(t, clock2, WithSampleCount(n))
+			e, _ = newEngine(t, clock2, WithSpanBuckets(n))
 			load(t, e, Rule{Resource: "span", Threshold: threshold, SpanExact: true})
 			span := greedy(t, e, clock2, "span", at...)
 			w := int64(time.Second)
@@ -136,7 +141,7 @@ func TestSpanExactRandomArrivals(t *testing.T) {
 		r := rand.New(rand.NewPCG(seed, 7))
 		n := []int{1, 2, 4, 5, 10}[seed%5]
 		clock := stattest.NewClock(0)
-		e, _ := newEngine(t, clock, WithSampleCount(n), WithOccupyTimeout(500*ms))
+		e, _ := newEngine(t, clock, WithSpanBuckets(n), WithOccupyTimeout(500*ms))
 		load(t, e, Rule{Resource: "api", Threshold: threshold, SpanExact: true})
 		var st []stamp
 		now := time.Duration(0)
@@ -168,20 +173,20 @@ func TestSpanExactRandomArrivals(t *testing.T) {
 	}
 }
 
-// TestSpanExactSteadyRate: greedy traffic at every millisecond for 20
+// TestSpanExactSteadyRate: greedy traffic at every millisecond for 60
 // windows is admitted at n/(n+1) of the threshold, the documented cost.
 func TestSpanExactSteadyRate(t *testing.T) {
 	const threshold = 100
-	for _, n := range []int{1, 4, 10} {
+	for _, n := range []int{1, 4, 10, 50} {
 		clock := stattest.NewClock(0)
-		e, _ := newEngine(t, clock, WithSampleCount(n))
+		e, _ := newEngine(t, clock, WithSpanBuckets(n))
 		load(t, e, Rule{Resource: "api", Threshold: threshold, SpanExact: true})
 		var times []time.Duration
-		for tms := range 20_000 {
+		for tms := range 60_000 {
 			times = append(times, time.Duration(tms)*ms)
 		}
 		st := greedy(t, e, clock, "api", times...)
-		periods := int64(20*n) / int64(n+1) // whole periods of n+1 buckets
+		periods := int64(60*n) / int64(n+1) // whole periods of n+1 buckets
 		assert.GreaterOrEqual(t, int64(len(st)), periods*threshold, "n=%d", n)
 		assert.LessOrEqual(t, int64(len(st)), (periods+1)*threshold, "n=%d", n)
 	}
