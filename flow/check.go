@@ -18,6 +18,9 @@ func (e *Engine) enter(set *ruleSet, rr *resourceRules, node *stat.Node, opts []
 		if err := parseOptions(&q, opts); err != nil {
 			return Entry{}, err
 		}
+		if q.priority {
+			q.wait = max(q.wait, e.occupyTimeout)
+		}
 	}
 	n := q.n
 	p, now := e.pinNow()
@@ -28,7 +31,7 @@ func (e *Engine) enter(set *ruleSet, rr *resourceRules, node *stat.Node, opts []
 		}
 		return e.admitted(set, node, p, now, n, false, nil, nil), nil
 	}
-	if w := rr.single; w != nil && !q.priority {
+	if w := rr.single; w != nil && q.wait == 0 {
 		// The common shape, one Reject limit on the node's window: one
 		// admission, nothing to give back.
 		r, ok := w.AdmitOn(p, now, n, rr.singleLimit)
@@ -47,10 +50,10 @@ func (e *Engine) enter(set *ruleSet, rr *resourceRules, node *stat.Node, opts []
 		}
 		return e.admitted(set, node, p, now, n, false, nil, nil), nil
 	}
-	if gr := rr.singleGCRA; gr != nil {
+	if gr := rr.singleGCRA; gr != nil && q.wait == 0 {
 		// One GCRA rule: one compare-and-swap, the pass or block counted
 		// on the node.
-		ok, rm := gr.take(now, n)
+		_, ok, rm := gr.take(now, n, 0)
 		ev := metric.Pass
 		if !ok {
 			ev = metric.Block
@@ -122,12 +125,31 @@ type held struct {
 	nres  int
 	res   [2]metric.Reservation
 	more  []metric.Reservation
+	nbor  int
+	bor   [2]borrowed // admissions borrowed from later buckets (WithWait)
+	bmore []borrowed
 	paced [maxPacedRules]int64 // costs, by index into rr.paced
 	gcra  [maxGCRARules]bool   // tokens taken, by index into rr.gcras
 	gres  [maxGlobalRules]metric.Reservation
 	gkeys [maxGlobalRules]keyHeld // PerKey global rules' local fallbacks
 	kc    *keyState               // counted by the PerKey Concurrency rule
 	keys  [maxKeyRules]keyHeld
+}
+
+// borrowed is an admission borrowed from window w's bucket starting at
+// start.
+type borrowed struct {
+	w     *metric.Window
+	start int64
+}
+
+func (h *held) addBorrow(b borrowed) {
+	if h.nbor < len(h.bor) {
+		h.bor[h.nbor] = b
+	} else {
+		h.bmore = append(h.bmore, b)
+	}
+	h.nbor++
 }
 
 func (h *held) addRes(r metric.Reservation) {
@@ -148,6 +170,12 @@ func (e *Engine) release(rr *resourceRules, h *held, n int64) {
 	}
 	for i := range h.more {
 		h.more[i].Cancel(proto.Token{})
+	}
+	for i := range min(h.nbor, len(h.bor)) {
+		h.bor[i].w.Unborrow(h.bor[i].start, n)
+	}
+	for _, b := range h.bmore {
+		b.w.Unborrow(b.start, n)
 	}
 	for i := range rr.paced {
 		if cost := h.paced[i]; cost != 0 {
@@ -192,7 +220,7 @@ func (e *Engine) block(rr *resourceRules, h *held, p int, now, n int64, be *Bloc
 func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now int64, q *request) (Entry, error) {
 	var h held
 	node := rr.node
-	n, priority, ctx := q.n, q.priority, q.ctx
+	n, ctx := q.n, q.ctx
 	if rr.hasKeyed() {
 		keyless(node, q)
 	}
@@ -229,22 +257,22 @@ func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now int64, q *req
 	var wait int64
 	for i := range rr.groups {
 		g := &rr.groups[i]
-		limit, be := g.static, g.staticBE
-		for _, wr := range g.warm {
-			if l := int64(wr.w.rate(now, node) * g.intervalS); l < limit {
-				limit, be = l, wr.be
-			}
-		}
+		limit, be := g.limit(now, node)
 		r, ok := g.w.AdmitOn(p, now, n, limit)
 		if ok {
 			h.addRes(r)
 			now = max(now, r.Start())
 			continue
 		}
-		if priority && g.borrowable && e.occupyTimeout > 0 {
-			if d, ok := g.w.Borrow(now, n, limit, time.Duration(e.occupyTimeout)); ok {
-				// Counted as Pass and OccupiedPass when its bucket starts.
-				wait = max(wait, int64(d))
+		if q.wait > 0 && g.borrowable {
+			if s, _, ok := g.w.BorrowAt(now, n, limit, time.Duration(q.wait)); ok {
+				// Counted as Pass and OccupiedPass when its bucket
+				// starts; given back if the request is not admitted. It
+				// waits from its own now (behind the newest bucket, the
+				// borrow's wait ran from that bucket), so that it is
+				// admitted at the bucket's start.
+				h.addBorrow(borrowed{g.w, s})
+				wait = max(wait, s-now)
 				continue
 			}
 		}
@@ -267,11 +295,12 @@ func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now int64, q *req
 	}
 	for i := range rr.gcras {
 		gr := &rr.gcras[i]
-		ok, rm := gr.take(now, n)
+		d, ok, rm := gr.take(now, n, q.wait)
 		if !ok {
 			return e.block(rr, &h, p, now, n, gr.be, 0, rm)
 		}
 		h.gcra[i] = true
+		wait = max(wait, d)
 	}
 	for _, rel := range rr.related {
 		if seen := rel.node.Rate(now, metric.Pass); seen+float64(n) > rel.threshold {
@@ -280,16 +309,20 @@ func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now int64, q *req
 	}
 	for i := range rr.paced {
 		pr := &rr.paced[i]
-		rate := pr.rate
-		if pr.warm != nil {
-			rate = pr.warm.rate(now, node)
-		}
-		d, cost, ok := pr.p.reserve(now, n, rate)
+		rate := pr.pace(now, node)
+		d, cost, ok := pr.p.reserve(now, n, rate, q.wait)
 		if !ok {
-			return e.block(rr, &h, p, now, n, pr.be, rate, paceRoom(d, pr.p.maxQueue))
+			return e.block(rr, &h, p, now, n, pr.be, rate, paceRoom(d, max(pr.p.maxQueue, q.wait)))
 		}
 		h.paced[i] = cost
 		wait = max(wait, d)
+	}
+	if wait > 0 && rr.rateRules > 1 {
+		// Every rule counts the request at the instant it goes, the
+		// latest any of them asked for, before it waits.
+		if be, seen, ok := e.align(rr, &h, p, now, now+wait, n); !ok {
+			return e.block(rr, &h, p, now, n, be, seen, unknownRoom)
+		}
 	}
 	if wait > 0 {
 		if ctx == nil {
@@ -300,15 +333,22 @@ func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now int64, q *req
 			return Entry{}, err
 		}
 		now += wait
+		if h.nbor > 0 && e.now() >= now {
+			// Its borrowed buckets count it from their start, made now
+			// if no other request made them (a sleep function that
+			// returned early, as tests' do, leaves them to be made).
+			for i := range min(h.nbor, len(h.bor)) {
+				h.bor[i].w.Land(now)
+			}
+			for _, b := range h.bmore {
+				b.w.Land(now)
+			}
+		}
 	}
 	if len(rr.shadows) > 0 {
 		// Dry-run rules see the request once it is admitted for good
-		// (after any wait), as a priority request if it is one.
-		var borrow time.Duration
-		if q.priority {
-			borrow = time.Duration(e.occupyTimeout)
-		}
-		shade(rr, p, now, n, borrow)
+		// (after any wait), as one that may wait if it may.
+		shade(rr, p, now, n, time.Duration(q.wait))
 	}
 	if !rr.countsNode {
 		node.Second().AddOn(p, now, metric.Pass, n)
@@ -319,6 +359,99 @@ func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now int64, q *req
 		}
 	}
 	return e.admitted(set, node, p, now, n, h.conc, h.kc, rr.keyConc.t), nil
+}
+
+// limit is the group's limit at now, and the error of the rule that sets
+// it.
+func (g *windowGroup) limit(now int64, node *stat.Node) (int64, *BlockError) {
+	limit, be := g.static, g.staticBE
+	for _, wr := range g.warm {
+		if l := int64(wr.w.rate(now, node) * g.intervalS); l < limit {
+			limit, be = l, wr.be
+		}
+	}
+	return limit, be
+}
+
+// pace is the paced rule's rate at now.
+func (pr *pacedRule) pace(now int64, node *stat.Node) float64 {
+	if pr.warm != nil {
+		return pr.warm.rate(now, node)
+	}
+	return pr.rate
+}
+
+// align moves what a request that waits took from its windows, GCRA and
+// Throttle rules at now to the instant t it goes, when more than one such
+// rule took part: each took at the time it could admit, and a rule that
+// admitted at now (or borrowed a bucket before t) would count the request
+// before it happens, letting others in around t past its threshold. Each
+// window group admits it again in the bucket holding t, each GCRA rule
+// takes its tokens at t and each Throttle rule its slot at t; if any
+// cannot, the request is blocked by that rule (nothing was waited for
+// yet). WarmUp windows, which do not borrow, keep their admission at now.
+func (e *Engine) align(rr *resourceRules, h *held, p int, now, t, n int64) (*BlockError, float64, bool) {
+	for i := range min(h.nres, len(h.res)) {
+		h.res[i].Cancel(proto.Token{})
+	}
+	for i := range h.more {
+		h.more[i].Cancel(proto.Token{})
+	}
+	for i := range min(h.nbor, len(h.bor)) {
+		h.bor[i].w.Unborrow(h.bor[i].start, n)
+	}
+	for _, b := range h.bmore {
+		b.w.Unborrow(b.start, n)
+	}
+	h.nres, h.more, h.nbor, h.bmore = 0, h.more[:0], 0, h.bmore[:0]
+	node := rr.node
+	for i := range rr.groups {
+		g := &rr.groups[i]
+		limit, be := g.limit(now, node)
+		if !g.borrowable {
+			r, ok := g.w.AdmitOn(p, now, n, limit)
+			if !ok {
+				return be, float64(r.Seen()), false
+			}
+			h.addRes(r)
+			continue
+		}
+		r, s, later, ok := g.w.AdmitAt(p, now, t, n, limit)
+		switch {
+		case !ok:
+			return be, float64(r.Seen()), false
+		case later:
+			h.addBorrow(borrowed{g.w, s})
+		default:
+			h.addRes(r)
+		}
+	}
+	for i := range rr.gcras {
+		gr := &rr.gcras[i]
+		if h.gcra[i] {
+			gr.give(n)
+			h.gcra[i] = false
+		}
+		if _, ok, _ := gr.take(t, n, 0); !ok {
+			return gr.be, 0, false
+		}
+		h.gcra[i] = true
+	}
+	for i := range rr.paced {
+		pr := &rr.paced[i]
+		if h.paced[i] != 0 {
+			pr.p.giveBack(h.paced[i])
+			h.paced[i] = 0
+		}
+		rate := pr.pace(now, node)
+		// A slot at t itself: no queue past it.
+		_, cost, ok := reservePace(&pr.p.latest, 0, t, n, rate)
+		if !ok {
+			return pr.be, rate, false
+		}
+		h.paced[i] = cost
+	}
+	return nil, 0, true
 }
 
 // wait runs the engine's sleep, turning a panic in it into an error.

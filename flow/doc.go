@@ -139,11 +139,30 @@
 // rule counts requests admitted after it is loaded. A reload that changes
 // a PerKey rule's threshold, Keys or MaxKeys keeps its keys' counts.
 //
-// # Priority
+// # Waiting: Wait, WithWait and WithPriority
 //
-// A priority request that a Reject rule blocks may be admitted against the
-// next window that has room, within the engine's occupy timeout; it waits
-// for that window, and counts as Pass and OccupiedPass there. Borrowing
-// never lets any window exceed its threshold. A borrow is not given back if
-// the wait is cancelled or a later rule blocks: it errs towards blocking.
+// A request may wait for room under its rate rules instead of being
+// blocked: Engine.Wait(ctx, resource) waits as long as ctx allows (x/time/
+// rate's Wait), WithWait(d) up to d, WithPriority up to the engine's
+// occupy timeout (Sentinel's priority). It is one mechanism for every rate
+// rule:
+//   - a Reject (or span-exact) rule admits the request now against the
+//     earliest later bucket within the wait that keeps every window
+//     containing it within the threshold (at most one window ahead); the
+//     request waits for that bucket to start and counts as Pass and
+//     OccupiedPass there;
+//   - a GCRA rule takes its tokens ahead (its theoretical arrival time
+//     moves up to the wait past the burst), and the request waits until
+//     they are due, as x/time/rate's reservations do;
+//   - a Throttle rule queues it up to the longer of MaxQueueing and the
+//     wait.
+//
+// The request waits for the latest of these, honouring its context. None
+// of them ever admits over a threshold: each wait is for an admission
+// already counted where it will land. The cancel rule is the same for
+// every rule: a request that is not admitted in the end (its context
+// ended during the wait, or a later rule blocked it) gives back everything
+// it took: borrowed bucket counts (out of the bucket, if it had started
+// meanwhile), GCRA tokens and Throttle slots, so nothing is lost to it.
+// WarmUp rules, PerKey windows and Global rules do not wait.
 package flow

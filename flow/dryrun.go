@@ -36,9 +36,9 @@ func (e *Engine) addShadow(next, old *ruleSet, rr *resourceRules, r *Rule, k rul
 }
 
 // shade checks an admitted request against the resource's dry-run rules,
-// each in its own window as if it were in force (a priority request may
-// borrow from its next window, as a rule in force lets it: borrow is the
-// occupy timeout then), counting what they would have blocked.
+// each in its own window as if it were in force (a request that may wait
+// may borrow from a later bucket, as a rule in force lets it: borrow is
+// its wait then), counting what they would have blocked.
 func shade(rr *resourceRules, p int, now, n int64, borrow time.Duration) {
 	for i := range rr.shadows {
 		sr := &rr.shadows[i]

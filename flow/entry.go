@@ -29,8 +29,10 @@ type EntryOption struct {
 	hasCount bool
 	priority bool
 	hasKey   bool
+	hasWait  bool
 	ctx      context.Context
 	key      string
+	wait     time.Duration
 }
 
 // request is a request's options, read.
@@ -40,15 +42,48 @@ type request struct {
 	hasKey   bool
 	ctx      context.Context
 	key      string
+	// wait is the longest the request may wait for room under its rate
+	// rules, in ns (WithWait; WithPriority raises it to the occupy
+	// timeout).
+	wait int64
 }
 
 // WithCount makes the request count as n (a batch), 1 <= n <= MaxCount: it
 // is admitted or blocked whole, and moves pass or block counts by n.
 func WithCount(n int) EntryOption { return EntryOption{count: int64(n), hasCount: true} }
 
-// WithPriority lets a request that a Reject QPS rule would block borrow from
-// the next window, waiting up to the engine's occupy timeout.
+// WithPriority lets the request wait up to the engine's occupy timeout
+// for room under its rate rules: WithWait(occupy timeout), or the longer
+// of the two when both are given.
 func WithPriority() EntryOption { return EntryOption{priority: true} }
+
+// WithWait lets the request wait up to d for room under its rate rules
+// instead of being blocked (x/time/rate's Wait and Reserve), 0 <= d <=
+// MaxWait:
+//   - a Reject rule's window admits it now against the earliest later
+//     bucket within d that keeps every window containing it within the
+//     threshold (at most one window ahead), and it waits for that bucket
+//     to start;
+//   - a GCRA rule admits it if its tokens are back within d, and it waits
+//     until they are;
+//   - a Throttle rule queues it if its slot is within the longer of d and
+//     MaxQueueing.
+//
+// The wait honours the request's context (WithContext). The cancel rule,
+// the same for every rule and for a later rule that blocks: a request
+// that is not admitted in the end gives back everything it took, so no
+// bucket, token or slot is lost to it. It never admits over a threshold.
+// WarmUp rules, PerKey windows and Global rules do not wait.
+func WithWait(d time.Duration) EntryOption { return EntryOption{wait: d, hasWait: true} }
+
+// MaxWait is the longest wait WithWait accepts, and how long Engine.Wait
+// waits at most when its context has no deadline.
+const MaxWait = time.Hour
+
+// ErrInvalidWait matches the error of an Entry whose WithWait is below 0
+// or above MaxWait. Such a request is neither admitted nor counted as
+// blocked.
+var ErrInvalidWait = errors.New("flow: WithWait must be in [0, MaxWait]")
 
 // WithContext bounds any wait (throttling, borrowing) and is passed to the
 // TokenSource of global rules.
@@ -195,6 +230,42 @@ func (e *Engine) Entry(resource string, opts ...EntryOption) (Entry, error) {
 	return e.enter(set, nil, node, opts)
 }
 
+// Wait is Entry for a request that waits for room under its rate rules
+// rather than being blocked, as long as ctx allows: up to ctx's deadline,
+// or MaxWait when it has none (see WithWait for what each rule does and
+// the cancel rule). It returns at once, blocked, when no wait within that
+// would admit the request; ctx ending during the wait returns ctx's error
+// with everything taken given back. opts may add WithCount or WithKey; a
+// WithWait among them bounds the wait further.
+func (e *Engine) Wait(ctx context.Context, resource string, opts ...EntryOption) (Entry, error) {
+	var buf [8]EntryOption
+	return e.Entry(resource, waitOptions(buf[:0], ctx, opts)...)
+}
+
+// Wait is Engine.Wait on this resource.
+func (r *Resource) Wait(ctx context.Context, opts ...EntryOption) (Entry, error) {
+	var buf [8]EntryOption
+	return r.Entry(waitOptions(buf[:0], ctx, opts)...)
+}
+
+// waitOptions appends to buf the options of a Wait on ctx: ctx and a
+// WithWait up to its deadline, then opts, each WithWait among them cut to
+// that deadline (the last WithWait given wins).
+func waitOptions(buf []EntryOption, ctx context.Context, opts []EntryOption) []EntryOption {
+	d := MaxWait
+	if dl, ok := ctx.Deadline(); ok {
+		d = min(max(time.Until(dl), 0), MaxWait)
+	}
+	buf = append(buf, WithContext(ctx), WithWait(d))
+	for _, o := range opts {
+		if o.hasWait {
+			o.wait = min(o.wait, d)
+		}
+		buf = append(buf, o)
+	}
+	return buf
+}
+
 // Resource is a handle on one resource of an engine. Entry through it skips
 // the lookup of the name (a hash of the string per call), so hot paths that
 // know their resource up front should keep one. It follows rule reloads,
@@ -268,6 +339,12 @@ func parseOptions(q *request, opts []EntryOption) error {
 		}
 		if o.hasKey {
 			q.key, q.hasKey = o.key, true
+		}
+		if o.hasWait {
+			if o.wait < 0 || o.wait > MaxWait {
+				return fmt.Errorf("%w, got %v", ErrInvalidWait, o.wait)
+			}
+			q.wait = int64(o.wait)
 		}
 	}
 	if q.n < 1 || q.n > MaxCount {

@@ -31,22 +31,24 @@ func newGCRARule(g *gcra, r *Rule) gcraRule {
 	return gr
 }
 
-// take takes n tokens at now, or reports when they would be there (the
-// wait, -1 when never: more than Burst) and how long until the bucket is
-// full again.
-func (r *gcraRule) take(now, n int64) (ok bool, rm room) {
+// take takes n tokens at now if they are there within maxWait, and
+// returns how long the caller waits for them; refused, it reports when
+// they would be there (the wait, -1 when never: more than Burst) and how
+// long until the bucket is full again.
+func (r *gcraRule) take(now, n, maxWait int64) (wait int64, ok bool, rm room) {
 	if r.off || n > r.burst {
-		return false, unknownRoom
+		return 0, false, unknownRoom
 	}
 	cost := n * r.interval // n <= Burst <= 2^30 and interval <= 1e12: no overflow
 	for {
 		tat := r.g.tat.Load()
 		next := max(tat, now) + cost
-		if next-now > r.tolerance {
-			return false, room{next - now - r.tolerance, max(tat-now, 0)}
+		over := next - now - r.tolerance // maxWait <= MaxWait: no overflow
+		if over > maxWait {
+			return 0, false, room{over, max(tat-now, 0)}
 		}
 		if r.g.tat.CompareAndSwap(tat, next) {
-			return true, room{}
+			return max(over, 0), true, room{}
 		}
 	}
 }

@@ -103,12 +103,13 @@ func newPacer(maxQueue time.Duration) *pacer {
 // a cost never overflows.
 const maxCost = int64(1) << 61
 
-// reserve claims a slot for n at rate. It returns how long to wait and the
-// cost to give back if the request is abandoned; refused, the wait it
+// reserve claims a slot for n at rate, queueing up to the longer of
+// MaxQueueing and the request's own wait. It returns how long to wait and
+// the cost to give back if the request is abandoned; refused, the wait it
 // would have had (-1 when no wait would do: rate 0, or a cost beyond any
 // queue).
-func (p *pacer) reserve(now, n int64, rate float64) (wait, cost int64, ok bool) {
-	return reservePace(&p.latest, p.maxQueue, now, n, rate)
+func (p *pacer) reserve(now, n int64, rate float64, wait int64) (int64, int64, bool) {
+	return reservePace(&p.latest, max(p.maxQueue, wait), now, n, rate)
 }
 
 // reservePace is pacer.reserve on a timeline head of its own (a key's).

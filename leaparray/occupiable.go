@@ -36,9 +36,14 @@ type Occupiable[T any] struct {
 	folded int64 // folded by the rotation in progress; guarded by mu
 }
 
+// borrowed is what is borrowed from the bucket starting at start: n not
+// folded yet, and folded, what was folded into the bucket starting at
+// into (the first made at or after start), for Unborrow.
 type borrowed struct {
-	start int64
-	n     int64
+	start  int64
+	n      int64
+	folded int64
+	into   int64
 }
 
 // Init prepares a zero Occupiable in place (it is used by value, embedded
@@ -69,6 +74,8 @@ func (o *Occupiable[T]) initBucket(start int64, v *T) {
 		if f.n > 0 && f.start <= start {
 			o.fold(v, f.n)
 			o.folded += f.n
+			f.folded += f.n
+			f.into = start
 			f.n = 0
 		}
 	}
@@ -129,8 +136,21 @@ func (o *Occupiable[T]) pendingAt(start int64) int64 {
 // already. On success it records the borrow and returns how long the caller
 // must wait for that bucket to start.
 func (o *Occupiable[T]) Borrow(now, n, threshold, maxWait int64) (wait int64, ok bool) {
+	_, wait, ok = o.BorrowAt(now, n, threshold, maxWait)
+	return wait, ok
+}
+
+// BorrowAt is Borrow that also returns the start of the bucket borrowed
+// from, which Unborrow takes.
+func (o *Occupiable[T]) BorrowAt(now, n, threshold, maxWait int64) (start, wait int64, ok bool) {
+	return o.BorrowFrom(now, 0, n, threshold, maxWait)
+}
+
+// BorrowFrom is BorrowAt among the future buckets that start at or after
+// from only.
+func (o *Occupiable[T]) BorrowFrom(now, from, n, threshold, maxWait int64) (start, wait int64, ok bool) {
 	if n <= 0 || n > threshold {
-		return 0, false
+		return 0, 0, false
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -149,18 +169,52 @@ func (o *Occupiable[T]) Borrow(now, n, threshold, maxWait int64) (wait int64, ok
 		if s-now > maxWait {
 			break
 		}
+		if s < from {
+			continue
+		}
 		f := &o.future[o.indexOf(s)]
 		if f.n > 0 && f.start != s {
 			continue // the slot still holds an older, unfolded borrow
 		}
 		if o.fits(s, n, threshold) {
-			f.start = s
+			if f.start != s {
+				*f = borrowed{start: s}
+			}
 			f.n += n
-			return s - now, true
+			return s, s - now, true
 		}
 	}
 	o.pending.Sub(n)
-	return 0, false
+	return 0, 0, false
+}
+
+// Unborrow gives back n that BorrowAt borrowed from the bucket starting at
+// start. If no bucket at or after start has been made, the count leaves
+// pending (every later admission or borrow may use it) and Unborrow
+// reports ok and not folded. If the borrow was folded into a bucket, it
+// reports that bucket's start (the caller takes the count out of it).
+// It reports not ok when it no longer knows the borrow: its record was
+// reused by a borrow a window later, when the bucket it was folded into
+// is leaving the window anyway.
+func (o *Occupiable[T]) Unborrow(start, n int64) (into int64, folded, ok bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.future == nil {
+		return 0, false, false
+	}
+	f := &o.future[o.indexOf(start)]
+	switch {
+	case f.start != start:
+		return 0, false, false
+	case f.n >= n: // folding moves a slot's whole count at once
+		f.n -= n
+		o.pending.Sub(n)
+		return 0, false, true
+	case f.folded >= n:
+		f.folded -= n
+		return f.into, true, true
+	}
+	return 0, false, false
 }
 
 // fits reports whether adding n at future bucket s keeps every window that

@@ -178,6 +178,79 @@ func (w *Window) Borrow(now, n, threshold int64, maxWait time.Duration) (time.Du
 	return time.Duration(wait), ok
 }
 
+// BorrowAt is Borrow that also returns the start of the bucket borrowed
+// from, for Unborrow.
+func (w *Window) BorrowAt(now, n, threshold int64, maxWait time.Duration) (start int64, wait time.Duration, ok bool) {
+	start, d, ok := w.arr.BorrowAt(now, n, threshold, int64(maxWait))
+	return start, time.Duration(d), ok
+}
+
+// AdmitAt admits n for a caller that arrives at instant at (at >= now,
+// within a window of now: a caller that waits): in the bucket holding now
+// if at falls in it (AdmitOn, the reservation returned), else against the
+// later bucket holding at and no other (a borrow of that bucket, whose
+// start is returned for Unborrow). Either way the admission is counted in
+// the bucket of its arrival.
+func (w *Window) AdmitAt(p int, now, at, n, threshold int64) (r Reservation, start int64, borrowed, ok bool) {
+	now = max(now, 0)
+	a := &w.arr
+	bl := a.BucketLen()
+	cur := a.Clamp(now)
+	cur -= cur % bl
+	if at < cur+bl {
+		r, ok = w.AdmitOn(p, now, n, threshold)
+		return r, 0, false, ok
+	}
+	s := at - at%bl
+	start, _, ok = a.BorrowFrom(now, s, n, threshold, s-now)
+	return Reservation{}, start, true, ok && start == s
+}
+
+// Unborrow gives back n admissions that BorrowAt granted from the bucket
+// starting at start (the caller stopped waiting): taken out of what is
+// borrowed if no bucket at or after start has been made, else out of the
+// passes and occupied passes of the bucket the borrow was folded into
+// (the bucket at start, or the next one made if no request made that
+// one). Once that bucket has left the ring there is nothing to give back:
+// it no longer limits anyone. Each grant must be given back at most once.
+func (w *Window) Unborrow(start, n int64) {
+	s, folded, ok := w.arr.Unborrow(start, n)
+	if !ok || !folded {
+		return
+	}
+	var into *leaparray.WindowWrap[bucket]
+	for b := range w.arr.Buckets(s, s+1) {
+		into = b
+	}
+	if into == nil {
+		return
+	}
+	// Folded on stripe 0 (see NewWindow's fold), which took a lease of n
+	// and used it: undo all three. The lease first, so that no admission
+	// on the stripe takes the pass's place in it meanwhile; then the pass
+	// (out of the frozen passes if a newer bucket froze this one); then
+	// the grant, so the room is the bucket's again, not the stripe's.
+	s0 := &into.Value.stripes[0]
+	s0.c[stripeTaken].Add(-n)
+	w.backOut(into, s0.c[stripeUsed].Add(-n), n)
+	into.Value.granted.Add(-n)
+	if sealed(into.Value.occupied.Add(-n)) && w.handover != nil {
+		// Already handed over: the correction follows it.
+		w.handover(into.Start(), Counts{Occupied: -n, MinRT: -1})
+	}
+}
+
+// Land makes the bucket holding now, if it is not made, folding into it
+// every borrow due by then. A request that waited for the bucket it
+// borrowed from calls it on arrival, so that its admission counts in its
+// own bucket (statistics, and the windows holding it), not late in the
+// next bucket some other request makes.
+func (w *Window) Land(now int64) {
+	if a := &w.arr; now >= a.Head().Start()+a.BucketLen() {
+		a.Current(now)
+	}
+}
+
 // Borrowed returns the count borrowed from future buckets and not yet folded
 // into a current one.
 func (w *Window) Borrowed() int64 { return w.arr.Pending() }

@@ -1,0 +1,380 @@
+package flow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/time/rate"
+
+	"github.com/leapflow/leapflow/stat/stattest"
+)
+
+// clockSleeper sleeps by moving a fake clock to at least now+d, unless
+// cancel says this wait is cut short: then it returns context.Canceled at
+// once, the clock moved by cutAt of d first.
+type clockSleeper struct {
+	clock  *stattest.Clock
+	mu     sync.Mutex
+	cancel func() bool
+	cutAt  float64
+	waits  []time.Duration
+}
+
+func (s *clockSleeper) sleep(ctx context.Context, d time.Duration) error {
+	s.mu.Lock()
+	s.waits = append(s.waits, d)
+	cut := s.cancel != nil && s.cancel()
+	s.mu.Unlock()
+	if cut {
+		s.advanceTo(s.clock.Now() + int64(float64(d)*s.cutAt))
+		return context.Canceled
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.advanceTo(s.clock.Now() + int64(d))
+	return nil
+}
+
+// advanceTo moves the clock forward to t, never back (waiters overlap).
+func (s *clockSleeper) advanceTo(t int64) {
+	for {
+		now := s.clock.Now()
+		if t <= now {
+			return
+		}
+		if s.clock.Advance(time.Duration(t-now)) >= time.Duration(t) {
+			return
+		}
+	}
+}
+
+func waitEngine(t *testing.T, opts ...Option) (*Engine, *stattest.Clock, *clockSleeper) {
+	t.Helper()
+	clock := stattest.NewClock(0)
+	s := &clockSleeper{clock: clock}
+	e, err := New(append([]Option{WithClock(clock), WithSleep(s.sleep)}, opts...)...)
+	require.NoError(t, err)
+	return e, clock, s
+}
+
+func TestWithWaitIsValidated(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(0))
+	load(t, e, Rule{Resource: "api", Threshold: 1})
+	for _, d := range []time.Duration{-1, MaxWait + 1} {
+		_, err := e.Entry("api", WithWait(d))
+		require.ErrorIs(t, err, ErrInvalidWait)
+		assert.Contains(t, err.Error(), d.String())
+	}
+	snap, _ := e.Snapshot("api")
+	assert.Zero(t, snap.PassQPS+snap.BlockQPS, "neither admitted nor blocked")
+}
+
+// TestWaitOnAWindow: a full window's waiter is admitted against the next
+// bucket with room and waits exactly until it starts; one with no room
+// within its wait is blocked at once, having waited for nothing.
+func TestWaitOnAWindow(t *testing.T) {
+	e, clock, s := waitEngine(t)
+	load(t, e, Rule{Resource: "api", Threshold: 4})
+	clock.Set(100 * ms)
+	for range 4 {
+		en, err := e.Entry("api")
+		require.NoError(t, err)
+		en.Exit(nil)
+	}
+	_, err := e.Entry("api")
+	require.Error(t, err)
+	// The window (4 buckets of 250 ms) frees at 1 s.
+	_, err = e.Entry("api", WithWait(800*ms))
+	require.Error(t, err, "1 s is 900 ms away")
+	assert.Empty(t, s.waits)
+	en, err := e.Entry("api", WithWait(900*ms))
+	require.NoError(t, err)
+	assert.Equal(t, []time.Duration{900 * ms}, s.waits)
+	assert.Equal(t, int64(time.Second), en.Start())
+	en.Exit(nil)
+	// The borrow counted in its bucket: 3 more fit there, not 4.
+	for range 3 {
+		en, err := e.Entry("api")
+		require.NoError(t, err)
+		en.Exit(nil)
+	}
+	_, err = e.Entry("api")
+	require.Error(t, err)
+}
+
+// TestWaitCancelGivesBack, for every rate rule: a waiter whose context
+// ends gives back what it took, so the next waiter gets the same slot.
+func TestWaitCancelGivesBack(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		rule Rule
+	}{
+		{"reject", Rule{Resource: "api", Threshold: 4}},
+		{"span-exact", Rule{Resource: "api", Threshold: 4, SpanExact: true}},
+		{"gcra", Rule{Resource: "api", Threshold: 4, Behavior: GCRA, Burst: 4}},
+		{"throttle", Rule{Resource: "api", Threshold: 4, Behavior: Throttle, MaxQueueing: 10 * ms}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, clock, s := waitEngine(t)
+			load(t, e, tc.rule)
+			clock.Set(100 * ms)
+			for {
+				en, err := e.Entry("api")
+				if err != nil {
+					break
+				}
+				en.Exit(nil)
+			}
+			cut := true
+			s.cancel = func() bool { return cut }
+			_, err := e.Entry("api", WithWait(2*time.Second))
+			require.ErrorIs(t, err, context.Canceled)
+			require.Len(t, s.waits, 1)
+			first := s.waits[0]
+			cut = false
+			en, err := e.Entry("api", WithWait(2*time.Second))
+			require.NoError(t, err)
+			en.Exit(nil)
+			require.Len(t, s.waits, 2)
+			assert.Equal(t, first, s.waits[1], "the same slot: the first one gave it back")
+		})
+	}
+}
+
+// TestWaitCancelAfterItsBucketStarted: a wait cut short after its bucket
+// started (the borrow was folded into the bucket by other traffic) takes
+// its pass back out of the bucket.
+func TestWaitCancelAfterItsBucketStarted(t *testing.T) {
+	e, clock, s := waitEngine(t)
+	load(t, e, Rule{Resource: "api", Threshold: 4})
+	clock.Set(100 * ms)
+	for range 4 {
+		en, err := e.Entry("api")
+		require.NoError(t, err)
+		en.Exit(nil)
+	}
+	s.cancel = func() bool {
+		// The bucket starts, and another request makes it (folding the
+		// borrow in) before the waiter's context ends.
+		clock.Set(time.Second)
+		_, _ = e.Entry("other")
+		_, err := e.Entry("api", WithWait(0)) // makes the bucket
+		assert.NoError(t, err, "3 of 4 left in the new bucket")
+		return true
+	}
+	_, err := e.Entry("api", WithWait(time.Second))
+	require.ErrorIs(t, err, context.Canceled)
+	s.cancel = nil
+	// 4 in the bucket: the canceled one's pass went back, 1 taken.
+	n := 0
+	for {
+		en, err := e.Entry("api")
+		if err != nil {
+			break
+		}
+		en.Exit(nil)
+		n++
+	}
+	assert.Equal(t, 3, n)
+}
+
+// TestEngineWaitFollowsTheDeadline: Wait waits up to ctx's deadline and
+// no further; a WithWait among its options can only shorten that.
+func TestEngineWaitFollowsTheDeadline(t *testing.T) {
+	e, clock, s := waitEngine(t)
+	load(t, e, Rule{Resource: "api", Threshold: 1, Behavior: GCRA, Burst: 1})
+	clock.Set(time.Second)
+	en, err := e.Wait(context.Background(), "api")
+	require.NoError(t, err)
+	en.Exit(nil)
+	assert.Empty(t, s.waits, "a full bucket: no wait")
+	ctx, cancel := context.WithTimeout(context.Background(), 500*ms)
+	defer cancel()
+	_, err = e.Wait(ctx, "api")
+	require.Error(t, err, "the next token is 1 s away, the deadline 500 ms")
+	var be *BlockError
+	require.ErrorAs(t, err, &be)
+	en, err = e.Wait(context.Background(), "api", WithWait(2*time.Second))
+	require.NoError(t, err)
+	en.Exit(nil)
+	assert.Equal(t, []time.Duration{time.Second}, s.waits)
+	_, err = e.Wait(context.Background(), "api", WithWait(500*ms))
+	require.Error(t, err, "its own WithWait is shorter than the wait")
+	r, err := e.Resource("api")
+	require.NoError(t, err)
+	en, err = r.Wait(context.Background())
+	require.NoError(t, err)
+	en.Exit(nil)
+	assert.Equal(t, []time.Duration{time.Second, time.Second}, s.waits)
+}
+
+// TestGCRAWaitsAsXTimeRateReserves: on the same monotonic sequence, the
+// wait a GCRA rule gives (and whether it admits within the wait allowed)
+// is x/time/rate's reservation delay.
+func TestGCRAWaitsAsXTimeRateReserves(t *testing.T) {
+	for seed := range uint64(20) {
+		rng := rand.New(rand.NewPCG(seed, 5))
+		r := []float64{1, 4, 10, 250, 1000}[rng.IntN(5)]
+		burst := 1 + rng.IntN(6)
+		e, clock, s := waitEngine(t)
+		load(t, e, Rule{Resource: "api", Threshold: r, Behavior: GCRA, Burst: burst})
+		lim := rate.NewLimiter(rate.Limit(r), burst)
+		base := time.Unix(1_700_000_000, 0)
+		interval := time.Duration(1e9 / r)
+		now := time.Second
+		for i := range 1000 {
+			now = max(now, time.Duration(clock.Now())) + time.Duration(rng.IntN(12))*interval/8
+			clock.Set(now)
+			n := 1 + rng.IntN(burst)
+			maxWait := time.Duration(rng.IntN(4*burst)) * interval / 2
+			xr := lim.ReserveN(base.Add(now), n)
+			want := xr.OK() && xr.DelayFrom(base.Add(now)) <= maxWait
+			wantDelay := xr.DelayFrom(base.Add(now))
+			if !want {
+				xr.CancelAt(base.Add(now))
+			}
+			s.waits = s.waits[:0]
+			en, err := e.Entry("api", WithCount(n), WithWait(maxWait))
+			got := err == nil
+			require.Equal(t, want, got, "seed %d step %d", seed, i)
+			if got {
+				en.Exit(nil)
+				var d time.Duration
+				if len(s.waits) > 0 {
+					d = s.waits[0]
+				}
+				require.Equal(t, wantDelay, d, "seed %d step %d", seed, i)
+				// Both move on to when the request went.
+				now += d
+			}
+		}
+	}
+}
+
+// TestWaitHammer: goroutines Wait with random waits on a window, a
+// span-exact window, a GCRA rule and a resource with all three (each rule
+// must count a request at the instant it goes, whichever rule made it
+// wait), a third of their waits cut short,
+// on a fake clock that the waits move. No threshold is ever exceeded in
+// the stamps the engine gave, and nothing cut short is lost: afterwards
+// every window admits its whole threshold again.
+func TestWaitHammer(t *testing.T) {
+	const threshold = 20
+	for _, g := range goroutineCounts() {
+		t.Run(fmt.Sprintf("goroutines=%d", g), func(t *testing.T) {
+			e, clock, s := waitEngine(t)
+			var rmu sync.Mutex
+			rng := rand.New(rand.NewPCG(uint64(g), 9))
+			s.cancel = func() bool {
+				rmu.Lock()
+				defer rmu.Unlock()
+				return rng.IntN(3) == 0
+			}
+			s.cutAt = 0.5
+			load(t, e,
+				Rule{Resource: "reject", Threshold: threshold},
+				Rule{Resource: "span", Threshold: threshold, SpanExact: true},
+				Rule{Resource: "gcra", Threshold: threshold, Behavior: GCRA, Burst: 5},
+				Rule{Resource: "combo", Threshold: threshold},
+				Rule{Resource: "combo", Threshold: threshold - 5, SpanExact: true},
+				Rule{Resource: "combo", Threshold: threshold, Behavior: GCRA, Burst: 5})
+			res := []string{"reject", "span", "gcra", "combo"}
+			stamps := make([][4][]stamp, g)
+			tries := max(10, 3000/g)
+			var wg sync.WaitGroup
+			for i := range g {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					r := rand.New(rand.NewPCG(uint64(i), 10))
+					for k := range tries {
+						j := k % 4
+						clock.Advance(time.Duration(r.Int64N(int64(2 * ms))))
+						en, err := e.Entry(res[j], WithWait(time.Duration(r.Int64N(int64(1500*ms)))))
+						if err == nil {
+							stamps[i][j] = append(stamps[i][j], stamp{en.Start(), 1})
+							en.Exit(nil)
+						} else if !errors.Is(err, context.Canceled) && !errors.As(err, new(*BlockError)) {
+							t.Errorf("unexpected error: %v", err)
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			all := func(j int) []stamp {
+				var out []stamp
+				for i := range stamps {
+					out = append(out, stamps[i][j]...)
+				}
+				return out
+			}
+			for _, c := range []struct {
+				j                  int
+				window, span, gcra int64 // 0: no such rule
+			}{{0, threshold, 0, 0}, {1, 0, threshold, 0}, {2, 0, 0, 5}, {3, threshold, threshold - 5, 5}} {
+				st := all(c.j)
+				require.NotEmpty(t, st, res[c.j])
+				if c.window > 0 {
+					// Every window of four 250 ms buckets.
+					own := map[int64]int64{}
+					for _, x := range st {
+						own[x.t/int64(250*ms)]++
+					}
+					for b := range own {
+						sum := own[b] + own[b-1] + own[b-2] + own[b-3]
+						assert.LessOrEqual(t, sum, c.window, "%s: window ending at bucket %d", res[c.j], b)
+					}
+				}
+				if c.span > 0 {
+					assert.LessOrEqual(t, mostInSpan(st, int64(time.Second)), c.span, "%s: span-exact", res[c.j])
+				}
+				if c.gcra > 0 {
+					// Any span L holds at most Burst + L x rate.
+					for _, l := range []int64{int64(100 * ms), int64(time.Second), int64(3 * time.Second)} {
+						assert.LessOrEqual(t, mostInSpan(st, l), c.gcra+l*threshold/int64(time.Second)+1, "%s: gcra span %d", res[c.j], l)
+					}
+				}
+			}
+			// Nothing stranded: once every wait is over and the windows
+			// have emptied, each admits its whole threshold again.
+			s.cancel = nil
+			for _, name := range res[:2] {
+				t.Logf("%s: borrowed %d", name, e.rules.Load().byResource[name].groups[0].w.Borrowed())
+			}
+			clock.Advance(5 * time.Second)
+			for j, want := range []int{threshold, threshold, 5, 5} {
+				n := 0
+				for {
+					en, err := e.Entry(res[j])
+					if err != nil {
+						break
+					}
+					en.Exit(nil)
+					n++
+				}
+				assert.Equal(t, want, n, res[j])
+			}
+		})
+	}
+}
+
+func TestWaitAllocatesNothing(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(0))
+	load(t, e, Rule{Resource: "api", Threshold: 1e12})
+	ctx := context.Background()
+	assert.Zero(t, testing.AllocsPerRun(1000, func() {
+		en, err := e.Wait(ctx, "api")
+		if err == nil {
+			en.Exit(nil)
+		}
+	}))
+}
