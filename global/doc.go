@@ -196,7 +196,7 @@
 // cell rate algorithm), "leapflow:{id:checkout-api}:v2/gcra", a shape no
 // window limit has, so a GCRA rule and a window rule of the same ID are two
 // limits and no key is read by both scripts. Each decision is one EVALSHA
-// of a script that reads the server clock (TIME), checks and moves the
+// (an EVAL after a restart or SCRIPT FLUSH) of a script that reads the server clock (TIME), checks and moves the
 // arrival time in one atomic step and sets the key to expire when the
 // bucket is full again; so the bucket is exact across instances, whatever
 // their clocks: in every span of length L of the server clock, all
@@ -212,13 +212,16 @@
 //
 // There is no leasing: a bucket's tokens belong to no window that would
 // expire them, so tokens held by one instance would be kept from the
-// others for good. A request is one round trip, sent in the background as
-// a window call is: it waits up to Options.Timeout (then is refused as
-// late) while the call runs up to Options.CallTimeout and tells the
-// limit's health, with the same backoff, probes and fallback as window
-// rules. Calls carry IDs and are replayed as window calls are, so
-// go-redis' retries count once. A refusal says when the tokens asked for
-// are back (flow's Entry.RetryAfter); until then requests as large are
+// others for good. A request makes its one round trip itself (on a
+// 2-core VM, handing it to another goroutine cost about as much as the
+// script), waiting up to
+// Options.Timeout: a later reply refuses it as late, and a call apart,
+// bounded by Options.CallTimeout, then tells the limit's health whether
+// Redis answers, so a dead or silent Redis trips the same backoff, probes
+// and fallback as for window rules. The script keeps no answer per call:
+// a call go-redis retries after its reply was lost may take its tokens
+// twice (stricter by n, never looser). A refusal says when the tokens
+// asked for are back (flow's Entry.RetryAfter); until then requests as large are
 // refused without a call, so an overloaded instance does not call Redis
 // for every request it refuses; a batch larger than Burst is refused
 // without one, and its retry is unknown. Admissions are never given back

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strconv"
 	"time"
 
 	"go.uber.org/atomic"
@@ -23,28 +22,28 @@ const maxGCRATolerance = int64(30 * 24 * time.Hour)
 // instance holding some would hold them from the others for good; every
 // decision is one call.
 type gcraLimit struct {
-	tat, reply string // the TAT's key, and the prefix of a call's reply key
+	tat string // the TAT's key
 	*health
+	// checking is set while a call apart checks Redis (see checkGCRA).
+	checking atomic.Bool
 	// closed is the last refusal: requests of need or more are refused
 	// without a call until until (the Source's clock), when that many
 	// tokens are back at the earliest.
 	closed atomic.Pointer[closedWindow]
 }
 
-// gcraKeys returns a GCRA limit's keys: a shape of their own ("gcra"),
-// never a window's, so that a GCRA rule and a window rule of the same ID
-// are two limits and no key is read by both scripts.
-func gcraKeys(prefix, key string) (tat, reply string) {
-	base := prefix + ":" + hashTag(key) + ":" + keySchema + "/gcra"
-	return base, base + ":r:"
+// gcraKey returns a GCRA limit's key: a shape of its own ("gcra"), never
+// a window's, so that a GCRA rule and a window rule of the same ID are two
+// limits and no key is read by both scripts.
+func gcraKey(prefix, key string) string {
+	return prefix + ":" + hashTag(key) + ":" + keySchema + "/gcra"
 }
 
 func (s *Source) gcraLimitFor(key string) *gcraLimit {
 	if l, ok := s.gcras.Load(key); ok {
 		return l.(*gcraLimit)
 	}
-	tat, reply := gcraKeys(s.opts.Prefix, key)
-	l, _ := s.gcras.LoadOrStore(key, &gcraLimit{tat: tat, reply: reply, health: &health{}})
+	l, _ := s.gcras.LoadOrStore(key, &gcraLimit{tat: gcraKey(s.opts.Prefix, key), health: &health{}})
 	return l.(*gcraLimit)
 }
 
@@ -81,8 +80,8 @@ func (s *Source) gcraBoundFor(req flow.GlobalRequest) *gcraBound {
 }
 
 // Acquire implements flow.BoundSource: one call to Redis, unless n is
-// more than the bucket holds (refused, no call) or Redis refused n or
-// less earlier and said the tokens are not back yet.
+// more than the bucket holds (refused, no call), Redis refused n or less
+// earlier and said the tokens are not back yet, or the Source backs off.
 func (b *gcraBound) Acquire(ctx context.Context, n int64) (bool, error) {
 	return b.s.acquireGCRA(ctx, b, n)
 }
@@ -102,19 +101,14 @@ func (b *gcraBound) RetryIn(n int64) (time.Duration, bool) {
 	return time.Duration(c.until - now), true
 }
 
-// gcraAnswer is one call's answer, written before done is closed.
-type gcraAnswer struct {
-	done chan struct{}
-	d    gcraDecision
-	err  error
-}
-
-// acquireGCRA asks Redis for n tokens of b's bucket. The call runs in the
-// background for up to CallTimeout and the request waits for it up to
-// Timeout, as a window rule's do: a late answer refuses the request
-// (Stats.Late) but still tells the limit's health, so a Redis that stops
-// answering trips the same backoff.
-func (s *Source) acquireGCRA(ctx context.Context, b *gcraBound, n int64) (bool, error) {
+// acquireGCRA asks Redis for n tokens of b's bucket: one call, made by
+// the request itself (a hand-off to another goroutine cost as much as the
+// script), bounded by Options.Timeout and ctx. A reply later than Timeout
+// refuses the request (Stats.Late) and is no evidence that Redis is down:
+// a call apart, bounded by CallTimeout, then finds out (one at a time per
+// limit), so a Redis that stops answering trips the same backoff as for a
+// window rule, after FailAfter such calls fail.
+func (s *Source) acquireGCRA(ctx context.Context, b *gcraBound, n int64) (ok bool, err error) {
 	if b.err != nil {
 		return false, b.err
 	}
@@ -135,81 +129,96 @@ func (s *Source) acquireGCRA(ctx context.Context, b *gcraBound, n int64) (bool, 
 		// Backing off: the request falls back at once; once the backoff
 		// ends one call probes Redis in the background (for no token).
 		if now >= until && !l.probing.Load() {
-			s.goCall(func() {
-				if probe, err := s.callable(l.health); err == nil {
-					_, _ = s.callGCRA(b, 0, probe)
-				}
-			})
+			s.checkGCRA(b)
 		}
 		s.refused.Inc()
 		return false, ErrUnavailable
 	}
-	a := &gcraAnswer{done: make(chan struct{}), err: errNoAnswer}
-	if !s.goCall(func() {
-		defer close(a.done)
-		probe, err := s.callable(l.health)
-		if err != nil {
-			a.err = err
-			return
-		}
-		a.d, a.err = s.callGCRA(b, n, probe)
-	}) {
-		s.refused.Inc()
-		return false, nil
+	probe, err := s.callable(l.health)
+	if err != nil {
+		return false, err
 	}
-	timer := time.NewTimer(s.opts.Timeout)
-	defer timer.Stop()
-	select {
-	case <-a.done:
-	case <-ctx.Done():
-		return false, ctx.Err()
-	case <-timer.C:
-		select {
-		case <-a.done: // answered as the timer fired: use it
-		default:
-			s.late.Inc()
-			return false, nil
-		}
-	}
-	switch {
-	case a.err == errClosed:
-		s.refused.Inc()
-		return false, nil
-	case a.err != nil:
-		return false, a.err
-	case !a.d.Allowed:
-		return false, nil
-	}
-	s.admitted(a.d.ServerTime, n)
-	return true, nil
-}
-
-// callGCRA makes one call for n tokens of b's bucket and records what it
-// says in the limit: its health, and a refusal's retry-after.
-func (s *Source) callGCRA(b *gcraBound, n int64, probe bool) (d gcraDecision, err error) {
-	l := b.l
 	defer func() {
 		if v := recover(); v != nil {
 			s.fail(l.health, probe)
-			panic(v) // to goCall, which ends it
+			panic(v) // to flow, which fails over
 		}
 	}()
-	sent := s.opts.Clock.Now()
-	d, err = s.takeGCRA(b, n)
+	cctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+	d, err := s.takeGCRA(cctx, b, n)
+	cancel()
 	switch {
-	case err != nil && s.closed.Load():
-		return d, errClosed
-	case err != nil:
+	case err == nil:
+	case ctx.Err() != nil:
+		return false, ctx.Err() // the caller gave up: says nothing of Redis
+	case s.closed.Load():
+		s.refused.Inc()
+		return false, nil
+	case cctx.Err() != nil:
+		s.late.Inc()
+		if probe {
+			l.probing.Store(false)
+		}
+		s.checkGCRA(b)
+		return false, nil
+	default:
 		s.fail(l.health, probe)
-		return d, err
+		return false, err
 	}
+	s.decided(l, now, n, d)
+	if !d.Allowed {
+		return false, nil
+	}
+	s.admitted(d.ServerTime, n)
+	return true, nil
+}
+
+// decided records a call's answer in its limit: Redis is healthy, and a
+// refusal's retry-after.
+func (s *Source) decided(l *gcraLimit, sent, n int64, d gcraDecision) {
 	s.succeed(l.health)
-	if !d.Allowed && d.RetryAfter > 0 {
+	if !d.Allowed && d.RetryAfter > 0 && n > 0 {
 		// The tokens are not back before then (server time, read after
 		// we sent): refuse locally until sent + RetryAfter.
 		l.closed.Store(&closedWindow{until: sent + int64(d.RetryAfter), need: n})
 	}
-	return d, nil
+}
+
+// checkGCRA asks Redis, in the background and for no token, whether it
+// answers within CallTimeout, unless a check of the limit is out: a probe
+// after a backoff, or the check after a late reply. It tells the limit's
+// health what it finds.
+func (s *Source) checkGCRA(b *gcraBound) {
+	l := b.l
+	if !l.checking.CompareAndSwap(false, true) {
+		return
+	}
+	if !s.goCall(func() {
+		defer l.checking.Store(false)
+		probe, err := s.callable(l.health)
+		if err != nil {
+			return
+		}
+		defer func() {
+			if v := recover(); v != nil {
+				s.fail(l.health, probe)
+				panic(v) // to goCall, which ends it
+			}
+		}()
+		ctx, cancel := context.WithTimeout(s.ctx, s.opts.CallTimeout)
+		defer cancel()
+		sent := s.opts.Clock.Now()
+		d, err := s.takeGCRA(ctx, b, 0)
+		switch {
+		case err != nil && s.closed.Load():
+		case err != nil:
+			s.fail(l.health, probe)
+		default:
+			s.decided(l, sent, 0, d)
+		}
+	}) {
+		l.checking.Store(false)
+	}
 }
 
 // gcraDecision is one answer of the GCRA script.
@@ -222,13 +231,9 @@ type gcraDecision struct {
 }
 
 // takeGCRA runs the script once for n tokens of b's bucket.
-func (s *Source) takeGCRA(b *gcraBound, n int64) (gcraDecision, error) {
-	ctx, cancel := context.WithTimeout(s.ctx, s.opts.CallTimeout)
-	defer cancel()
+func (s *Source) takeGCRA(ctx context.Context, b *gcraBound, n int64) (gcraDecision, error) {
 	s.calls.Inc()
-	replyTTL := max(int64(time.Second), 2*int64(s.opts.CallTimeout)) / int64(time.Millisecond)
-	id := s.id + strconv.FormatInt(s.seq.Inc(), 36)
-	vals, err := gcraScript.Run(ctx, s.client, []string{b.l.tat, b.l.reply + id}, b.interval, b.tolerance, n, replyTTL).Int64Slice()
+	vals, err := gcraScript.Run(ctx, s.client, []string{b.l.tat}, b.interval, b.tolerance, n).Int64Slice()
 	if err != nil {
 		return gcraDecision{}, fmt.Errorf("global: %w", err)
 	}

@@ -66,7 +66,7 @@ func TestGCRAScriptMatchesTheModel(t *testing.T) {
 			if i < int(tc.burst) {
 				n = 1
 			}
-			d, err := s.takeGCRA(b, n)
+			d, err := s.takeGCRA(t.Context(), b, n)
 			require.NoError(t, err)
 			want := m.take(d.ServerTime.UnixMicro(), n)
 			require.Equal(t, want, d, "rate %g, call %d for %d", tc.rate, i, n)
@@ -108,7 +108,7 @@ func TestGCRABurstThenRefused(t *testing.T) {
 	_, ok = b.RetryIn(6)
 	assert.False(t, ok, "more than the bucket holds never fits")
 
-	tat, _ := gcraKeys("leapflow", "id:burst")
+	tat := gcraKey("leapflow", "id:burst")
 	ttl, err := c.PTTL(t.Context(), tat).Result()
 	require.NoError(t, err)
 	assert.Greater(t, ttl, 40*time.Second, "the key lives until the bucket is full: 50 s")
@@ -128,7 +128,7 @@ func TestGCRARefillsOneTokenPerInterval(t *testing.T) {
 		// Empty the bucket: take until refused.
 		var last gcraDecision
 		for {
-			d, err := s.takeGCRA(b, 1)
+			d, err := s.takeGCRA(t.Context(), b, 1)
 			require.NoError(t, err)
 			if !d.Allowed {
 				last = d
@@ -142,7 +142,7 @@ func TestGCRARefillsOneTokenPerInterval(t *testing.T) {
 		got := 0
 		var at time.Time
 		for {
-			d, err := s.takeGCRA(b, 1)
+			d, err := s.takeGCRA(t.Context(), b, 1)
 			require.NoError(t, err)
 			if got == 0 {
 				at = d.ServerTime
@@ -356,7 +356,7 @@ func TestGCRABatchLargerThanBurst(t *testing.T) {
 	require.NoError(t, err, "the whole bucket fits")
 	en.Exit(nil)
 
-	d, err := s.takeGCRA(s.gcraBoundFor(gcraReq("id:big", 1000, 5)), 6)
+	d, err := s.takeGCRA(t.Context(), s.gcraBoundFor(gcraReq("id:big", 1000, 5)), 6)
 	require.NoError(t, err)
 	assert.False(t, d.Allowed)
 	assert.Equal(t, time.Duration(-1), d.RetryAfter)
@@ -455,4 +455,49 @@ func TestGCRACancelledAndClosed(t *testing.T) {
 	assert.False(t, ok)
 	assert.NoError(t, err, "refused, not failed over")
 	assert.Positive(t, s.Stats().Refused)
+}
+
+// TestGCRASilentRedisIsDetected: a Redis that stops answering refuses
+// GCRA requests as late (each waits Timeout at most) until FailAfter
+// calls apart fail within CallTimeout; the fallback then applies, no
+// request waits on a probe, and once Redis answers again the shared
+// bucket decides.
+func TestGCRASilentRedisIsDetected(t *testing.T) {
+	srv := redistest.Start(t)
+	px := redistest.StartProxy(t, srv.Addr(), 0)
+	var served atomic.Int64
+	src := newSource(t, px.Client(), Options{
+		Timeout: 50 * time.Millisecond, CallTimeout: 200 * time.Millisecond, FailAfter: 2,
+		OnAdmit: func(time.Time, int64) { served.Inc() },
+	})
+	eng, err := flow.New(flow.WithTokenSource(src))
+	require.NoError(t, err)
+	require.NoError(t, eng.LoadRules([]flow.Rule{{ID: "gcra-silent", Resource: "api", Threshold: 1e6, Behavior: flow.GCRA, Burst: 1000,
+		Global: true, Fallback: flow.FallbackOpen}}))
+	fallbacks := func() int64 { snap, _ := eng.Snapshot("api"); return snap.Fallbacks }
+	var answered atomic.Int64
+	l := startLoad(eng, 4, func(error) { answered.Inc() })
+	const long = 15 * time.Second
+	require.Eventually(t, func() bool { return served.Load() > 0 }, long, 5*time.Millisecond, "Redis decides")
+
+	px.SetRTT(2 * time.Hour)
+	px.Drop() // new connections, and every byte on them held
+	errsFrom := src.Stats().Errors
+	require.Eventually(t, func() bool { return fallbacks() > 0 }, long, 5*time.Millisecond, "the fallback applies")
+	st := src.Stats()
+	assert.GreaterOrEqual(t, st.Errors-errsFrom, int64(2), "only after FailAfter calls failed")
+	assert.Positive(t, st.Late, "until then, requests were refused as late")
+	// Requests that asked just before the backoff began are late within
+	// Timeout; after that, none waits for Redis.
+	time.Sleep(100 * time.Millisecond)
+	st = src.Stats()
+	require.Eventually(t, func() bool { return src.Stats().Errors >= st.Errors+2 }, long, 5*time.Millisecond, "probes fail")
+	assert.Equal(t, st.Late, src.Stats().Late, "no request waited on a probe")
+
+	px.SetRTT(0)
+	px.Drop()
+	from := served.Load()
+	require.Eventually(t, func() bool { return served.Load() > from }, long, 5*time.Millisecond, "recovers on its own")
+	l.Stop()
+	t.Logf("answered %d, fallbacks %d, %+v", answered.Load(), fallbacks(), src.Stats())
 }

@@ -271,9 +271,8 @@ local res = {granted, total, threshold - total, retry, now, now, window}
 // gcraScript is a Global GCRA rule's bucket (the generic cell rate
 // algorithm on the server clock). KEYS[1] holds the theoretical arrival
 // time of the next request (TAT): a string of decimal digits, nanoseconds
-// since the epoch; KEYS[2] is the call's reply key (see scriptReplay).
-// ARGV: the interval (ns a token costs), the tolerance (ns: Burst x
-// interval), n (0: a probe, which takes nothing), the reply's TTL (ms).
+// since the epoch. ARGV: the interval (ns a token costs), the tolerance
+// (ns: Burst x interval), n (0: a probe, which takes nothing).
 //
 // Exactness: Lua numbers are doubles, exact for integers up to 2^53. The
 // script never forms an absolute time in nanoseconds (about 1.8e18, far
@@ -293,12 +292,15 @@ local res = {granted, total, threshold - total, retry, now, now, window}
 // left, the retry-after (ns until n tokens are back; 0 when allowed, -1
 // when n is more than the bucket holds), the reset (ns until the bucket
 // is full) and the server time (µs).
+//
+// Unlike the window scripts it keeps no answer per call ID (that cost a
+// quarter of the call): a call that go-redis retries after its reply was
+// lost may take its tokens twice, which makes the bucket stricter by n,
+// never looser.
 var gcraScript = redis.NewScript(`
 local interval = tonumber(ARGV[1])
 local tol = tonumber(ARGV[2])
 local n = tonumber(ARGV[3])
-local replyTTL = tonumber(ARGV[4])
-` + scriptReplay + `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local ahead = 0
@@ -329,5 +331,5 @@ else
     redis.call('SET', KEYS[1], string.format('%.0f%03d', at, ahead % 1000), 'PX', math.floor(ahead / 1000000) + 1)
   end
 end
-local res = {allowed, math.floor((tol - ahead) / interval), retry, ahead, now}
-` + scriptAnswer)
+return {allowed, math.floor((tol - ahead) / interval), retry, ahead, now}
+`)
