@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/leapflow/leapflow/flow"
+	"github.com/leapflow/leapflow/global/redistest"
 	"github.com/leapflow/leapflow/internal/hammer"
 )
 
@@ -39,6 +40,7 @@ func TestQuickRun(t *testing.T) {
 		"## Global limit on Redis", "| global, leasing |", "the fullest server window held", "## Saturated CPU", "| default (coarse) | 256 |",
 		"### Below the limit", "### Random arrivals against the oracle", "| poisson | 1000 | 4 |", "### Entry latency with Redis far away", "| 20ms |",
 		"### Saturated CPU, healthy Redis", "| 256 |", "## Precision against buckets", "| 50 | span-exact |",
+		"## Global GCRA on Redis: leapflow and redis_rate", "| leapflow global GCRA | 1 |", "| redis_rate v10 | 1 |", "most in 1 s (server)",
 		"## Per-key limits", "| leapflow | zipf over 10000 keys |", "| map+x/time/rate | uniform over 100000 keys |", "most in its own windows"} {
 		assert.Contains(t, string(md), want)
 	}
@@ -198,4 +200,20 @@ func TestGCRAAdmitsAsXTimeRate(t *testing.T) {
 		g.limiter, x.limiter = "", ""
 		assert.Equal(t, x, g)
 	}
+}
+
+// TestGCRAHammerHoldsTheBound: in the bench's GCRA hammer, leapflow's
+// Global GCRA rule keeps burst + rate in every 1 s span of the server
+// clock, over a run of 1.5 s.
+func TestGCRAHammerHoldsTheBound(t *testing.T) {
+	srv, err := redistest.Launch()
+	require.NoError(t, err)
+	defer srv.Stop()
+	admin := srv.Client()
+	defer admin.Close()
+	h := gcraHammerRun(srv, admin, gcraImpls[0], 200, 20, 16, 1500*time.Millisecond)
+	assert.Positive(t, h.admitted)
+	assert.Zero(t, h.errors)
+	assert.LessOrEqual(t, h.mostServer, h.burst+h.rate)
+	assert.LessOrEqual(t, h.mostLocal, h.admitted)
 }

@@ -142,11 +142,12 @@ type report struct {
 	perKeyMem  []perKeyMem
 	perKeyAcc  []perKeyAcc
 	middleware []mwResult
+	gcra       gcraResult
 }
 
 func run(cfg config, stdout, stderr io.Writer) error {
 	rep := &report{cfg: cfg, started: time.Now()}
-	steps := len(impls)*len(cfg.goroutines)*len(cfg.resources) + 3*len(accLimiters) + 2*len(precisionBuckets) + len(memCases) + 3*len(cfg.goroutines) + 2 + globalLoadSteps(cfg) + 2*len(keyLimiters)*(len(perKeyGoroutines)+1) + mwCaseCount*len(mwGoroutines())
+	steps := len(impls)*len(cfg.goroutines)*len(cfg.resources) + 3*len(accLimiters) + 2*len(precisionBuckets) + len(memCases) + 3*len(cfg.goroutines) + 2 + globalLoadSteps(cfg) + 2*len(keyLimiters)*(len(perKeyGoroutines)+1) + mwCaseCount*len(mwGoroutines()) + gcraSteps()
 	var bar *progressbar.ProgressBar
 	tick := func(desc string) {}
 	if cfg.progress {
@@ -187,6 +188,7 @@ func run(cfg config, stdout, stderr io.Writer) error {
 	rep.perKey, rep.perKeyMem, rep.perKeyAcc = perKeySection(cfg, tick)
 	rep.middleware = middlewareSection(cfg, tick)
 	rep.global, rep.globalAcc, rep.globalLoad, rep.globalNote = globalSection(cfg, tick)
+	rep.gcra = gcraSection(cfg, tick)
 	if bar != nil {
 		_ = bar.Finish()
 	}

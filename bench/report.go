@@ -115,6 +115,7 @@ func (r *report) printTables(w io.Writer) {
 		}
 		r.globalLoadTables(w, false)
 	}
+	r.gcraTables(w, false)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	r.perKeyTables(tw, false)
 	tw.Flush()
@@ -270,6 +271,7 @@ func (r *report) markdown(w io.Writer) {
 		}
 		r.globalLoadTables(w, true)
 	}
+	r.gcraTables(w, true)
 	r.perKeyTables(w, true)
 	r.middlewareTables(w, true)
 	fmt.Fprintf(w, "\n## Memory\n\nHeap bytes per limiter, measured with runtime.MemStats over %d of them.\n\n| limiter | bytes | what |\n|---|---:|---|\n", c.memN)

@@ -131,6 +131,7 @@ type held struct {
 	paced [maxPacedRules]int64 // costs, by index into rr.paced
 	gcra  [maxGCRARules]bool   // tokens taken, by index into rr.gcras
 	gres  [maxGlobalRules]metric.Reservation
+	ggcra [maxGlobalRules]bool    // taken by Global GCRA rules' local fallbacks
 	gkeys [maxGlobalRules]keyHeld // PerKey global rules' local fallbacks
 	kc    *keyState               // counted by the PerKey Concurrency rule
 	keys  [maxKeyRules]keyHeld
@@ -188,7 +189,12 @@ func (e *Engine) release(rr *resourceRules, h *held, n int64) {
 		}
 	}
 	for i := range rr.globals {
+		// What a source admitted is not given back (it may have been
+		// counted across instances); a local fallback's admission is.
 		h.gres[i].Cancel(proto.Token{})
+		if h.ggcra[i] {
+			rr.globals[i].gcra.give(n)
+		}
 		if st := h.gkeys[i].st; st != nil {
 			undoBucket(st, h.gkeys[i].b, n)
 		}
@@ -512,6 +518,14 @@ func (e *Engine) global(node *stat.Node, g *globalRule, h *held, i, p int, now i
 			h.gkeys[i] = keyHeld{st: st, b: b}
 			return nil, false
 		}
+	}
+	if g.gcra != nil {
+		// A Global GCRA rule: its local bucket.
+		if _, ok, _ := g.gcra.take(now, n, 0); !ok {
+			return g.beLocal, false
+		}
+		h.ggcra[i] = true
+		return nil, false
 	}
 	r, ok := g.local.AdmitOn(p, now, n, g.localLimit)
 	if !ok {

@@ -24,7 +24,8 @@ type ruleSet struct {
 	tables map[tableID]*keyTable
 	// shadows holds dry-run rules' windows and counts.
 	shadows map[ruleKey]*shadow
-	// gcras holds GCRA rules' arrival times.
+	// gcras holds GCRA rules' arrival times (for a Global GCRA rule, its
+	// local fallback's).
 	gcras map[ruleKey]*gcra
 }
 
@@ -141,8 +142,11 @@ type globalRule struct {
 	fallback   Fallback
 	local      *metric.Window
 	localLimit int64
-	be         *BlockError // refused globally
-	beLocal    *BlockError // refused by the local fallback
+	// gcra is a Global GCRA rule's local fallback (nil otherwise): a
+	// bucket at LocalShare of its rate and burst.
+	gcra    *gcraRule
+	be      *BlockError // refused globally
+	beLocal *BlockError // refused by the local fallback
 }
 
 // globalKeySpec is a key a PerKey global rule lists in Keys: its own
@@ -294,6 +298,20 @@ func (e *Engine) add(next, old *ruleSet, r *Rule, k ruleKey, id tableID, nodes m
 		}
 		rr.globals = append(rr.globals, g)
 		rr.keyedGlobal = true
+	case r.Global && r.Behavior == GCRA:
+		g := reuse(old.gcras, k, func() *gcra { return &gcra{} })
+		next.gcras[k] = g
+		local := newGCRARule(g, localShare(r))
+		hint, _ := bound.(RetryHinter)
+		rr.globals = append(rr.globals, globalRule{
+			req:      globalRequest(r),
+			bound:    bound,
+			hint:     hint,
+			fallback: r.Fallback,
+			gcra:     &local,
+			be:       newBlockError(r, ReasonGlobal),
+			beLocal:  newBlockError(r, ReasonFlow),
+		})
 	case r.Global:
 		local := reuse(old.locals, k, func() *metric.Window {
 			w, err := metric.NewWindow(e.buckets(r.StatInterval), r.StatInterval)
@@ -410,7 +428,23 @@ func globalRequest(r *Rule) GlobalRequest {
 	if r.Fallback == FallbackLocal {
 		g.LocalShare = r.LocalShare
 	}
+	if r.Behavior == GCRA {
+		g.GCRA, g.Burst = true, int64(r.Burst)
+	}
 	return g
+}
+
+// localShare is the local bucket a Global GCRA rule r falls back on: its
+// LocalShare of the rate, and of the burst but at least 1 (validation
+// keeps the rate at 0 or at least minPacedRate). Under FallbackOpen and
+// FallbackClosed it is never used.
+func localShare(r *Rule) *Rule {
+	l := *r
+	if r.Fallback == FallbackLocal {
+		l.Threshold = r.Threshold * r.LocalShare
+		l.Burst = max(1, int(math.Floor(float64(r.Burst)*r.LocalShare)))
+	}
+	return &l
 }
 
 // globalKey names a global rule's limit: by its ID if it has one, else by

@@ -67,7 +67,7 @@ func TestRuleValidation(t *testing.T) {
 		{Rule{Resource: "api", RelatedResource: "api"}, "RelatedResource must differ from Resource, got api"},
 		{Rule{Resource: "api", Metric: Concurrency, Global: true}, "Global is not supported for Concurrency rules, got true"},
 		{Rule{Resource: "api", Global: true}, "Global needs an engine made WithTokenSource, got true"},
-		{Rule{Resource: "api", Global: true, Behavior: Throttle}, "Behavior must be Reject for a Global rule, got Throttle"},
+		{Rule{Resource: "api", Global: true, Behavior: Throttle}, "Behavior must be Reject or GCRA for a Global rule, got Throttle"},
 		{Rule{Resource: "api", RelatedResource: "db", Behavior: WarmUp, WarmUpPeriod: time.Second}, "RelatedResource needs a QPS rule with Behavior Reject, got db"},
 		{Rule{Resource: "api", RelatedResource: "db", Metric: Concurrency}, "RelatedResource needs a QPS rule with Behavior Reject, got db"},
 	} {

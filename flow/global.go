@@ -7,7 +7,8 @@ import (
 
 // TokenSource decides global rules across instances (the Redis layer
 // implements it). Acquire asks for n admissions of the rule's threshold in
-// its interval; it returns false when the global limit is reached and an
+// its interval (for a GCRA rule, n tokens of its shared bucket: see
+// GlobalRequest.GCRA); it returns false when the global limit is reached and an
 // error when it cannot decide (the rule's Fallback then applies). It must be
 // safe for simultaneous use and should return within a short timeout of its
 // own.
@@ -35,6 +36,16 @@ type GlobalRequest struct {
 	// without a key, which all share one limit).
 	PerKey bool
 	Caller string
+	// GCRA is set for a rule with Behavior GCRA: the limit is a token
+	// bucket of Burst tokens refilled at Threshold per second (Interval
+	// is then 1 s and means nothing), not a window. A source must keep it
+	// apart from a window limit of the same Key (the Redis source keeps
+	// it under keys of its own) and should decide each request in one
+	// step of the shared store; there is no lease to spend, since a
+	// bucket's tokens are not tied to a window.
+	GCRA bool
+	// Burst is a GCRA rule's bucket size (0 otherwise).
+	Burst int64
 }
 
 // Binder is implemented by token sources that can resolve a rule's limit

@@ -49,7 +49,8 @@ const (
 	// at Threshold per second; a request of n takes n or is refused at
 	// once. It is one word of state, the theoretical arrival time of the
 	// next request, moved by compare-and-swap (the generic cell rate
-	// algorithm), exact at any concurrency.
+	// algorithm), exact at any concurrency. A Global GCRA rule keeps that
+	// time in the shared store instead (see Rule.Global).
 	GCRA
 )
 
@@ -130,7 +131,15 @@ type Rule struct {
 	RelatedResource string
 	// Global enforces Threshold across instances through the engine's
 	// TokenSource; see Fallback and LocalShare for when it fails. QPS rules
-	// with Behavior Reject only.
+	// with Behavior Reject or GCRA only (not PerKey GCRA). A Global GCRA
+	// rule is one bucket shared by every instance, decided by the source
+	// per request (the Redis source: one round trip, on the server's
+	// clock, exact across instances); its Burst must refill within 30 days
+	// (Burst / Threshold). Its FallbackLocal is a local bucket of
+	// LocalShare of Threshold and max(1, floor(Burst x LocalShare))
+	// tokens; what the source admitted is not given back when a later
+	// rule blocks the request (as for every Global rule), what the local
+	// bucket took is.
 	Global bool
 	// Fallback is what a Global rule does when the TokenSource fails.
 	Fallback Fallback
@@ -153,7 +162,9 @@ type Rule struct {
 	Keys []KeyLimit
 	// Burst is a GCRA rule's bucket: the most requests admitted at once
 	// after an idle spell (default 1, at most MaxBurst; left zero
-	// otherwise).
+	// otherwise). In any span of length L a GCRA rule admits at most
+	// Burst + Threshold x L; a Global one across all instances together,
+	// while its source answers.
 	Burst int
 	// DryRun makes the rule count what it would block without blocking
 	// anything (a shadow mode, to roll a new limit out safely): it checks
@@ -200,6 +211,12 @@ const (
 
 // MaxBurst is the largest Burst a GCRA rule accepts.
 const MaxBurst = 1 << 30
+
+// maxGlobalRefill is the longest a Global GCRA rule's bucket may take to
+// refill (Burst / Threshold): the token source keeps the bucket in
+// nanoseconds that must stay exact in a Lua number (2^53 ns is 104 days,
+// and a decision adds up to twice this).
+const maxGlobalRefill = 30 * 24 * time.Hour
 
 // MaxThreshold is the largest Threshold a rule accepts: a trillion a second
 // (or in flight) is beyond any real limit, and keeps every counter of an
@@ -326,8 +343,8 @@ func (r *Rule) validate(i int) error {
 		return bad("Burst", r.Burst, "is for GCRA rules (leave it zero otherwise)")
 	case r.Behavior == GCRA && (r.Burst < 1 || r.Burst > MaxBurst):
 		return bad("Burst", r.Burst, fmt.Sprintf("must be in [1, %d]", MaxBurst))
-	case r.Behavior == GCRA && (r.PerKey || r.Global || r.RelatedResource != "" || r.DryRun):
-		return bad("Behavior", r.Behavior, "GCRA is for plain local rules (not PerKey, Global, related or DryRun)")
+	case r.Behavior == GCRA && (r.PerKey || r.RelatedResource != "" || r.DryRun):
+		return bad("Behavior", r.Behavior, "GCRA is for plain local or Global rules (not PerKey, related or DryRun)")
 	case r.Behavior == GCRA && r.Threshold > 0 && r.Threshold < minPacedRate:
 		return bad("Threshold", r.Threshold, "must be 0 or at least 0.001 (one request per 1000 s) for GCRA")
 	case r.Behavior == GCRA && r.StatInterval != DefaultStatInterval:
@@ -358,8 +375,12 @@ func (r *Rule) validate(i int) error {
 		return bad("DryRun", r.DryRun, "is for QPS rules with Behavior Reject on their own resource's rate (not PerKey, Global or related)")
 	case r.SpanExact && (r.Metric != QPS || r.Behavior != Reject || r.PerKey || r.Global || r.RelatedResource != "" || r.DryRun):
 		return bad("SpanExact", r.SpanExact, "is for QPS rules with Behavior Reject on their own resource's rate (not PerKey, Global, related or DryRun)")
-	case r.Global && r.Behavior != Reject:
-		return bad("Behavior", r.Behavior, "must be Reject for a Global rule")
+	case r.Global && r.Behavior != Reject && r.Behavior != GCRA:
+		return bad("Behavior", r.Behavior, "must be Reject or GCRA for a Global rule")
+	case r.Global && r.Behavior == GCRA && r.Threshold > 0 && float64(r.Burst)/r.Threshold > maxGlobalRefill.Seconds():
+		return bad("Burst", r.Burst, fmt.Sprintf("takes %.4g s to refill at Threshold %g, more than a Global GCRA rule allows (%v)", float64(r.Burst)/r.Threshold, r.Threshold, maxGlobalRefill))
+	case r.Global && r.Behavior == GCRA && r.Fallback == FallbackLocal && r.Threshold > 0 && r.Threshold*r.LocalShare < minPacedRate:
+		return bad("LocalShare", r.LocalShare, fmt.Sprintf("leaves a local rate of %g/s, below 0.001 (one request per 1000 s), for a GCRA rule of Threshold %g", r.Threshold*r.LocalShare, r.Threshold))
 	case r.RelatedResource != "" && (r.Metric != QPS || r.Behavior != Reject):
 		return bad("RelatedResource", r.RelatedResource, "needs a QPS rule with Behavior Reject")
 	case r.Metric == QPS && (r.Behavior == Throttle || r.Behavior == WarmUpThrottle || r.RelatedResource != "") && r.StatInterval != DefaultStatInterval:

@@ -1,8 +1,9 @@
 // Package global enforces flow rules across instances on Redis: the only
 // package of leapflow that imports a Redis client.
 //
-// A Source is a flow.TokenSource. Each global rule is a bucketed sliding
-// window — the shape of the local engine's — kept in one Redis hash and
+// A Source is a flow.TokenSource. Each global rule (but a GCRA rule: see
+// below) is a bucketed sliding window — the shape of the local engine's —
+// kept in one Redis hash and
 // updated by one Lua script that reads the server clock (TIME), drops stale
 // buckets, checks and counts in one atomic step, refreshes the key's expiry
 // and returns allowed, count, remaining, retry-after and server time.
@@ -186,6 +187,54 @@
 // FallbackLocal per-key rule falls back per key, at LocalShare of the
 // key's threshold, on a local per-key table, without keeping shares from
 // the other instances.
+//
+// # GCRA rules
+//
+// A Global rule with Behavior GCRA (flow.Rule.Burst tokens refilled at
+// Threshold per second) is one bucket shared by every instance: a single
+// key holds the theoretical arrival time of the next request (the generic
+// cell rate algorithm), "leapflow:{id:checkout-api}:v2/gcra", a shape no
+// window limit has, so a GCRA rule and a window rule of the same ID are two
+// limits and no key is read by both scripts. Each decision is one EVALSHA
+// (an EVAL after a restart or SCRIPT FLUSH) of a script that reads the server clock (TIME), checks and moves the
+// arrival time in one atomic step and sets the key to expire when the
+// bucket is full again; so the bucket is exact across instances, whatever
+// their clocks: in every span of length L of the server clock, all
+// instances together admit at most Burst + Threshold x L (tested with four
+// instances hammering one rule, on the server times the script returns).
+// The script works in whole nanoseconds per token, as the local GCRA rule,
+// without ever forming an absolute time in nanoseconds, which a Lua number
+// (a double, exact to 2^53) cannot hold: it reads the clock in
+// microseconds and keeps only how far the arrival time is ahead of now in
+// nanoseconds, at most twice the bucket's refill time, which flow bounds
+// to 30 days (2.6e15 ns). A server clock that steps back makes the bucket
+// read as empty, never fuller, for one refill at most.
+//
+// There is no leasing: a bucket's tokens belong to no window that would
+// expire them, so tokens held by one instance would be kept from the
+// others for good. A request makes its one round trip itself (on a
+// 2-core VM, handing it to another goroutine cost about as much as the
+// script), waiting up to
+// Options.Timeout: a later reply refuses it as late, and a call apart,
+// bounded by Options.CallTimeout, then tells the limit's health whether
+// Redis answers, so a dead or silent Redis trips the same backoff, probes
+// and fallback as for window rules. The script keeps no answer per call:
+// a call go-redis retries after its reply was lost may take its tokens
+// twice (stricter by n, never looser). A refusal says when the tokens
+// asked for are back (flow's Entry.RetryAfter); until then requests as large are
+// refused without a call, so an overloaded instance does not call Redis
+// for every request it refuses; a batch larger than Burst is refused
+// without one, and its retry is unknown. Admissions are never given back
+// (a later rule of the resource that blocks the request does not return
+// the tokens), as for window rules. Instances that disagree on the rate or
+// burst (a rolling change) apply their own to the shared arrival time.
+//
+// Under FallbackLocal an instance cut off from Redis admits on a local
+// bucket of LocalShare of the rate and of the burst (at least 1),
+// uncounted by Redis: GCRA keeps no presence, so the others do not keep
+// that share from what they admit, and the bucket can be exceeded by
+// what the instances falling back admit (at most their shares' rate and
+// bursts).
 //
 // # Exact mode
 //

@@ -267,3 +267,69 @@ elseif granted == 0 then
 end
 local res = {granted, total, threshold - total, retry, now, now, window}
 ` + scriptAnswer)
+
+// gcraScript is a Global GCRA rule's bucket (the generic cell rate
+// algorithm on the server clock). KEYS[1] holds the theoretical arrival
+// time of the next request (TAT): a string of decimal digits, nanoseconds
+// since the epoch. ARGV: the interval (ns a token costs), the tolerance
+// (ns: Burst x interval), n (0: a probe, which takes nothing).
+//
+// Exactness: Lua numbers are doubles, exact for integers up to 2^53. The
+// script never forms an absolute time in nanoseconds (about 1.8e18, far
+// past 2^53): it reads TIME as microseconds (1.8e15, exact until the year
+// 2255), splits the stored TAT into its microseconds and its last three
+// digits, and works in nanoseconds only on how far the TAT is ahead of
+// now, which is at most the tolerance plus a request's cost, each at most
+// 30 days (2.6e15 ns; flow refuses a Global GCRA rule whose bucket takes
+// longer to refill): every sum and product stays an exact integer.
+//
+// A TAT further ahead than the tolerance (the server clock stepped back)
+// is read as the tolerance: the bucket is empty, never fuller than it
+// was, and a step back stalls it for one refill at most. It grants n when
+// the TAT, moved on by n intervals, is at most the tolerance ahead of now,
+// and then stores it with an expiry of when the bucket is full again (an
+// absent key is a full bucket). It returns allowed (1 or 0), the tokens
+// left, the retry-after (ns until n tokens are back; 0 when allowed, -1
+// when n is more than the bucket holds), the reset (ns until the bucket
+// is full) and the server time (µs).
+//
+// Unlike the window scripts it keeps no answer per call ID (that cost a
+// quarter of the call): a call that go-redis retries after its reply was
+// lost may take its tokens twice, which makes the bucket stricter by n,
+// never looser.
+var gcraScript = redis.NewScript(`
+local interval = tonumber(ARGV[1])
+local tol = tonumber(ARGV[2])
+local n = tonumber(ARGV[3])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local ahead = 0
+local tat = redis.call('GET', KEYS[1])
+if tat and #tat > 3 then
+  local us = tonumber(string.sub(tat, 1, -4))
+  local ns = tonumber(string.sub(tat, -3))
+  if us and ns and us >= now then
+    if us - now > tol / 1000 then
+      ahead = tol
+    else
+      ahead = math.min((us - now) * 1000 + ns, tol)
+    end
+  end
+end
+local cost = n * interval
+local allowed = 0
+local retry = 0
+if cost > tol then
+  retry = -1
+elseif ahead + cost > tol then
+  retry = ahead + cost - tol
+else
+  allowed = 1
+  if n > 0 then
+    ahead = ahead + cost
+    local at = now + math.floor(ahead / 1000)
+    redis.call('SET', KEYS[1], string.format('%.0f%03d', at, ahead % 1000), 'PX', math.floor(ahead / 1000000) + 1)
+  end
+end
+return {allowed, math.floor((tol - ahead) / interval), retry, ahead, now}
+`)

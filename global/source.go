@@ -74,8 +74,9 @@ type Options struct {
 	Clock      stat.Clock
 	ClockSlack time.Duration
 	// OnAdmit, if set, is called for every admission with the start of
-	// the server bucket it was counted in (for audits and tests; it runs
-	// on the request path and must be fast).
+	// the server bucket it was counted in, or for a GCRA rule the server
+	// time of the decision (for audits and tests; it runs on the request
+	// path and must be fast).
 	OnAdmit func(bucket time.Time, n int64)
 }
 
@@ -170,6 +171,7 @@ type Source struct {
 	client redis.UniversalClient
 	opts   Options
 	limits sync.Map // limitID -> *limit
+	gcras  sync.Map // a GCRA rule's key -> *gcraLimit
 
 	calls, errs, refused, late, leased, returned atomic.Int64
 	// keyed holds the callers' limits of PerKey rules, bounded.
@@ -256,6 +258,7 @@ func New(client redis.UniversalClient, opts Options) (*Source, error) {
 		defer cancel()
 		_ = windowScript.Load(ctx, s.client).Err()
 		_ = logScript.Load(ctx, s.client).Err()
+		_ = gcraScript.Load(ctx, s.client).Err()
 	})
 	return s, nil
 }
@@ -422,6 +425,12 @@ func (s *Source) leasing(l *limit) bool {
 // it can, else waits for a call to Redis. When a lease runs low, the next
 // is fetched in the background, so a busy instance rarely waits at all.
 func (s *Source) Acquire(ctx context.Context, req flow.GlobalRequest) (bool, error) {
+	if req.GCRA {
+		if req.PerKey {
+			return false, errPerKeyGCRA
+		}
+		return s.acquireGCRA(ctx, s.gcraBoundFor(req), req.Count)
+	}
 	if req.PerKey {
 		return s.acquire(ctx, s.keyLimit(s.limitFor(req), &req, req.Caller), &req, req.Count)
 	}
@@ -436,7 +445,17 @@ func (s *Source) Acquire(ctx context.Context, req flow.GlobalRequest) (bool, err
 // rules are loaded.
 // When the flow engine drops the rule (a reload) and the bound source is
 // collected, the limit stops renewing this instance's presence.
+//
+// A GCRA rule (req.GCRA) binds to its bucket, which keeps no presence:
+// see the package doc.
 func (s *Source) Bind(req flow.GlobalRequest) flow.BoundSource {
+	if req.GCRA {
+		b := s.gcraBoundFor(req)
+		if req.PerKey {
+			b.err = errPerKeyGCRA
+		}
+		return b
+	}
 	if req.PerKey {
 		return &keyedBound{s: s, parent: s.limitFor(req), req: req}
 	}
@@ -659,7 +678,7 @@ func (s *Source) fly(l *limit, f *flight, p int, req flow.GlobalRequest) {
 	var probe bool
 	defer func() {
 		if v := recover(); v != nil {
-			s.fail(l, probe)
+			s.fail(l.health, probe)
 			panic(v) // to goCall, which ends it
 		}
 	}()
@@ -697,7 +716,7 @@ func (s *Source) fly(l *limit, f *flight, p int, req flow.GlobalRequest) {
 		}
 	}
 	need := max(f.need.Load(), 1)
-	probe, err := s.callable(l)
+	probe, err := s.callable(l.health)
 	if err != nil {
 		f.err = err
 		return
@@ -716,11 +735,11 @@ func (s *Source) fly(l *limit, f *flight, p int, req flow.GlobalRequest) {
 		f.err = errClosed
 		return
 	case err != nil:
-		s.fail(l, probe)
+		s.fail(l.health, probe)
 		f.err = err
 		return
 	}
-	s.succeed(l)
+	s.succeed(l.health)
 	f.err = nil
 	if !d.Allowed {
 		f.refused = true
@@ -995,7 +1014,7 @@ func (s *Source) admitted(bucket time.Time, n int64) {
 
 // callable returns errClosed after Close and ErrUnavailable while backing
 // off; once the backoff ends it lets one call through to probe.
-func (s *Source) callable(l *limit) (probe bool, err error) {
+func (s *Source) callable(l *health) (probe bool, err error) {
 	if s.closed.Load() {
 		return false, errClosed
 	}
@@ -1013,7 +1032,7 @@ func (s *Source) callable(l *limit) (probe bool, err error) {
 // off; the backoff doubles after every FailAfter failed probes, so neither
 // one unlucky probe nor the calls of many limits failing together double
 // it.
-func (s *Source) fail(l *limit, probe bool) {
+func (s *Source) fail(l *health, probe bool) {
 	s.errs.Inc()
 	f := l.failures.Inc()
 	k := int64(s.opts.FailAfter)
@@ -1034,7 +1053,7 @@ func (s *Source) fail(l *limit, probe bool) {
 	l.downUntil.Store(s.opts.Clock.Now() + int64(backoff))
 }
 
-func (s *Source) succeed(l *limit) {
+func (s *Source) succeed(l *health) {
 	if l.downUntil.Load() != 0 || l.failures.Load() != 0 || l.probeFails.Load() != 0 {
 		l.failures.Store(0)
 		l.probeFails.Store(0)
@@ -1070,4 +1089,5 @@ func (s *Source) Stats() Stats {
 var (
 	_ flow.TokenSource = (*Source)(nil)
 	_ flow.Binder      = (*Source)(nil)
+	_ flow.RetryHinter = (*gcraBound)(nil)
 )
