@@ -169,3 +169,15 @@ func TestGCRARuleChecks(t *testing.T) {
 	require.NoError(t, e.LoadRules([]Rule{{Resource: "a", Threshold: 1, Behavior: GCRA}}))
 	assert.Equal(t, 1, e.Rules()[0].Burst, "a burst of 1 by default")
 }
+
+// TestGCRARefillIsBounded: a bucket that would take more than 30 days to
+// refill is refused by name (Burst x a token's cost would otherwise wrap
+// int64 at the slowest rates and largest bursts).
+func TestGCRARefillIsBounded(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(0))
+	err := e.LoadRules([]Rule{{Resource: "a", Threshold: 0.001, Behavior: GCRA, Burst: MaxBurst}})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "Burst")
+	assert.Contains(t, err.Error(), "to refill")
+	require.NoError(t, e.LoadRules([]Rule{{Resource: "a", Threshold: 0.001, Behavior: GCRA, Burst: 2000}}), "2000 s to refill")
+}

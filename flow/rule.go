@@ -212,11 +212,12 @@ const (
 // MaxBurst is the largest Burst a GCRA rule accepts.
 const MaxBurst = 1 << 30
 
-// maxGlobalRefill is the longest a Global GCRA rule's bucket may take to
-// refill (Burst / Threshold): the token source keeps the bucket in
-// nanoseconds that must stay exact in a Lua number (2^53 ns is 104 days,
-// and a decision adds up to twice this).
-const maxGlobalRefill = 30 * 24 * time.Hour
+// maxGCRARefill is the longest a GCRA rule's bucket may take to refill
+// (Burst / Threshold): a local rule keeps it in int64 nanoseconds (Burst
+// times the cost of a token, which would wrap past 292 years), and the
+// Redis token source in nanoseconds that must stay exact in a Lua number
+// (2^53 ns is 104 days, and a decision adds up to twice this).
+const maxGCRARefill = 30 * 24 * time.Hour
 
 // MaxThreshold is the largest Threshold a rule accepts: a trillion a second
 // (or in flight) is beyond any real limit, and keeps every counter of an
@@ -377,8 +378,8 @@ func (r *Rule) validate(i int) error {
 		return bad("SpanExact", r.SpanExact, "is for QPS rules with Behavior Reject on their own resource's rate (not PerKey, Global, related or DryRun)")
 	case r.Global && r.Behavior != Reject && r.Behavior != GCRA:
 		return bad("Behavior", r.Behavior, "must be Reject or GCRA for a Global rule")
-	case r.Global && r.Behavior == GCRA && r.Threshold > 0 && float64(r.Burst)/r.Threshold > maxGlobalRefill.Seconds():
-		return bad("Burst", r.Burst, fmt.Sprintf("takes %.4g s to refill at Threshold %g, more than a Global GCRA rule allows (%v)", float64(r.Burst)/r.Threshold, r.Threshold, maxGlobalRefill))
+	case r.Behavior == GCRA && r.Threshold > 0 && float64(r.Burst)/r.Threshold > maxGCRARefill.Seconds():
+		return bad("Burst", r.Burst, fmt.Sprintf("takes %.4g s to refill at Threshold %g, more than a GCRA rule allows (%v)", float64(r.Burst)/r.Threshold, r.Threshold, maxGCRARefill))
 	case r.Global && r.Behavior == GCRA && r.Fallback == FallbackLocal && r.Threshold > 0 && r.Threshold*r.LocalShare < minPacedRate:
 		return bad("LocalShare", r.LocalShare, fmt.Sprintf("leaves a local rate of %g/s, below 0.001 (one request per 1000 s), for a GCRA rule of Threshold %g", r.Threshold*r.LocalShare, r.Threshold))
 	case r.RelatedResource != "" && (r.Metric != QPS || r.Behavior != Reject):
