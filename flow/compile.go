@@ -314,7 +314,13 @@ func (e *Engine) add(next, old *ruleSet, r *Rule, k ruleKey, id tableID, nodes m
 		})
 	case r.Global:
 		local := reuse(old.locals, k, func() *metric.Window {
-			w, err := metric.NewWindow(e.buckets(r.StatInterval), r.StatInterval)
+			n, interval := e.buckets(r.StatInterval), r.StatInterval
+			if r.SpanExact {
+				// The fallback is span-exact too: one bucket more.
+				n = e.spanBuckets
+				n, interval = n+1, interval+interval/time.Duration(n)
+			}
+			w, err := metric.NewWindow(n, interval)
 			if err != nil {
 				panic(err) // validated
 			}
@@ -424,7 +430,8 @@ func (rr *resourceRules) group(w *metric.Window, interval time.Duration) *window
 
 // globalRequest is what global rule r asks its token source.
 func globalRequest(r *Rule) GlobalRequest {
-	g := GlobalRequest{Key: globalKey(r), Resource: r.Resource, Threshold: r.Threshold, Interval: r.StatInterval, PerKey: r.PerKey}
+	g := GlobalRequest{Key: globalKey(r), Resource: r.Resource, Threshold: r.Threshold, Interval: r.StatInterval, PerKey: r.PerKey,
+		SpanExact: r.SpanExact}
 	if r.Fallback == FallbackLocal {
 		g.LocalShare = r.LocalShare
 	}

@@ -79,11 +79,13 @@
 // atomic add than a plain rule (the pass is also counted in the resource's
 // statistics).
 //
-// Global rules do not take SpanExact yet: the Redis layer's window script
-// sums the buckets of a window the same way, so the same n+1 bound would
-// carry over to it unchanged, but the leases its instances hold locally
-// would have to be counted against the extra bucket too, which they are
-// not.
+// The same idea carries over to Global rules: the Redis source's window
+// script sums n+1 buckets of the server's clock instead of n for a
+// span-exact rule, so every span of W on the server's clock counts at
+// most T; instances spend what it grants within the server bucket it was
+// counted in, as they do for plain rules, give or take the round trip
+// (see the global package). A Global span-exact rule's local fallback
+// window is span-exact too.
 //
 // # Per-key limits
 //

@@ -36,6 +36,11 @@ type GlobalRequest struct {
 	// without a key, which all share one limit).
 	PerKey bool
 	Caller string
+	// SpanExact is set for a span-exact rule: the source counts a window
+	// of one bucket more than the Interval holds (see Rule.SpanExact), so
+	// that every span of Interval holds at most Threshold. A source must
+	// keep it apart from a plain window limit of the same Key.
+	SpanExact bool
 	// GCRA is set for a rule with Behavior GCRA: the limit is a token
 	// bucket of Burst tokens refilled at Threshold per second (Interval
 	// is then 1 s and means nothing), not a window. A source must keep it

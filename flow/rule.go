@@ -182,9 +182,12 @@ type Rule struct {
 	// costs 1/(n+1) of the steady rate (n is the engine's WithSpanBuckets,
 	// 10 by default: a steady 91% of Threshold);
 	// see the package doc for the proof. QPS rules with Behavior Reject on
-	// their own resource's rate (not PerKey, Global, related or DryRun).
+	// their own resource's rate (not PerKey, related or DryRun).
 	// Span-exact rules of one resource and StatInterval admit together,
-	// in a window of their own, beside the resource's plain rules.
+	// in a window of their own, beside the resource's plain rules. A
+	// Global rule may be span-exact: the Redis source counts the extra
+	// bucket on the server (see the global package), and its local
+	// fallback window is span-exact too.
 	SpanExact bool
 }
 
@@ -374,8 +377,8 @@ func (r *Rule) validate(i int) error {
 		return bad("RelatedResource", r.RelatedResource, "cannot be combined with Global")
 	case r.DryRun && (r.Metric != QPS || r.Behavior != Reject || r.PerKey || r.Global || r.RelatedResource != ""):
 		return bad("DryRun", r.DryRun, "is for QPS rules with Behavior Reject on their own resource's rate (not PerKey, Global or related)")
-	case r.SpanExact && (r.Metric != QPS || r.Behavior != Reject || r.PerKey || r.Global || r.RelatedResource != "" || r.DryRun):
-		return bad("SpanExact", r.SpanExact, "is for QPS rules with Behavior Reject on their own resource's rate (not PerKey, Global, related or DryRun)")
+	case r.SpanExact && (r.Metric != QPS || r.Behavior != Reject || r.PerKey || r.RelatedResource != "" || r.DryRun):
+		return bad("SpanExact", r.SpanExact, "is for QPS rules with Behavior Reject on their own resource's rate (not PerKey, related or DryRun)")
 	case r.Global && r.Behavior != Reject && r.Behavior != GCRA:
 		return bad("Behavior", r.Behavior, "must be Reject or GCRA for a Global rule")
 	case r.Behavior == GCRA && r.Threshold > 0 && float64(r.Burst)/r.Threshold > maxGCRARefill.Seconds():

@@ -1,6 +1,8 @@
 package flow
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -70,7 +72,6 @@ func TestSpanExactValidation(t *testing.T) {
 		{Resource: "a", Threshold: 1, Behavior: Throttle, SpanExact: true},
 		{Resource: "a", Threshold: 1, Behavior: GCRA, Burst: 1, SpanExact: true},
 		{Resource: "a", Threshold: 1, PerKey: true, SpanExact: true},
-		{Resource: "a", Threshold: 1, Global: true, SpanExact: true},
 		{Resource: "a", Threshold: 1, RelatedResource: "b", SpanExact: true},
 		{Resource: "a", Threshold: 1, DryRun: true, SpanExact: true},
 	} {
@@ -275,3 +276,30 @@ func TestSpanExactCountsOnTheNode(t *testing.T) {
 	assert.Equal(t, 3.0, snap.PassQPS)
 	assert.Equal(t, 2.0, snap.BlockQPS)
 }
+
+// TestGlobalSpanExactFallsBackSpanExact: while the token source fails, a
+// Global span-exact rule's local fallback window is span-exact too (the
+// adversarial pattern admits twice the share in a plain one), and the
+// source is told the rule is span-exact.
+func TestGlobalSpanExactFallsBackSpanExact(t *testing.T) {
+	src := &fakeSource{}
+	src.err.Store(errors.New("down"))
+	var got GlobalRequest
+	seen := sourceFunc(func(_ context.Context, req GlobalRequest) (bool, error) {
+		got = req
+		return src.Acquire(context.Background(), req)
+	})
+	clock := stattest.NewClock(0)
+	e, _ := newEngine(t, clock, WithTokenSource(seen), WithSpanBuckets(4))
+	load(t, e, Rule{Resource: "api", Threshold: 100, Global: true, SpanExact: true, LocalShare: 0.5})
+	b := time.Second / 4
+	st := greedy(t, e, clock, "api", b-1, time.Second, time.Second+b-1, time.Second+b, 2*time.Second+b)
+	assert.True(t, got.SpanExact)
+	assert.LessOrEqual(t, mostInSpan(st, int64(time.Second)), int64(50))
+	require.Greater(t, len(st), 50)
+	assert.Equal(t, int64(time.Second+1), st[50].t-st[0].t, "the share again once the first burst left every span")
+}
+
+type sourceFunc func(ctx context.Context, req GlobalRequest) (bool, error)
+
+func (f sourceFunc) Acquire(ctx context.Context, req GlobalRequest) (bool, error) { return f(ctx, req) }

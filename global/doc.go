@@ -242,4 +242,19 @@
 // sliding log instead: a sorted set of admissions with unique members,
 // exact in every continuous span, at one round trip and one set member per
 // admission.
+//
+// # Span-exact rules
+//
+// A span-exact rule (flow.Rule.SpanExact) is the window script counting
+// Buckets+1 buckets of Interval/Buckets instead of Buckets, in a hash of
+// its own (the key's shape ends in "+1"): a span of Interval meets at
+// most Buckets+1 consecutive buckets, and every grant keeps every such
+// sum within the threshold, so no span of Interval on the server's clock
+// counts more than it, at the cost of a steady Buckets/(Buckets+1) of the
+// threshold (91% with the default 10). Leasing is unchanged: a lease is
+// spent within the server bucket it was counted in (as this instance
+// estimates it from the reply), so what instances admit lands where the
+// server counted it, give or take a round trip and the scheduling of the
+// caller. A limit small enough for exact mode is a sliding log, exact in
+// every span already.
 package global

@@ -279,6 +279,7 @@ type limitID struct {
 	key      string
 	interval time.Duration
 	exact    bool
+	span     bool // span-exact (a window of one bucket more); never with exact
 }
 
 // limit is the state of one limit in this instance: its keys, its leases
@@ -287,6 +288,9 @@ type limit struct {
 	keys   keys
 	window int64 // µs
 	exact  bool
+	// span is set for a span-exact rule's limit: the script counts
+	// Buckets+1 buckets of window/Buckets.
+	span bool
 	// leases holds one lease per stripe (P): admissions from a lease
 	// touch only their own P's cache line.
 	leases []paddedLease
@@ -374,7 +378,9 @@ func perWindow(req flow.GlobalRequest) int64 {
 }
 
 func (s *Source) limitFor(req flow.GlobalRequest) *limit {
-	id := limitID{key: req.Key, interval: req.Interval, exact: perWindow(req) <= s.opts.ExactBelow}
+	exact := perWindow(req) <= s.opts.ExactBelow
+	// A sliding log is exact in every span already.
+	id := limitID{key: req.Key, interval: req.Interval, exact: exact, span: req.SpanExact && !exact}
 	l, ok := s.limits.Load(id)
 	if !ok {
 		l = s.newLimit(id, req)
@@ -398,15 +404,19 @@ func (s *Source) newLimit(id limitID, req flow.GlobalRequest) any {
 	// (the smaller applies; see scriptThreshold).
 	shape := keySchema + "/" + strconv.FormatInt(req.Interval.Milliseconds(), 10) + "ms"
 	exact := id.exact
-	if exact {
+	switch {
+	case exact:
 		shape += "/log"
-	} else {
+	case id.span:
+		shape += "/" + strconv.Itoa(s.opts.Buckets) + "+1"
+	default:
 		shape += "/" + strconv.Itoa(s.opts.Buckets)
 	}
 	nl := &limit{
 		keys:   keysFor(s.opts.Prefix, req.Key, shape),
 		window: req.Interval.Microseconds(),
 		exact:  exact,
+		span:   id.span,
 		health: &health{},
 	}
 	nl.batch.Store(min(initialBatch, s.opts.MaxBatch))
@@ -977,7 +987,14 @@ func (s *Source) takeAs(id string, l *limit, threshold, need, want, maxLease int
 	if l.exact {
 		cmd = logScript.Run(ctx, s.client, []string{l.keys.log, l.keys.meta, l.keys.reply + id}, threshold, l.window, want, ttl, serverStep, replyTTL, need, hold)
 	} else {
-		args := []any{threshold, l.window, s.opts.Buckets, want, maxLease, ttl, serverStep, replyTTL, need, hold}
+		window, buckets := l.window, int64(s.opts.Buckets)
+		if l.span {
+			// One bucket more: every span of the interval lies within
+			// Buckets+1 consecutive buckets, and the script keeps each
+			// such sum within the threshold.
+			window, buckets = window/buckets*(buckets+1), buckets+1
+		}
+		args := []any{threshold, window, buckets, want, maxLease, ttl, serverStep, replyTTL, need, hold}
 		for _, g := range back {
 			args = append(args, strconv.FormatInt(g.bucket, 10), g.n)
 		}
