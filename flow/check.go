@@ -53,7 +53,7 @@ func (e *Engine) enter(set *ruleSet, rr *resourceRules, node *stat.Node, opts []
 	if gr := rr.singleGCRA; gr != nil && q.wait == 0 {
 		// One GCRA rule: one compare-and-swap, the pass or block counted
 		// on the node.
-		_, ok, rm := gr.take(now, n, 0)
+		_, _, ok, rm := gr.take(now, n, 0)
 		ev := metric.Pass
 		if !ok {
 			ev = metric.Block
@@ -126,25 +126,25 @@ type held struct {
 	res   [2]metric.Reservation
 	more  []metric.Reservation
 	nbor  int
-	bor   [2]borrowed // admissions borrowed from later buckets (WithWait)
-	bmore []borrowed
-	paced [maxPacedRules]int64 // costs, by index into rr.paced
-	gcra  [maxGCRARules]bool   // tokens taken, by index into rr.gcras
+	bor   [2]borrowedAt // admissions borrowed from later buckets (WithWait)
+	bmore []borrowedAt
+	paced [maxPacedRules]paceHeld // slots, by index into rr.paced
+	gcra  [maxGCRARules]int64     // arrival times set (0: none), by index into rr.gcras
 	gres  [maxGlobalRules]metric.Reservation
-	ggcra [maxGlobalRules]bool    // taken by Global GCRA rules' local fallbacks
+	ggcra [maxGlobalRules]int64   // set by Global GCRA rules' local fallbacks
 	gkeys [maxGlobalRules]keyHeld // PerKey global rules' local fallbacks
 	kc    *keyState               // counted by the PerKey Concurrency rule
 	keys  [maxKeyRules]keyHeld
 }
 
-// borrowed is an admission borrowed from window w's bucket starting at
+// borrowedAt is an admission borrowed from window w's bucket starting at
 // start.
-type borrowed struct {
+type borrowedAt struct {
 	w     *metric.Window
 	start int64
 }
 
-func (h *held) addBorrow(b borrowed) {
+func (h *held) addBorrow(b borrowedAt) {
 	if h.nbor < len(h.bor) {
 		h.bor[h.nbor] = b
 	} else {
@@ -179,21 +179,19 @@ func (e *Engine) release(rr *resourceRules, h *held, n int64) {
 		b.w.Unborrow(b.start, n)
 	}
 	for i := range rr.paced {
-		if cost := h.paced[i]; cost != 0 {
-			rr.paced[i].p.giveBack(cost)
-		}
+		rr.paced[i].p.giveBack(h.paced[i])
 	}
 	for i := range rr.gcras {
-		if h.gcra[i] {
-			rr.gcras[i].give(n)
+		if h.gcra[i] != 0 {
+			rr.gcras[i].give(n, h.gcra[i])
 		}
 	}
 	for i := range rr.globals {
 		// What a source admitted is not given back (it may have been
 		// counted across instances); a local fallback's admission is.
 		h.gres[i].Cancel(proto.Token{})
-		if h.ggcra[i] {
-			rr.globals[i].gcra.give(n)
+		if h.ggcra[i] != 0 {
+			rr.globals[i].gcra.give(n, h.ggcra[i])
 		}
 		if st := h.gkeys[i].st; st != nil {
 			undoBucket(st, h.gkeys[i].b, n)
@@ -277,7 +275,7 @@ func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now int64, q *req
 				// waits from its own now (behind the newest bucket, the
 				// borrow's wait ran from that bucket), so that it is
 				// admitted at the bucket's start.
-				h.addBorrow(borrowed{g.w, s})
+				h.addBorrow(borrowedAt{g.w, s})
 				wait = max(wait, s-now)
 				continue
 			}
@@ -301,11 +299,11 @@ func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now int64, q *req
 	}
 	for i := range rr.gcras {
 		gr := &rr.gcras[i]
-		d, ok, rm := gr.take(now, n, q.wait)
+		d, tok, ok, rm := gr.take(now, n, q.wait)
 		if !ok {
 			return e.block(rr, &h, p, now, n, gr.be, 0, rm)
 		}
-		h.gcra[i] = true
+		h.gcra[i] = tok
 		wait = max(wait, d)
 	}
 	for _, rel := range rr.related {
@@ -316,19 +314,22 @@ func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now int64, q *req
 	for i := range rr.paced {
 		pr := &rr.paced[i]
 		rate := pr.pace(now, node)
-		d, cost, ok := pr.p.reserve(now, n, rate, q.wait)
+		ph, d, ok := pr.p.reserve(now, n, rate, q.wait)
 		if !ok {
 			return e.block(rr, &h, p, now, n, pr.be, rate, paceRoom(d, max(pr.p.maxQueue, q.wait)))
 		}
-		h.paced[i] = cost
+		h.paced[i] = ph
 		wait = max(wait, d)
 	}
-	if wait > 0 && rr.rateRules > 1 {
-		// Every rule counts the request at the instant it goes, the
-		// latest any of them asked for, before it waits.
-		if be, seen, ok := e.align(rr, &h, p, now, now+wait, n); !ok {
+	if t := now + wait; (wait > 0 && rr.rateRules > 1) || !h.holds(rr, t) {
+		// Every rule counts the request at the instant it goes: the
+		// latest any of them asked for, or the newest bucket another
+		// window already has.
+		t, be, seen, ok := e.align(rr, &h, p, now, t, q)
+		if !ok {
 			return e.block(rr, &h, p, now, n, be, seen, unknownRoom)
 		}
+		wait = t - now
 	}
 	if wait > 0 {
 		if ctx == nil {
@@ -364,6 +365,12 @@ func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now int64, q *req
 			node = e.recount(node, p, now, metric.Pass, n)
 		}
 	}
+	if h.nbor > 0 && !h.borrowedFrom(node.Second()) {
+		// It waited for a later bucket of a window of its own (a
+		// span-exact one): the resource counts it as occupied too, as
+		// the fold does in its second window.
+		node.Second().AddOn(p, now, metric.OccupiedPass, n)
+	}
 	return e.admitted(set, node, p, now, n, h.conc, h.kc, rr.keyConc.t), nil
 }
 
@@ -387,77 +394,153 @@ func (pr *pacedRule) pace(now int64, node *stat.Node) float64 {
 	return pr.rate
 }
 
-// align moves what a request that waits took from its windows, GCRA and
-// Throttle rules at now to the instant t it goes, when more than one such
-// rule took part: each took at the time it could admit, and a rule that
-// admitted at now (or borrowed a bucket before t) would count the request
-// before it happens, letting others in around t past its threshold. Each
-// window group admits it again in the bucket holding t, each GCRA rule
-// takes its tokens at t and each Throttle rule its slot at t; if any
-// cannot, the request is blocked by that rule (nothing was waited for
-// yet). WarmUp windows, which do not borrow, keep their admission at now.
-func (e *Engine) align(rr *resourceRules, h *held, p int, now, t, n int64) (*BlockError, float64, bool) {
+// holds reports whether everything the request took counts it at
+// instant t: every window's bucket holds t (a window whose newest bucket
+// was ahead of the request's clock counted it there, and a later rule
+// may have moved its instant past an earlier window's bucket).
+func (h *held) holds(rr *resourceRules, t int64) bool {
 	for i := range min(h.nres, len(h.res)) {
-		h.res[i].Cancel(proto.Token{})
+		if !h.res[i].Holds(t) {
+			return false
+		}
 	}
 	for i := range h.more {
-		h.more[i].Cancel(proto.Token{})
+		if !h.more[i].Holds(t) {
+			return false
+		}
 	}
 	for i := range min(h.nbor, len(h.bor)) {
-		h.bor[i].w.Unborrow(h.bor[i].start, n)
+		if !h.bor[i].holds(t) {
+			return false
+		}
 	}
 	for _, b := range h.bmore {
-		b.w.Unborrow(b.start, n)
+		if !b.holds(t) {
+			return false
+		}
 	}
-	h.nres, h.more, h.nbor, h.bmore = 0, h.more[:0], 0, h.bmore[:0]
-	node := rr.node
-	for i := range rr.groups {
-		g := &rr.groups[i]
-		limit, be := g.limit(now, node)
-		if !g.borrowable {
-			r, ok := g.w.AdmitOn(p, now, n, limit)
-			if !ok {
-				return be, float64(r.Seen()), false
+	for i := range rr.keyed {
+		if kr := &rr.keyed[i]; kr.t.kind == keyWindow && h.keys[i].st != nil && t/kr.t.bucketLen != h.keys[i].b {
+			return false
+		}
+	}
+	return true
+}
+
+// borrowedFrom reports whether one of the request's borrows is from w.
+func (h *held) borrowedFrom(w *metric.Window) bool {
+	for i := range min(h.nbor, len(h.bor)) {
+		if h.bor[i].w == w {
+			return true
+		}
+	}
+	for _, b := range h.bmore {
+		if b.w == w {
+			return true
+		}
+	}
+	return false
+}
+
+func (b borrowedAt) holds(t int64) bool { return t >= b.start && t < b.start+b.w.BucketLen() }
+
+// maxAlign bounds align's rounds: each moves the instant to a newer
+// bucket some window made meanwhile, which happens at most once per bucket.
+const maxAlign = 4
+
+// align makes every rate rule that took from the request count it at
+// one instant, t or later: each took at the time it could admit (a rule
+// that admitted at now or borrowed a bucket before t would count the
+// request before it goes, and one whose newest bucket was ahead of the
+// request's clock counted it after), which would let others in past its
+// threshold around the instant the request goes. Each window group
+// admits it again in the bucket holding t (now, or a borrow of that later
+// bucket), each GCRA rule takes its tokens at t, each Throttle rule its
+// slot at t; a PerKey window must hold t already. If a window's newest
+// bucket is past t, t moves there and they align again. If any rule
+// cannot, the request is blocked by it (nothing was waited for yet). It
+// returns the instant.
+func (e *Engine) align(rr *resourceRules, h *held, p int, now, t int64, q *request) (int64, *BlockError, float64, bool) {
+	n, node := q.n, rr.node
+	for range maxAlign {
+		for i := range min(h.nres, len(h.res)) {
+			h.res[i].Cancel(proto.Token{})
+		}
+		for i := range h.more {
+			h.more[i].Cancel(proto.Token{})
+		}
+		for i := range min(h.nbor, len(h.bor)) {
+			h.bor[i].w.Unborrow(h.bor[i].start, n)
+		}
+		for _, b := range h.bmore {
+			b.w.Unborrow(b.start, n)
+		}
+		h.nres, h.more, h.nbor, h.bmore = 0, h.more[:0], 0, h.bmore[:0]
+		later := t
+		for i := range rr.groups {
+			g := &rr.groups[i]
+			limit, be := g.limit(now, node)
+			r, s, borrowed, ok := g.w.AdmitAt(p, now, t, n, limit)
+			switch {
+			case !ok:
+				return t, be, float64(r.Seen()), false
+			case borrowed:
+				h.addBorrow(borrowedAt{g.w, s})
+			default:
+				h.addRes(r)
+				later = max(later, r.Start())
 			}
-			h.addRes(r)
-			continue
 		}
-		r, s, later, ok := g.w.AdmitAt(p, now, t, n, limit)
-		switch {
-		case !ok:
-			return be, float64(r.Seen()), false
-		case later:
-			h.addBorrow(borrowed{g.w, s})
-		default:
-			h.addRes(r)
+		for i := range rr.keyed {
+			kr := &rr.keyed[i]
+			if kr.t.kind == keyWindow {
+				if h.keys[i].st != nil && t/kr.t.bucketLen != h.keys[i].b {
+					// A key's window cannot count ahead of its newest
+					// bucket.
+					return t, kr.blockError(q), 0, false
+				}
+				continue
+			}
+			kr.undo(h.keys[i], n)
+			h.keys[i] = keyHeld{}
+			if _, seen, _, ok := kr.admitAt(q, t, &h.keys[i]); !ok {
+				return t, kr.blockError(q), seen, false
+			}
 		}
-	}
-	for i := range rr.gcras {
-		gr := &rr.gcras[i]
-		if h.gcra[i] {
-			gr.give(n)
-			h.gcra[i] = false
+		for i := range rr.gcras {
+			gr := &rr.gcras[i]
+			if h.gcra[i] != 0 {
+				gr.give(n, h.gcra[i])
+				h.gcra[i] = 0
+			}
+			_, tok, ok, _ := gr.take(t, n, 0)
+			if !ok {
+				return t, gr.be, 0, false
+			}
+			h.gcra[i] = tok
 		}
-		if _, ok, _ := gr.take(t, n, 0); !ok {
-			return gr.be, 0, false
-		}
-		h.gcra[i] = true
-	}
-	for i := range rr.paced {
-		pr := &rr.paced[i]
-		if h.paced[i] != 0 {
+		for i := range rr.paced {
+			pr := &rr.paced[i]
 			pr.p.giveBack(h.paced[i])
-			h.paced[i] = 0
+			h.paced[i] = paceHeld{}
+			rate := pr.pace(now, node)
+			// A slot at t itself: no queue past it.
+			ph, _, ok := reservePace(&pr.p.latest, 0, t, n, rate)
+			if !ok {
+				return t, pr.be, rate, false
+			}
+			h.paced[i] = ph
 		}
-		rate := pr.pace(now, node)
-		// A slot at t itself: no queue past it.
-		_, cost, ok := reservePace(&pr.p.latest, 0, t, n, rate)
-		if !ok {
-			return pr.be, rate, false
+		if later == t && h.holds(rr, t) {
+			return t, nil, 0, true
 		}
-		h.paced[i] = cost
+		t = later
 	}
-	return nil, 0, true
+	var be *BlockError
+	if len(rr.groups) > 0 {
+		_, be = rr.groups[0].limit(now, node)
+	}
+	return t, be, 0, false
 }
 
 // wait runs the engine's sleep, turning a panic in it into an error.
@@ -521,10 +604,11 @@ func (e *Engine) global(node *stat.Node, g *globalRule, h *held, i, p int, now i
 	}
 	if g.gcra != nil {
 		// A Global GCRA rule: its local bucket.
-		if _, ok, _ := g.gcra.take(now, n, 0); !ok {
+		_, tok, ok, _ := g.gcra.take(now, n, 0)
+		if !ok {
 			return g.beLocal, false
 		}
-		h.ggcra[i] = true
+		h.ggcra[i] = tok
 		return nil, false
 	}
 	r, ok := g.local.AdmitOn(p, now, n, g.localLimit)

@@ -75,9 +75,9 @@ type resourceRules struct {
 	keyConc keyRule
 	// keyedGlobal is set when a global rule is PerKey.
 	keyedGlobal bool
-	// rateRules counts the window groups, GCRA and Throttle rules that a
-	// request takes from: when more than one does and one makes it wait,
-	// check aligns them to the instant it goes.
+	// rateRules counts the window groups, GCRA, Throttle and PerKey QPS
+	// rules that a request takes from: when more than one does and one
+	// makes it wait, check aligns them to the instant it goes.
 	rateRules int
 	// rules counts the resource's rules: a blocked request is told when
 	// to retry only when one rule decides (with several, the one that
@@ -242,7 +242,7 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stat.Node, bounds []Bound
 		e.add(next, old, r, k, id, nodes, bounds[i])
 	}
 	for _, rr := range next.byResource {
-		rr.rateRules = len(rr.groups) + len(rr.gcras) + len(rr.paced)
+		rr.rateRules = len(rr.groups) + len(rr.gcras) + len(rr.paced) + len(rr.keyed)
 		if len(rr.groups) == 1 && len(rr.groups[0].warm) == 0 && rr.concLimit < 0 &&
 			len(rr.globals) == 0 && len(rr.related) == 0 && len(rr.paced) == 0 && !rr.hasKeyed() && len(rr.shadows) == 0 &&
 			len(rr.gcras) == 0 {

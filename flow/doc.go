@@ -161,10 +161,19 @@
 //
 // The request waits for the latest of these, honouring its context. None
 // of them ever admits over a threshold: each wait is for an admission
-// already counted where it will land. The cancel rule is the same for
+// already counted where it will land, and with several rate rules on a
+// resource every one counts the request at the one instant it goes (a
+// window in the bucket holding that instant, borrowed if need be; a GCRA
+// rule's tokens and a Throttle slot at that instant; a WarmUp window too;
+// a PerKey window that cannot count it there blocks it), so that no rule
+// counts it before or after it happens. The cancel rule is the same for
 // every rule: a request that is not admitted in the end (its context
-// ended during the wait, or a later rule blocked it) gives back everything
-// it took: borrowed bucket counts (out of the bucket, if it had started
-// meanwhile), GCRA tokens and Throttle slots, so nothing is lost to it.
-// WarmUp rules, PerKey windows and Global rules do not wait.
+// ended during the wait, or a later rule blocked it) gives back what it
+// took: borrowed bucket counts (out of the bucket, if it had started
+// meanwhile), and GCRA tokens and Throttle slots unless another request
+// has reserved after them (giving them back then would hand that
+// request's slot out twice, so they stay spent: stricter, never looser,
+// as x/time/rate's cancel restores only what later reservations did not
+// take). WarmUp rules, PerKey windows and Global rules do not make a
+// request wait.
 package flow

@@ -71,9 +71,10 @@ func WithPriority() EntryOption { return EntryOption{priority: true} }
 //
 // The wait honours the request's context (WithContext). The cancel rule,
 // the same for every rule and for a later rule that blocks: a request
-// that is not admitted in the end gives back everything it took, so no
-// bucket, token or slot is lost to it. It never admits over a threshold.
-// WarmUp rules, PerKey windows and Global rules do not wait.
+// that is not admitted in the end gives back what it took (a GCRA rule's
+// tokens and a Throttle slot only while no later request reserved after
+// them; see the package doc). It never admits over a threshold. WarmUp
+// rules, PerKey windows and Global rules do not make a request wait.
 func WithWait(d time.Duration) EntryOption { return EntryOption{wait: d, hasWait: true} }
 
 // MaxWait is the longest wait WithWait accepts, and how long Engine.Wait

@@ -32,26 +32,32 @@ func newGCRARule(g *gcra, r *Rule) gcraRule {
 }
 
 // take takes n tokens at now if they are there within maxWait, and
-// returns how long the caller waits for them; refused, it reports when
-// they would be there (the wait, -1 when never: more than Burst) and how
-// long until the bucket is full again.
-func (r *gcraRule) take(now, n, maxWait int64) (wait int64, ok bool, rm room) {
+// returns how long the caller waits for them and the arrival time it set
+// (its token for give); refused, it reports when they would be there (the
+// wait, -1 when never: more than Burst) and how long until the bucket is
+// full again.
+func (r *gcraRule) take(now, n, maxWait int64) (wait, tok int64, ok bool, rm room) {
 	if r.off || n > r.burst {
-		return 0, false, unknownRoom
+		return 0, 0, false, unknownRoom
 	}
-	cost := n * r.interval // n <= Burst <= 2^30 and interval <= 1e12: no overflow
+	cost := n * r.interval // at most 30 days (validated): no overflow
 	for {
 		tat := r.g.tat.Load()
 		next := max(tat, now) + cost
 		over := next - now - r.tolerance // maxWait <= MaxWait: no overflow
 		if over > maxWait {
-			return 0, false, room{over, max(tat-now, 0)}
+			return 0, 0, false, room{over, max(tat-now, 0)}
 		}
 		if r.g.tat.CompareAndSwap(tat, next) {
-			return max(over, 0), true, room{}
+			return max(over, 0), next, true, room{}
 		}
 	}
 }
 
-// give gives back n tokens taken (a later rule blocked the request).
-func (r *gcraRule) give(n int64) { r.g.tat.Sub(n * r.interval) }
+// give gives back n tokens that take took, setting arrival time tok (the
+// request was not admitted in the end), if no request has taken tokens
+// since: the arrival time moves back by their cost. Once another request
+// took tokens after them, they stay spent: moving the arrival time back
+// under that request's would hand its tokens out a second time (two
+// requests on one slot), so the cancelled request errs towards blocking.
+func (r *gcraRule) give(n, tok int64) { r.g.tat.CompareAndSwap(tok, tok-n*r.interval) }

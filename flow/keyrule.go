@@ -59,6 +59,9 @@ type keySpec struct {
 type keyHeld struct {
 	st *keyState
 	b  int64 // keyWindow: the bucket counted in; keyPace: the cost
+	// slot is a keyPace rule's slot on the key's timeline (see
+	// giveBackPace).
+	slot int64
 }
 
 // maxKeyRules bounds a resource's PerKey QPS rules (held on the stack
@@ -159,18 +162,28 @@ func (kr *keyRule) acquire(q *request) (*keyState, int64, bool) {
 // a throttled request waits, or false, what the rule saw and when it could
 // admit it.
 func (kr *keyRule) admit(q *request, now int64, held *keyHeld) (wait int64, seen float64, rm room, ok bool) {
+	return kr.admitQueue(q, now, held, kr.maxQueue)
+}
+
+// admitAt is admit of a PerKey Throttle rule's slot at instant t itself,
+// with no queue past it (see Engine.align).
+func (kr *keyRule) admitAt(q *request, t int64, held *keyHeld) (wait int64, seen float64, rm room, ok bool) {
+	return kr.admitQueue(q, t, held, 0)
+}
+
+func (kr *keyRule) admitQueue(q *request, now int64, held *keyHeld, maxQueue int64) (wait int64, seen float64, rm room, ok bool) {
 	for {
 		st, limit, rate := kr.state(q.key, q.hasKey)
 		if kr.t.kind == keyPace {
-			d, cost, ok := reservePace(&st.head, kr.maxQueue, now, q.n, rate)
+			ph, d, ok := reservePace(&st.head, maxQueue, now, q.n, rate)
 			if !ok {
-				return 0, rate, paceRoom(d, kr.maxQueue), false
+				return 0, rate, paceRoom(d, maxQueue), false
 			}
 			if st.dead.Load() {
-				st.head.Sub(cost)
+				giveBackPace(&st.head, ph)
 				continue
 			}
-			*held = keyHeld{st: st, b: cost}
+			*held = keyHeld{st: st, b: ph.cost, slot: ph.slot}
 			return d, 0, room{}, true
 		}
 		b, s, ok, dead := kr.t.admitWindow(st, now, q.n, limit)
@@ -191,7 +204,7 @@ func (kr *keyRule) undo(h keyHeld, n int64) {
 		return
 	}
 	if kr.t.kind == keyPace {
-		h.st.head.Sub(h.b)
+		giveBackPace(&h.st.head, paceHeld{h.b, h.slot})
 		return
 	}
 	undoBucket(h.st, h.b, n)

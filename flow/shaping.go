@@ -108,45 +108,61 @@ const maxCost = int64(1) << 61
 // the cost to give back if the request is abandoned; refused, the wait it
 // would have had (-1 when no wait would do: rate 0, or a cost beyond any
 // queue).
-func (p *pacer) reserve(now, n int64, rate float64, wait int64) (int64, int64, bool) {
+func (p *pacer) reserve(now, n int64, rate float64, wait int64) (paceHeld, int64, bool) {
 	return reservePace(&p.latest, max(p.maxQueue, wait), now, n, rate)
 }
 
+// paceHeld is a slot reserved on a timeline: its cost, and the head the
+// reservation set (its slot), for giveBack.
+type paceHeld struct{ cost, slot int64 }
+
 // reservePace is pacer.reserve on a timeline head of its own (a key's).
-func reservePace(latest *atomic.Int64, maxQueue, now, n int64, rate float64) (wait, cost int64, ok bool) {
+// It returns the slot taken, and the wait (refused: the wait it would
+// have had, -1 when no wait would do).
+func reservePace(latest *atomic.Int64, maxQueue, now, n int64, rate float64) (ph paceHeld, wait int64, ok bool) {
 	if rate <= 0 {
-		return -1, 0, false
+		return paceHeld{}, -1, false
 	}
 	c := math.Ceil(float64(n) * nsPerSecond / rate)
 	if c > float64(maxCost) {
 		// Longer than any wait allowed (and than int64 can hold for the
 		// tiniest rates): never admitted.
-		return -1, 0, false
+		return paceHeld{}, -1, false
 	}
-	cost = int64(c)
+	cost := int64(c)
 	for {
 		last := latest.Load()
 		expected := last + cost
 		if expected <= now {
 			// Idle: the timeline restarts at now, no queueing.
 			if latest.CompareAndSwap(last, now) {
-				return 0, cost, true
+				return paceHeld{cost, now}, 0, true
 			}
 			continue
 		}
 		wait = expected - now
 		if wait > maxQueue {
-			return wait, 0, false
+			return paceHeld{}, wait, false
 		}
 		if latest.CompareAndSwap(last, expected) {
-			return wait, cost, true
+			return paceHeld{cost, expected}, wait, true
 		}
 		// Another request moved the head; queue behind it.
 	}
 }
 
-// giveBack returns an abandoned slot: requests that come later may use it.
-func (p *pacer) giveBack(cost int64) { p.latest.Sub(cost) }
+// giveBackPace returns an abandoned slot to timeline head latest, if it
+// is still the last one taken: the next request takes it. Once a request
+// queued behind it, the slot stays spent: moving the head back under
+// that request's slot would give two requests one slot.
+func giveBackPace(latest *atomic.Int64, h paceHeld) {
+	if h.cost != 0 {
+		latest.CompareAndSwap(h.slot, h.slot-h.cost)
+	}
+}
+
+// giveBack returns an abandoned slot (see giveBackPace).
+func (p *pacer) giveBack(h paceHeld) { giveBackPace(&p.latest, h) }
 
 // paceRoom is what a request a pacer refused with wait d is told: it may
 // come back once its slot is within the queue.

@@ -39,6 +39,12 @@ func (r Reservation) Start() int64 {
 	return r.b.Start()
 }
 
+// Holds reports whether the admission's bucket holds instant t: the
+// admission counts at t in its window.
+func (r Reservation) Holds(t int64) bool {
+	return r.b != nil && t >= r.b.Start() && t < r.b.Start()+r.w.arr.BucketLen()
+}
+
 // Seen returns, for a refused admission, the window's committed count that
 // refused it: passes, leases not yet used, and borrowed admissions. It costs
 // the refusal nothing more.
@@ -212,7 +218,12 @@ func (w *Window) AdmitAt(p int, now, at, n, threshold int64) (r Reservation, sta
 // passes and occupied passes of the bucket the borrow was folded into
 // (the bucket at start, or the next one made if no request made that
 // one). Once that bucket has left the ring there is nothing to give back:
-// it no longer limits anyone. Each grant must be given back at most once.
+// it no longer limits anyone. A give-back that comes after a borrow of a
+// window later took the same record (the caller stopped waiting long
+// after its bucket started, which a waiter does only when its goroutine
+// stalls) finds nothing and leaves the pass counted until its bucket
+// leaves the window: stricter, never looser. Each grant must be given
+// back at most once.
 func (w *Window) Unborrow(start, n int64) {
 	s, folded, ok := w.arr.Unborrow(start, n)
 	if !ok || !folded {

@@ -79,6 +79,9 @@ func NewWindow(sampleCount int, interval time.Duration, opts ...Option) (*Window
 	return w, nil
 }
 
+// BucketLen returns the length of the window's buckets, in ns.
+func (w *Window) BucketLen() int64 { return w.arr.BucketLen() }
+
 // Clamp returns now, or the start of the newest bucket if now is behind it
 // (what every operation does with a time behind the window: see
 // leaparray's Clamp).
