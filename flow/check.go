@@ -162,10 +162,9 @@ func (h *held) addRes(r metric.Reservation) {
 	h.nres++
 }
 
-func (e *Engine) release(rr *resourceRules, h *held, n int64) {
-	if h.conc {
-		rr.node.ReleaseConcurrency(n)
-	}
+// releaseWindows gives back what the request's window groups took
+// (admissions and borrows of n) and forgets them.
+func (h *held) releaseWindows(n int64) {
 	for i := range min(h.nres, len(h.res)) {
 		h.res[i].Cancel(proto.Token{})
 	}
@@ -178,6 +177,14 @@ func (e *Engine) release(rr *resourceRules, h *held, n int64) {
 	for _, b := range h.bmore {
 		b.w.Unborrow(b.start, n)
 	}
+	h.nres, h.more, h.nbor, h.bmore = 0, h.more[:0], 0, h.bmore[:0]
+}
+
+func (e *Engine) release(rr *resourceRules, h *held, n int64) {
+	if h.conc {
+		rr.node.ReleaseConcurrency(n)
+	}
+	h.releaseWindows(n)
 	for i := range rr.paced {
 		rr.paced[i].p.giveBack(h.paced[i])
 	}
@@ -463,19 +470,7 @@ const maxAlign = 4
 func (e *Engine) align(rr *resourceRules, h *held, p int, now, t int64, q *request) (int64, *BlockError, float64, bool) {
 	n, node := q.n, rr.node
 	for range maxAlign {
-		for i := range min(h.nres, len(h.res)) {
-			h.res[i].Cancel(proto.Token{})
-		}
-		for i := range h.more {
-			h.more[i].Cancel(proto.Token{})
-		}
-		for i := range min(h.nbor, len(h.bor)) {
-			h.bor[i].w.Unborrow(h.bor[i].start, n)
-		}
-		for _, b := range h.bmore {
-			b.w.Unborrow(b.start, n)
-		}
-		h.nres, h.more, h.nbor, h.bmore = 0, h.more[:0], 0, h.bmore[:0]
+		h.releaseWindows(n)
 		later := t
 		for i := range rr.groups {
 			g := &rr.groups[i]

@@ -316,9 +316,8 @@ func (e *Engine) add(next, old *ruleSet, r *Rule, k ruleKey, id tableID, nodes m
 		local := reuse(old.locals, k, func() *metric.Window {
 			n, interval := e.buckets(r.StatInterval), r.StatInterval
 			if r.SpanExact {
-				// The fallback is span-exact too: one bucket more.
-				n = e.spanBuckets
-				n, interval = n+1, interval+interval/time.Duration(n)
+				// The fallback is span-exact too.
+				n, interval = spanShape(e.spanBuckets, interval)
 			}
 			w, err := metric.NewWindow(n, interval)
 			if err != nil {
@@ -399,12 +398,19 @@ func (e *Engine) window(n *stat.Node, interval time.Duration) *metric.Window {
 // that an admission is checked against the last n+1 buckets (every span
 // of the interval lies within n+1 consecutive buckets).
 func (e *Engine) spanWindow(n *stat.Node, interval time.Duration) *metric.Window {
-	k := e.spanBuckets // divides 1 ms, so every whole-millisecond interval
-	w, err := n.Window(interval+interval/time.Duration(k), k+1)
+	k, span := spanShape(e.spanBuckets, interval)
+	w, err := n.Window(span, k)
 	if err != nil {
 		panic(err) // the interval divides into k buckets, so into k+1 of the same length
 	}
 	return w
+}
+
+// spanShape is the shape of a span-exact window of interval with k
+// buckets (k divides 1 ms, so every whole-millisecond interval): k+1
+// buckets of interval/k.
+func spanShape(k int, interval time.Duration) (int, time.Duration) {
+	return k + 1, interval + interval/time.Duration(k)
 }
 
 // buckets is the bucket count for a window of interval: the engine's sample
