@@ -7,6 +7,7 @@ import (
 
 	"github.com/leapflow/leapflow/internal/names"
 	"github.com/leapflow/leapflow/internal/proto"
+	"github.com/leapflow/leapflow/metric"
 	"github.com/leapflow/leapflow/stat"
 )
 
@@ -177,6 +178,7 @@ func (e *Engine) LoadRules(rules []Rule) error {
 		}
 	}
 	e.rules.Store(next)
+	e.seedWindows(old, next)
 	if len(targets) > 0 {
 		e.slots.track(targets)
 		for _, g := range gates {
@@ -191,6 +193,42 @@ func (e *Engine) LoadRules(rules []Rule) error {
 	}
 	e.registry.Unpin(proto.Token{}, dropped)
 	return nil
+}
+
+// seedWindows gives each window the new rule set counts in and the old
+// one did not (a span-exact rule's, or one of another StatInterval, made
+// now or idle until now) what its resource passed over the window's span,
+// as one pass count in its newest bucket: a reload that adds or tightens
+// such a rule must not admit the window's whole threshold again on top of
+// what the resource just passed. It errs towards strictness: the count
+// covers whole seconds back and is held for the window's span from now.
+// It runs once the new rules are out, so a request they admitted
+// meanwhile is counted twice rather than missed; what can slip past is
+// what leases granted in those microseconds admit (see metric's leases).
+func (e *Engine) seedWindows(old, next *ruleSet) {
+	now := e.now()
+	for name, rr := range next.byResource {
+		was := old.byResource[name]
+		for i := range rr.groups {
+			w := rr.groups[i].w
+			if w == rr.node.Second() || (was != nil && was.countsIn(w)) {
+				continue
+			}
+			if c := rr.node.PassedSince(now-int64(w.Interval()), now); c > 0 {
+				w.Add(now, metric.Pass, c)
+			}
+		}
+	}
+}
+
+// countsIn reports whether a group of rr counts in w.
+func (rr *resourceRules) countsIn(w *metric.Window) bool {
+	for i := range rr.groups {
+		if rr.groups[i].w == w {
+			return true
+		}
+	}
+	return false
 }
 
 // CheckRules validates rules as LoadRules would, without loading them or

@@ -289,6 +289,19 @@ func (n *Node) Minute(now int64, e metric.Event) int64 {
 	return n.span(hi-minute, hi, e)
 }
 
+// PassedSince returns the passes the node counted from lo, rounded down
+// to the second, up to now: what a window that starts counting for the
+// node at now must be given to be at least as strict as if it had counted
+// them all along (a reload that adds a rule in a window of its own).
+// Passes older than the minute window (60 s) are not known.
+func (n *Node) PassedSince(lo, now int64) int64 {
+	now = n.second.Clamp(now)
+	hi := now - now%second + second
+	lo = max(lo, 0)
+	lo = max(lo-lo%second, hi-minute)
+	return n.span(lo, hi, metric.Pass)
+}
+
 // span sums [lo, hi) (second-aligned) from the minute window plus the
 // buckets the second window has not handed over yet.
 func (n *Node) span(lo, hi int64, e metric.Event) int64 {
