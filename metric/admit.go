@@ -287,7 +287,13 @@ func (w *Window) RoomIn(now, n, threshold int64) (wait, reset time.Duration, ok 
 			all := time.Duration(max(a.Head().Start()+span-real, 0))
 			return all, all, n <= threshold && a.Pending()+n <= threshold
 		}
-		c := max(x.Value.passes(), x.Value.committed())
+		// A live bucket's passes are at most what it committed (leases
+		// cover every admission): reading that, one shared word, keeps
+		// the block path off the stripes the other cores write.
+		c := x.Value.committed()
+		if x.Value.frozen.Load() {
+			c = max(x.Value.passes(), c)
+		}
 		starts[k], counts[k] = x.Start(), c
 		total += c
 		k++
