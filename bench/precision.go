@@ -210,7 +210,7 @@ func writePrecision(w io.Writer, threshold int64, window time.Duration, g int, r
 		"threshold %d per W = %v; *boundary* is the seeds' example (T at 0.9 W, T at 1.0 W); the hammer is %d goroutines on a shared clock "+
 		"that each moves a random 0-40 µs before every request, through 4 W (every bucket edge crossed by callers racing on both sides of it); "+
 		"*steady* is what greedy callers get per W under saturation; bytes are per resource with the rule, every bucket made (%d CPU stripes per bucket on this machine); "+
-		"ns/op is Entry+Exit on a rule that never blocks, at 1 goroutine and at GOMAXPROCS.\n\n", threshold, window, g, cpu.Stripes())
+		"ns/op is Entry+Exit on a rule that never blocks, on the monotonic clock, at 1 goroutine and at GOMAXPROCS.\n\n", threshold, window, g, cpu.Stripes())
 	fmt.Fprintf(w, "| buckets | variant | boundary: most in W | hammer: most in W | hammer: most in W - W/n | steady per W | bytes | ns/op g=1 | ns/op g=max |\n")
 	fmt.Fprintf(w, "|---:|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range rows {
