@@ -347,16 +347,18 @@ func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now int64, q *req
 			return Entry{}, err
 		}
 		now += wait
-		if h.nbor > 0 && e.now() >= now {
-			// Its borrowed buckets count it from their start, made now
-			// if no other request made them (a sleep function that
-			// returned early, as tests' do, leaves them to be made).
-			for i := range min(h.nbor, len(h.bor)) {
-				h.bor[i].w.Land(now)
-			}
-			for _, b := range h.bmore {
-				b.w.Land(now)
-			}
+	}
+	if h.nbor > 0 && e.now() >= now {
+		// Its borrowed buckets count it from their start, made now if
+		// no other request made them (a sleep function that returned
+		// early, as tests' do, leaves them to be made). A request that
+		// align moved to a later bucket another window had made borrows
+		// without waiting.
+		for i := range min(h.nbor, len(h.bor)) {
+			h.bor[i].w.Land(now)
+		}
+		for _, b := range h.bmore {
+			b.w.Land(now)
 		}
 	}
 	if len(rr.shadows) > 0 {
