@@ -106,6 +106,46 @@ func (o *Occupiable[T]) DueBorrow(now int64) (int64, bool) {
 	return best, ok
 }
 
+// Borrows calls fn with every count borrowed and not folded yet, and the
+// start of the bucket it was borrowed from. fn must not call o.
+func (o *Occupiable[T]) Borrows(fn func(start, n int64)) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, f := range o.future {
+		if f.n > 0 {
+			fn(f.start, f.n)
+		}
+	}
+}
+
+// Lend records n as borrowed from the bucket holding at, checking no
+// window: a count another array admitted that this one must hold where it
+// lands. It folds into that bucket when it is made, as a borrow does. It
+// reports false, recording nothing, when that bucket is made already or
+// its record holds an older borrow (the caller counts n otherwise).
+func (o *Occupiable[T]) Lend(at, n int64) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	s := o.startOf(at)
+	if n <= 0 || s <= o.Head().Start() {
+		return false
+	}
+	if o.future == nil {
+		o.future = make([]borrowed, o.n)
+	}
+	f := &o.future[o.indexOf(s)]
+	if f.n > 0 && f.start != s {
+		return false
+	}
+	if f.start != s {
+		*f = borrowed{start: s}
+	}
+	f.n += n
+	o.pending.Add(n)
+	o.epoch.Inc()
+	return true
+}
+
 // Pending returns the total borrowed from buckets that have not been made
 // current yet.
 func (o *Occupiable[T]) Pending() int64 { return o.pending.Load() }

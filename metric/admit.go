@@ -262,6 +262,17 @@ func (w *Window) Land(now int64) {
 	}
 }
 
+// Borrows calls fn with every count borrowed and not yet folded into its
+// bucket, and that bucket's start.
+func (w *Window) Borrows(fn func(start, n int64)) { w.arr.Borrows(fn) }
+
+// Lend records n passes that another window admitted for instant at, a
+// later bucket of this one, as borrowed from it: they fold into it when it
+// is made, and every admission counts them until then (as borrowed). It
+// reports false when that bucket is made already or its record is taken:
+// the caller counts them otherwise.
+func (w *Window) Lend(at, n int64) bool { return w.arr.Lend(at, n) }
+
 // Borrowed returns the count borrowed from future buckets and not yet folded
 // into a current one.
 func (w *Window) Borrowed() int64 { return w.arr.Pending() }
