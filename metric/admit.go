@@ -201,15 +201,23 @@ func (w *Window) AdmitAt(p int, now, at, n, threshold int64) (r Reservation, sta
 	now = max(now, 0)
 	a := &w.arr
 	bl := a.BucketLen()
-	cur := a.Clamp(now)
-	cur -= cur % bl
-	if at < cur+bl {
-		r, ok = w.AdmitOn(p, now, n, threshold)
-		return r, 0, false, ok
+	for range 2 {
+		cur := a.Clamp(now)
+		cur -= cur % bl
+		if at < cur+bl {
+			r, ok = w.AdmitOn(p, now, n, threshold)
+			return r, 0, false, ok
+		}
+		s := at - at%bl
+		start, _, ok = a.BorrowFrom(now, s, n, threshold, s-now)
+		if !ok || start == s {
+			return Reservation{}, s, true, ok
+		}
+		// Bucket s was made meanwhile (the borrow went past it): give
+		// that one back and admit in s, now current.
+		w.Unborrow(start, n)
 	}
-	s := at - at%bl
-	start, _, ok = a.BorrowFrom(now, s, n, threshold, s-now)
-	return Reservation{}, start, true, ok && start == s
+	return Reservation{}, 0, false, false
 }
 
 // Unborrow gives back n admissions that BorrowAt granted from the bucket
