@@ -142,7 +142,12 @@ func (e *Engine) Rules() []Rule {
 // and no resource is created (a token source that is a Binder may have
 // been asked to bind the set's global rules). Statistics live in the resources' nodes and
 // survive any reload; a rule loaded again unchanged keeps its warm-up and
-// throttle state.
+// throttle state. A window the new rules count in and the old ones did
+// not (a span-exact rule turned on or added, a new StatInterval) starts
+// with what its resource passed over its span, and what waiting requests
+// borrowed, so the reload does not admit its threshold again on top; it
+// errs towards strictness (whole seconds back; passes older than a
+// minute are not known).
 func (e *Engine) LoadRules(rules []Rule) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
