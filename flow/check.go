@@ -230,15 +230,29 @@ func (e *Engine) block(rr *resourceRules, h *held, p int, now, n int64, be *Bloc
 // request.
 func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now int64, q *request) (Entry, error) {
 	var h held
+	now, wait, en, err := e.take(rr, &h, p, now, q)
+	if err != nil {
+		return en, err
+	}
+	return e.finish(set, rr, &h, p, now, wait, q)
+}
+
+// take runs every rule of a resource: concurrency, global, windows,
+// related resources, then pacing, and aligns what they took to one
+// instant. It returns the instant's start (now, moved to a newer bucket a
+// window counted it in) and how long after it the request goes, or, when
+// a rule blocks it, the blocked Entry and error with everything given
+// back.
+func (e *Engine) take(rr *resourceRules, h *held, p int, now int64, q *request) (int64, int64, Entry, error) {
 	node := rr.node
-	n, ctx := q.n, q.ctx
+	n := q.n
 	if rr.hasKeyed() {
 		keyless(node, q)
 	}
 	if rr.keyConc.t != nil {
 		st, seen, ok := rr.keyConc.acquire(q)
 		if !ok {
-			return e.block(rr, &h, p, now, n, rr.keyConc.blockError(q), float64(seen), unknownRoom)
+			return blockTake(e, rr, h, p, now, n, rr.keyConc.blockError(q), float64(seen), unknownRoom)
 		}
 		h.kc = st
 	}
@@ -248,7 +262,7 @@ func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now int64, q *req
 		}
 		seen, ok := node.AcquireConcurrency(n, rr.concLimit)
 		if !ok {
-			return e.block(rr, &h, p, now, n, rr.concBE, float64(seen), unknownRoom)
+			return blockTake(e, rr, h, p, now, n, rr.concBE, float64(seen), unknownRoom)
 		}
 		h.conc = true
 		// The second's most in flight (stat.Second.MaxConcurrency): one
@@ -257,12 +271,12 @@ func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now int64, q *req
 	}
 	for i := range rr.globals {
 		g := &rr.globals[i]
-		if be, refused := e.global(rr.node, g, &h, i, p, now, q); be != nil {
+		if be, refused := e.global(rr.node, g, h, i, p, now, q); be != nil {
 			rm := unknownRoom
 			if refused && rr.rules == 1 {
 				rm = g.room(q)
 			}
-			return e.block(rr, &h, p, now, n, be, 0, rm)
+			return blockTake(e, rr, h, p, now, n, be, 0, rm)
 		}
 	}
 	var wait int64
@@ -291,13 +305,13 @@ func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now int64, q *req
 		if len(g.warm) == 0 {
 			rm = roomOf(g.w.RoomIn(now, n, limit))
 		}
-		return e.block(rr, &h, p, now, n, be, float64(r.Seen()), rm)
+		return blockTake(e, rr, h, p, now, n, be, float64(r.Seen()), rm)
 	}
 	for i := range rr.keyed {
 		kr := &rr.keyed[i]
 		d, seen, rm, ok := kr.admit(q, now, &h.keys[i])
 		if !ok {
-			return e.block(rr, &h, p, now, n, kr.blockError(q), seen, rm)
+			return blockTake(e, rr, h, p, now, n, kr.blockError(q), seen, rm)
 		}
 		if kr.t.kind == keyWindow {
 			now = max(now, h.keys[i].b*kr.t.bucketLen)
@@ -308,14 +322,14 @@ func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now int64, q *req
 		gr := &rr.gcras[i]
 		d, tok, ok, rm := gr.take(now, n, q.wait)
 		if !ok {
-			return e.block(rr, &h, p, now, n, gr.be, 0, rm)
+			return blockTake(e, rr, h, p, now, n, gr.be, 0, rm)
 		}
 		h.gcra[i] = tok
 		wait = max(wait, d)
 	}
 	for _, rel := range rr.related {
 		if seen := rel.node.Rate(now, metric.Pass); seen+float64(n) > rel.threshold {
-			return e.block(rr, &h, p, now, n, rel.be, seen, unknownRoom)
+			return blockTake(e, rr, h, p, now, n, rel.be, seen, unknownRoom)
 		}
 	}
 	for i := range rr.paced {
@@ -323,7 +337,7 @@ func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now int64, q *req
 		rate := pr.pace(now, node)
 		ph, d, ok := pr.p.reserve(now, n, rate, q.wait)
 		if !ok {
-			return e.block(rr, &h, p, now, n, pr.be, rate, paceRoom(d, max(pr.p.maxQueue, q.wait)))
+			return blockTake(e, rr, h, p, now, n, pr.be, rate, paceRoom(d, max(pr.p.maxQueue, q.wait)))
 		}
 		h.paced[i] = ph
 		wait = max(wait, d)
@@ -332,18 +346,31 @@ func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now int64, q *req
 		// Every rule counts the request at the instant it goes: the
 		// latest any of them asked for, or the newest bucket another
 		// window already has.
-		t, be, seen, ok := e.align(rr, &h, p, now, t, q)
+		t, be, seen, ok := e.align(rr, h, p, now, t, q)
 		if !ok {
-			return e.block(rr, &h, p, now, n, be, seen, unknownRoom)
+			return blockTake(e, rr, h, p, now, n, be, seen, unknownRoom)
 		}
 		wait = t - now
 	}
+	return now, wait, Entry{}, nil
+}
+
+// blockTake is block for take's results.
+func blockTake(e *Engine, rr *resourceRules, h *held, p int, now, n int64, be *BlockError, seen float64, rm room) (int64, int64, Entry, error) {
+	en, err := e.block(rr, h, p, now, n, be, seen, rm)
+	return 0, 0, en, err
+}
+
+// finish waits wait from now for a request take admitted, honouring its
+// context (giving everything back if it ends), then counts the admission.
+func (e *Engine) finish(set *ruleSet, rr *resourceRules, h *held, p int, now, wait int64, q *request) (Entry, error) {
+	node, n, ctx := rr.node, q.n, q.ctx
 	if wait > 0 {
 		if ctx == nil {
 			ctx = context.Background()
 		}
 		if err := e.wait(ctx, time.Duration(wait)); err != nil {
-			e.release(rr, &h, n)
+			e.release(rr, h, n)
 			return Entry{}, err
 		}
 		now += wait

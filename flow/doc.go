@@ -141,13 +141,15 @@
 // rule counts requests admitted after it is loaded. A reload that changes
 // a PerKey rule's threshold, Keys or MaxKeys keeps its keys' counts.
 //
-// # Waiting: Wait, WithWait and WithPriority
+// # Waiting: Wait, Reserve, WithWait and WithPriority
 //
 // A request may wait for room under its rate rules instead of being
 // blocked: Engine.Wait(ctx, resource) waits as long as ctx allows (x/time/
 // rate's Wait), WithWait(d) up to d, WithPriority up to the engine's
-// occupy timeout (Sentinel's priority). It is one mechanism for every rate
-// rule:
+// occupy timeout (Sentinel's priority), and Engine.Reserve takes the same
+// admission without sleeping, returning a Reservation with its Delay, to
+// Enter (or Wait) or Cancel (x/time/rate's Reserve). It is one mechanism
+// for every rate rule:
 //   - a Reject (or span-exact) rule admits the request now against the
 //     earliest later bucket within the wait that keeps every window
 //     containing it within the threshold (at most one window ahead); the
