@@ -3,6 +3,7 @@ package flow
 import (
 	"context"
 	"errors"
+	"runtime"
 	"time"
 
 	"go.uber.org/atomic"
@@ -15,15 +16,22 @@ import (
 // goroutine's use, except Cancel, which any goroutine may call, once or
 // more.
 type Reservation struct {
+	st    *reservedState
 	e     *Engine
 	name  string
 	set   *ruleSet
 	rr    *resourceRules
-	h     held
-	q     request
 	p     int
 	start int64 // the instant's start (see take)
 	wait  int64 // how long after start it goes
+}
+
+// reservedState is what a Reservation holds, apart from it, so that a
+// reservation dropped unentered and uncancelled can be cancelled by the
+// garbage collector's cleanup (which must not reach the Reservation).
+type reservedState struct {
+	h     held
+	q     request
 	state atomic.Int32
 }
 
@@ -45,8 +53,10 @@ var ErrReservationDone = errors.New("flow: the reservation was entered or cancel
 // then) or gives it up (Cancel, which gives back what it took under the
 // cancel rule of WithWait). A request no instant within the wait admits
 // is blocked, with the rule's *BlockError, as Entry would block it. A
-// resource without rules is reserved for now. Reserve allocates the
-// Reservation; Entry and Wait do not allocate.
+// Concurrency rule counts the request in flight from Reserve (until Exit
+// of the entered request, or Cancel). A resource without rules is
+// reserved for now. Reserve allocates the Reservation; Enter and Wait do
+// not allocate.
 func (e *Engine) Reserve(resource string, opts ...EntryOption) (*Reservation, error) {
 	q := request{n: 1}
 	if err := parseOptions(&q, opts); err != nil {
@@ -65,15 +75,18 @@ func (e *Engine) Reserve(resource string, opts ...EntryOption) (*Reservation, er
 		if _, err := e.registry.Node(resource); err != nil {
 			return nil, err
 		}
-		return &Reservation{e: e, name: resource, set: set, q: q, start: e.now()}, nil
+		return &Reservation{st: &reservedState{q: q}, e: e, name: resource, set: set, start: e.now()}, nil
 	}
-	r := &Reservation{e: e, name: resource, set: set, rr: rr, q: q}
+	st := &reservedState{q: q}
 	p, now := e.pinNow()
-	start, wait, _, err := e.take(rr, &r.h, p, now, &r.q)
+	start, wait, _, err := e.take(rr, &st.h, p, now, &st.q)
 	if err != nil {
 		return nil, err
 	}
-	r.p, r.start, r.wait = p, start, wait
+	r := &Reservation{st: st, e: e, name: resource, set: set, rr: rr, p: p, start: start, wait: wait}
+	// A reservation dropped without Enter or Cancel gives back what it
+	// took when it is collected (a Concurrency rule's slot above all).
+	runtime.AddCleanup(r, func(st *reservedState) { st.cancel(e, rr) }, st)
 	return r, nil
 }
 
@@ -88,16 +101,17 @@ func (r *Reservation) Delay() time.Duration {
 // counted at its instant, so a rule's bound holds on the counts, not on
 // when it ran). It returns ErrReservationDone after Enter or Cancel.
 func (r *Reservation) Enter() (Entry, error) {
-	if !r.state.CompareAndSwap(reserved, entered) {
+	st := r.st
+	if !st.state.CompareAndSwap(reserved, entered) {
 		return Entry{}, ErrReservationDone
 	}
 	if r.rr == nil {
-		if r.q.hasKey {
-			return r.e.Entry(r.name, WithCount(int(r.q.n)), WithKey(r.q.key))
+		if st.q.hasKey {
+			return r.e.Entry(r.name, WithCount(int(st.q.n)), WithKey(st.q.key))
 		}
-		return r.e.Entry(r.name, WithCount(int(r.q.n)))
+		return r.e.Entry(r.name, WithCount(int(st.q.n)))
 	}
-	return r.e.finish(r.set, r.rr, &r.h, r.p, r.start+r.wait, 0, &r.q)
+	return r.e.finish(r.set, r.rr, &st.h, r.p, r.start+r.wait, 0, &st.q)
 }
 
 // Wait sleeps until the reserved instant, or until ctx ends (then it
@@ -114,8 +128,12 @@ func (r *Reservation) Wait(ctx context.Context) (Entry, error) {
 
 // Cancel gives the reservation up: what it took goes back as the cancel
 // rule of WithWait says. It does nothing after Enter or a first Cancel.
-func (r *Reservation) Cancel() {
-	if r.state.CompareAndSwap(reserved, cancelled) && r.rr != nil {
-		r.e.release(r.rr, &r.h, r.q.n)
+// A reservation dropped without either is cancelled when the garbage
+// collector finds it unreachable, which may be long after: call Cancel.
+func (r *Reservation) Cancel() { r.st.cancel(r.e, r.rr) }
+
+func (st *reservedState) cancel(e *Engine, rr *resourceRules) {
+	if st.state.CompareAndSwap(reserved, cancelled) && rr != nil {
+		e.release(rr, &st.h, st.q.n)
 	}
 }

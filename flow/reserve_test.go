@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -215,4 +216,29 @@ func TestReservationEnterAllocatesNothing(t *testing.T) {
 			en.Exit(nil)
 		}
 	}))
+}
+
+// TestDroppedReservationIsCancelled: a reservation neither entered nor
+// cancelled gives its Concurrency slot back once it is collected.
+func TestDroppedReservationIsCancelled(t *testing.T) {
+	e, _, _ := waitEngine(t)
+	load(t, e, Rule{Resource: "api", Metric: Concurrency, Threshold: 1})
+	func() {
+		r, err := e.Reserve("api")
+		require.NoError(t, err)
+		require.NotNil(t, r)
+	}()
+	_, err := e.Entry("api")
+	require.Error(t, err, "the reservation holds the one slot")
+	admitted := false
+	for range 100 {
+		runtime.GC()
+		time.Sleep(time.Millisecond)
+		if en, err := e.Entry("api"); err == nil {
+			en.Exit(nil)
+			admitted = true
+			break
+		}
+	}
+	assert.True(t, admitted, "the dropped reservation's slot came back")
 }
