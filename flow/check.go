@@ -234,7 +234,7 @@ func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now int64, q *req
 	if err != nil {
 		return en, err
 	}
-	return e.finish(set, rr, &h, p, now, wait, q)
+	return e.finish(set, rr, &h, p, now, wait, false, q)
 }
 
 // take runs every rule of a resource: concurrency, global, windows,
@@ -363,7 +363,10 @@ func blockTake(e *Engine, rr *resourceRules, h *held, p int, now, n int64, be *B
 
 // finish waits wait from now for a request take admitted, honouring its
 // context (giving everything back if it ends), then counts the admission.
-func (e *Engine) finish(set *ruleSet, rr *resourceRules, h *held, p int, now, wait int64, q *request) (Entry, error) {
+// early says the caller may be ahead of the instant (a Reservation entered
+// before its Delay): the resource's statistics then count it when it
+// runs, not at the instant, which would make a bucket in the future.
+func (e *Engine) finish(set *ruleSet, rr *resourceRules, h *held, p int, now, wait int64, early bool, q *request) (Entry, error) {
 	node, n, ctx := rr.node, q.n, q.ctx
 	if wait > 0 {
 		if ctx == nil {
@@ -375,37 +378,48 @@ func (e *Engine) finish(set *ruleSet, rr *resourceRules, h *held, p int, now, wa
 		}
 		now += wait
 	}
-	if h.nbor > 0 && e.now() >= now {
+	if h.nbor > 0 {
 		// Its borrowed buckets count it from their start, made now if
 		// no other request made them (a sleep function that returned
 		// early, as tests' do, leaves them to be made). A request that
 		// align moved to a later bucket another window had made borrows
-		// without waiting.
+		// without waiting. Either way its borrows are settled.
+		land := e.now() >= now
 		for i := range min(h.nbor, len(h.bor)) {
-			h.bor[i].w.Land(now)
+			if land {
+				h.bor[i].w.Land(now)
+			}
+			h.bor[i].w.Arrived(h.bor[i].start, n)
 		}
 		for _, b := range h.bmore {
-			b.w.Land(now)
+			if land {
+				b.w.Land(now)
+			}
+			b.w.Arrived(b.start, n)
 		}
+	}
+	stat := now
+	if early {
+		stat = min(now, e.now())
 	}
 	if len(rr.shadows) > 0 {
 		// Dry-run rules see the request once it is admitted for good
 		// (after any wait), as one that may wait if it may.
-		shade(rr, p, now, n, time.Duration(q.wait))
+		shade(rr, p, stat, n, time.Duration(q.wait))
 	}
 	if !rr.countsNode {
-		node.Second().AddOn(p, now, metric.Pass, n)
+		node.Second().AddOn(p, stat, metric.Pass, n)
 		if node.Dropped() {
 			// Its rules were replaced during a wait and the resource, idle
 			// by then, let go.
-			node = e.recount(node, p, now, metric.Pass, n)
+			node = e.recount(node, p, stat, metric.Pass, n)
 		}
 	}
 	if h.nbor > 0 && !h.borrowedFrom(node.Second()) {
 		// It waited for a later bucket of a window of its own (a
 		// span-exact one): the resource counts it as occupied too, as
 		// the fold does in its second window.
-		node.Second().AddOn(p, now, metric.OccupiedPass, n)
+		node.Second().AddOn(p, stat, metric.OccupiedPass, n)
 	}
 	return e.admitted(set, node, p, now, n, h.conc, h.kc, rr.keyConc.t), nil
 }

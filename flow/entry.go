@@ -44,8 +44,9 @@ type request struct {
 	key      string
 	// wait is the longest the request may wait for room under its rate
 	// rules, in ns (WithWait; WithPriority raises it to the occupy
-	// timeout).
-	wait int64
+	// timeout); hasWait says a WithWait gave it.
+	wait    int64
+	hasWait bool
 }
 
 // WithCount makes the request count as n (a batch), 1 <= n <= MaxCount: it
@@ -345,7 +346,7 @@ func parseOptions(q *request, opts []EntryOption) error {
 			if o.wait < 0 || o.wait > MaxWait {
 				return fmt.Errorf("%w, got %v", ErrInvalidWait, o.wait)
 			}
-			q.wait = int64(o.wait)
+			q.wait, q.hasWait = int64(o.wait), true
 		}
 	}
 	if q.n < 1 || q.n > MaxCount {

@@ -47,7 +47,8 @@ const (
 var ErrReservationDone = errors.New("flow: the reservation was entered or cancelled already")
 
 // Reserve admits a request for the earliest instant its rate rules allow
-// within its wait (WithWait; MaxWait when not given) and returns at once,
+// within its wait (WithWait, WithWait(0) for now only; MaxWait when not
+// given) and returns at once,
 // without waiting: the reservation says how long until the request may go
 // (Delay), and the caller then enters it (Enter, or Wait to sleep until
 // then) or gives it up (Cancel, which gives back what it took under the
@@ -65,7 +66,7 @@ func (e *Engine) Reserve(resource string, opts ...EntryOption) (*Reservation, er
 	if q.priority {
 		q.wait = max(q.wait, e.occupyTimeout)
 	}
-	if q.wait == 0 {
+	if !q.hasWait && !q.priority {
 		q.wait = int64(MaxWait)
 	}
 	set := e.rules.Load()
@@ -111,7 +112,7 @@ func (r *Reservation) Enter() (Entry, error) {
 		}
 		return r.e.Entry(r.name, WithCount(int(st.q.n)))
 	}
-	return r.e.finish(r.set, r.rr, &st.h, r.p, r.start+r.wait, 0, &st.q)
+	return r.e.finish(r.set, r.rr, &st.h, r.p, r.start+r.wait, 0, true, &st.q)
 }
 
 // Wait sleeps until the reserved instant, or until ctx ends (then it

@@ -44,6 +44,10 @@ type borrowed struct {
 	n      int64
 	folded int64
 	into   int64
+	// claims is what borrowers that will settle (BorrowAt's: Unborrow or
+	// Arrived) have not settled yet: the record is not reused for a later
+	// bucket while any is out, so a late Unborrow still finds it.
+	claims int64
 }
 
 // Init prepares a zero Occupiable in place (it is used by value, embedded
@@ -134,7 +138,7 @@ func (o *Occupiable[T]) Lend(at, n int64) bool {
 		o.future = make([]borrowed, o.n)
 	}
 	f := &o.future[o.indexOf(s)]
-	if f.n > 0 && f.start != s {
+	if (f.n > 0 || f.claims > 0) && f.start != s {
 		return false
 	}
 	if f.start != s {
@@ -144,6 +148,19 @@ func (o *Occupiable[T]) Lend(at, n int64) bool {
 	o.pending.Add(n)
 	o.epoch.Inc()
 	return true
+}
+
+// Arrived settles n that BorrowAt borrowed from the bucket starting at
+// start: the borrower went (its count stays, folded or to fold).
+func (o *Occupiable[T]) Arrived(start, n int64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.future == nil {
+		return
+	}
+	if f := &o.future[o.indexOf(start)]; f.start == start {
+		f.claims = max(f.claims-n, 0)
+	}
 }
 
 // Pending returns the total borrowed from buckets that have not been made
@@ -176,12 +193,13 @@ func (o *Occupiable[T]) pendingAt(start int64) int64 {
 // already. On success it records the borrow and returns how long the caller
 // must wait for that bucket to start.
 func (o *Occupiable[T]) Borrow(now, n, threshold, maxWait int64) (wait int64, ok bool) {
-	_, wait, ok = o.BorrowAt(now, n, threshold, maxWait)
+	_, wait, ok = o.borrow(now, 0, n, threshold, maxWait, false)
 	return wait, ok
 }
 
 // BorrowAt is Borrow that also returns the start of the bucket borrowed
 // from, which Unborrow takes.
+// The borrower settles it later: Unborrow, or Arrived once it went.
 func (o *Occupiable[T]) BorrowAt(now, n, threshold, maxWait int64) (start, wait int64, ok bool) {
 	return o.BorrowFrom(now, 0, n, threshold, maxWait)
 }
@@ -189,6 +207,10 @@ func (o *Occupiable[T]) BorrowAt(now, n, threshold, maxWait int64) (start, wait 
 // BorrowFrom is BorrowAt among the future buckets that start at or after
 // from only.
 func (o *Occupiable[T]) BorrowFrom(now, from, n, threshold, maxWait int64) (start, wait int64, ok bool) {
+	return o.borrow(now, from, n, threshold, maxWait, true)
+}
+
+func (o *Occupiable[T]) borrow(now, from, n, threshold, maxWait int64, claim bool) (start, wait int64, ok bool) {
 	if n <= 0 || n > threshold {
 		return 0, 0, false
 	}
@@ -213,14 +235,17 @@ func (o *Occupiable[T]) BorrowFrom(now, from, n, threshold, maxWait int64) (star
 			continue
 		}
 		f := &o.future[o.indexOf(s)]
-		if f.n > 0 && f.start != s {
-			continue // the slot still holds an older, unfolded borrow
+		if (f.n > 0 || f.claims > 0) && f.start != s {
+			continue // the slot still holds an older borrow, or its claims
 		}
 		if o.fits(s, n, threshold) {
 			if f.start != s {
 				*f = borrowed{start: s}
 			}
 			f.n += n
+			if claim {
+				f.claims += n
+			}
 			return s, s - now, true
 		}
 	}
@@ -243,9 +268,11 @@ func (o *Occupiable[T]) Unborrow(start, n int64) (into int64, folded, ok bool) {
 		return 0, false, false
 	}
 	f := &o.future[o.indexOf(start)]
-	switch {
-	case f.start != start:
+	if f.start != start {
 		return 0, false, false
+	}
+	f.claims = max(f.claims-n, 0)
+	switch {
 	case f.n >= n: // folding moves a slot's whole count at once
 		f.n -= n
 		o.pending.Sub(n)

@@ -225,13 +225,10 @@ func (w *Window) AdmitAt(p int, now, at, n, threshold int64) (r Reservation, sta
 // borrowed if no bucket at or after start has been made, else out of the
 // passes and occupied passes of the bucket the borrow was folded into
 // (the bucket at start, or the next one made if no request made that
-// one). Once that bucket has left the ring there is nothing to give back:
-// it no longer limits anyone. A give-back that comes after a borrow of a
-// window later took the same record (the caller stopped waiting long
-// after its bucket started, which a waiter does only when its goroutine
-// stalls) finds nothing and leaves the pass counted until its bucket
-// leaves the window: stricter, never looser. Each grant must be given
-// back at most once.
+// one); once that bucket has left the ring, the correction follows its
+// handed-over counts. The record of a grant is kept until its borrower
+// settles (Unborrow or Arrived), so a later borrow of a bucket a window on
+// cannot take it meanwhile. Each grant must be settled exactly once.
 func (w *Window) Unborrow(start, n int64) {
 	s, folded, ok := w.arr.Unborrow(start, n)
 	if !ok || !folded {
@@ -242,6 +239,11 @@ func (w *Window) Unborrow(start, n int64) {
 		into = b
 	}
 	if into == nil {
+		// The bucket left the ring, its counts handed over: the
+		// correction follows them.
+		if w.handover != nil {
+			w.handover(s, Counts{Pass: -n, Occupied: -n, MinRT: -1})
+		}
 		return
 	}
 	// Folded on stripe 0 (see NewWindow's fold), which took a lease of n
@@ -269,6 +271,11 @@ func (w *Window) Land(now int64) {
 		a.Current(now)
 	}
 }
+
+// Arrived settles n admissions BorrowAt granted from the bucket starting
+// at start, once the borrower went: every BorrowAt grant ends in Unborrow
+// or Arrived.
+func (w *Window) Arrived(start, n int64) { w.arr.Arrived(start, n) }
 
 // Borrows calls fn with every count borrowed and not yet folded into its
 // bucket, and that bucket's start.
