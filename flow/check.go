@@ -15,11 +15,8 @@ import (
 func (e *Engine) enter(set *ruleSet, rr *resourceRules, node *stat.Node, opts []EntryOption) (Entry, error) {
 	q := request{n: 1}
 	if len(opts) > 0 {
-		if err := parseOptions(&q, opts); err != nil {
+		if err := e.readOptions(&q, opts); err != nil {
 			return Entry{}, err
-		}
-		if q.priority {
-			q.wait = max(q.wait, e.occupyTimeout)
 		}
 	}
 	n := q.n
@@ -162,19 +159,41 @@ func (h *held) addRes(r metric.Reservation) {
 	h.nres++
 }
 
+// reservations yields the window admissions the request holds.
+func (h *held) reservations(yield func(*metric.Reservation) bool) {
+	for i := range min(h.nres, len(h.res)) {
+		if !yield(&h.res[i]) {
+			return
+		}
+	}
+	for i := range h.more {
+		if !yield(&h.more[i]) {
+			return
+		}
+	}
+}
+
+// borrows yields the admissions the request borrowed from later buckets.
+func (h *held) borrows(yield func(borrowedAt) bool) {
+	for i := range min(h.nbor, len(h.bor)) {
+		if !yield(h.bor[i]) {
+			return
+		}
+	}
+	for _, b := range h.bmore {
+		if !yield(b) {
+			return
+		}
+	}
+}
+
 // releaseWindows gives back what the request's window groups took
 // (admissions and borrows of n) and forgets them.
 func (h *held) releaseWindows(n int64) {
-	for i := range min(h.nres, len(h.res)) {
-		h.res[i].Cancel(proto.Token{})
+	for r := range h.reservations {
+		r.Cancel(proto.Token{})
 	}
-	for i := range h.more {
-		h.more[i].Cancel(proto.Token{})
-	}
-	for i := range min(h.nbor, len(h.bor)) {
-		h.bor[i].w.Unborrow(h.bor[i].start, n)
-	}
-	for _, b := range h.bmore {
+	for b := range h.borrows {
 		b.w.Unborrow(b.start, n)
 	}
 	h.nres, h.more, h.nbor, h.bmore = 0, h.more[:0], 0, h.bmore[:0]
@@ -385,41 +404,35 @@ func (e *Engine) finish(set *ruleSet, rr *resourceRules, h *held, p int, now, wa
 		// align moved to a later bucket another window had made borrows
 		// without waiting. Either way its borrows are settled.
 		land := e.now() >= now
-		for i := range min(h.nbor, len(h.bor)) {
-			if land {
-				h.bor[i].w.Land(now)
-			}
-			h.bor[i].w.Arrived(h.bor[i].start, n)
-		}
-		for _, b := range h.bmore {
+		for b := range h.borrows {
 			if land {
 				b.w.Land(now)
 			}
 			b.w.Arrived(b.start, n)
 		}
 	}
-	stat := now
+	ran := now // when the statistics count it
 	if early {
-		stat = min(now, e.now())
+		ran = min(now, e.now())
 	}
 	if len(rr.shadows) > 0 {
 		// Dry-run rules see the request once it is admitted for good
 		// (after any wait), as one that may wait if it may.
-		shade(rr, p, stat, n, time.Duration(q.wait))
+		shade(rr, p, ran, n, time.Duration(q.wait))
 	}
 	if !rr.countsNode {
-		node.Second().AddOn(p, stat, metric.Pass, n)
+		node.Second().AddOn(p, ran, metric.Pass, n)
 		if node.Dropped() {
 			// Its rules were replaced during a wait and the resource, idle
 			// by then, let go.
-			node = e.recount(node, p, stat, metric.Pass, n)
+			node = e.recount(node, p, ran, metric.Pass, n)
 		}
 	}
 	if h.nbor > 0 && !h.borrowedFrom(node.Second()) {
 		// It waited for a later bucket of a window of its own (a
 		// span-exact one): the resource counts it as occupied too, as
 		// the fold does in its second window.
-		node.Second().AddOn(p, stat, metric.OccupiedPass, n)
+		node.Second().AddOn(p, ran, metric.OccupiedPass, n)
 	}
 	return e.admitted(set, node, p, now, n, h.conc, h.kc, rr.keyConc.t), nil
 }
@@ -449,22 +462,12 @@ func (pr *pacedRule) pace(now int64, node *stat.Node) float64 {
 // was ahead of the request's clock counted it there, and a later rule
 // may have moved its instant past an earlier window's bucket).
 func (h *held) holds(rr *resourceRules, t int64) bool {
-	for i := range min(h.nres, len(h.res)) {
-		if !h.res[i].Holds(t) {
+	for r := range h.reservations {
+		if !r.Holds(t) {
 			return false
 		}
 	}
-	for i := range h.more {
-		if !h.more[i].Holds(t) {
-			return false
-		}
-	}
-	for i := range min(h.nbor, len(h.bor)) {
-		if !h.bor[i].holds(t) {
-			return false
-		}
-	}
-	for _, b := range h.bmore {
+	for b := range h.borrows {
 		if !b.holds(t) {
 			return false
 		}
@@ -479,12 +482,7 @@ func (h *held) holds(rr *resourceRules, t int64) bool {
 
 // borrowedFrom reports whether one of the request's borrows is from w.
 func (h *held) borrowedFrom(w *metric.Window) bool {
-	for i := range min(h.nbor, len(h.bor)) {
-		if h.bor[i].w == w {
-			return true
-		}
-	}
-	for _, b := range h.bmore {
+	for b := range h.borrows {
 		if b.w == w {
 			return true
 		}

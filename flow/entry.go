@@ -358,6 +358,18 @@ func parseOptions(q *request, opts []EntryOption) error {
 	return nil
 }
 
+// readOptions reads opts into q, as this engine takes them: WithPriority
+// waits up to the occupy timeout.
+func (e *Engine) readOptions(q *request, opts []EntryOption) error {
+	if err := parseOptions(q, opts); err != nil {
+		return err
+	}
+	if q.priority {
+		q.wait = max(q.wait, e.occupyTimeout)
+	}
+	return nil
+}
+
 // pin returns the caller's stripe hint and the time.
 func (e *Engine) pinNow() (int, int64) {
 	p := cpu.Pin()

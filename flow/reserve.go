@@ -60,11 +60,8 @@ var ErrReservationDone = errors.New("flow: the reservation was entered or cancel
 // not allocate.
 func (e *Engine) Reserve(resource string, opts ...EntryOption) (*Reservation, error) {
 	q := request{n: 1}
-	if err := parseOptions(&q, opts); err != nil {
+	if err := e.readOptions(&q, opts); err != nil {
 		return nil, err
-	}
-	if q.priority {
-		q.wait = max(q.wait, e.occupyTimeout)
 	}
 	if !q.hasWait && !q.priority {
 		q.wait = int64(MaxWait)

@@ -184,16 +184,7 @@ func TestReserveHammer(t *testing.T) {
 			}
 			clock.Advance(10 * time.Second)
 			for j, want := range []int{threshold, 5} {
-				n := 0
-				for {
-					en, err := e.Entry(res[j])
-					if err != nil {
-						break
-					}
-					en.Exit(nil)
-					n++
-				}
-				assert.Equal(t, want, n, res[j])
+				assert.Equal(t, want, drain(e, res[j]), res[j])
 			}
 		})
 	}

@@ -56,6 +56,20 @@ func (s *clockSleeper) advanceTo(t int64) {
 	}
 }
 
+// drain admits on res, at the clock's instant, until refused, and
+// returns how many it admitted.
+func drain(e *Engine, res string) int {
+	n := 0
+	for {
+		en, err := e.Entry(res)
+		if err != nil {
+			return n
+		}
+		en.Exit(nil)
+		n++
+	}
+}
+
 func waitEngine(t *testing.T, opts ...Option) (*Engine, *stattest.Clock, *clockSleeper) {
 	t.Helper()
 	clock := stattest.NewClock(0)
@@ -174,16 +188,7 @@ func TestWaitCancelAfterItsBucketStarted(t *testing.T) {
 	require.ErrorIs(t, err, context.Canceled)
 	s.cancel = nil
 	// 4 in the bucket: the canceled one's pass went back, 1 taken.
-	n := 0
-	for {
-		en, err := e.Entry("api")
-		if err != nil {
-			break
-		}
-		en.Exit(nil)
-		n++
-	}
-	assert.Equal(t, 3, n)
+	assert.Equal(t, 3, drain(e, "api"))
 }
 
 // TestEngineWaitFollowsTheDeadline: Wait waits up to ctx's deadline and
@@ -347,21 +352,9 @@ func TestWaitHammer(t *testing.T) {
 			// Nothing stranded: once every wait is over and the windows
 			// have emptied, each admits its whole threshold again.
 			s.cancel = nil
-			for _, name := range res[:2] {
-				t.Logf("%s: borrowed %d", name, e.rules.Load().byResource[name].groups[0].w.Borrowed())
-			}
 			clock.Advance(5 * time.Second)
 			for j, want := range []int{threshold, threshold, 5, 5} {
-				n := 0
-				for {
-					en, err := e.Entry(res[j])
-					if err != nil {
-						break
-					}
-					en.Exit(nil)
-					n++
-				}
-				assert.Equal(t, want, n, res[j])
+				assert.Equal(t, want, drain(e, res[j]), res[j])
 			}
 		})
 	}

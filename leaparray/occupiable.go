@@ -137,17 +137,35 @@ func (o *Occupiable[T]) Lend(at, n int64) bool {
 	if o.future == nil {
 		o.future = make([]borrowed, o.n)
 	}
-	f := &o.future[o.indexOf(s)]
-	if (f.n > 0 || f.claims > 0) && f.start != s {
+	f := o.record(s)
+	if f == nil {
 		return false
-	}
-	if f.start != s {
-		*f = borrowed{start: s}
 	}
 	f.n += n
 	o.pending.Add(n)
 	o.epoch.Inc()
 	return true
+}
+
+// free reports whether the record slot of bucket s can be taken for it.
+// Called with mu held.
+func (o *Occupiable[T]) free(s int64) bool {
+	f := &o.future[o.indexOf(s)]
+	return f.start == s || (f.n == 0 && f.claims == 0)
+}
+
+// record returns the record of future bucket s, made fresh if it held
+// another bucket's, or nil while it holds another bucket's unfolded
+// borrow or unsettled claims. Called with mu held.
+func (o *Occupiable[T]) record(s int64) *borrowed {
+	if !o.free(s) {
+		return nil
+	}
+	f := &o.future[o.indexOf(s)]
+	if f.start != s {
+		*f = borrowed{start: s}
+	}
+	return f
 }
 
 // Arrived settles n that BorrowAt borrowed from the bucket starting at
@@ -198,8 +216,8 @@ func (o *Occupiable[T]) Borrow(now, n, threshold, maxWait int64) (wait int64, ok
 }
 
 // BorrowAt is Borrow that also returns the start of the bucket borrowed
-// from, which Unborrow takes.
-// The borrower settles it later: Unborrow, or Arrived once it went.
+// from. The borrower settles the borrow later, with that start: Unborrow
+// (it did not go), or Arrived (it went).
 func (o *Occupiable[T]) BorrowAt(now, n, threshold, maxWait int64) (start, wait int64, ok bool) {
 	return o.BorrowFrom(now, 0, n, threshold, maxWait)
 }
@@ -234,14 +252,11 @@ func (o *Occupiable[T]) borrow(now, from, n, threshold, maxWait int64, claim boo
 		if s < from {
 			continue
 		}
-		f := &o.future[o.indexOf(s)]
-		if (f.n > 0 || f.claims > 0) && f.start != s {
+		if !o.free(s) {
 			continue // the slot still holds an older borrow, or its claims
 		}
 		if o.fits(s, n, threshold) {
-			if f.start != s {
-				*f = borrowed{start: s}
-			}
+			f := o.record(s)
 			f.n += n
 			if claim {
 				f.claims += n
@@ -258,9 +273,8 @@ func (o *Occupiable[T]) borrow(now, from, n, threshold, maxWait int64, claim boo
 // pending (every later admission or borrow may use it) and Unborrow
 // reports ok and not folded. If the borrow was folded into a bucket, it
 // reports that bucket's start (the caller takes the count out of it).
-// It reports not ok when it no longer knows the borrow: its record was
-// reused by a borrow a window later, when the bucket it was folded into
-// is leaving the window anyway.
+// It reports not ok for a borrow it does not know (not BorrowAt's: only
+// those keep their record until settled).
 func (o *Occupiable[T]) Unborrow(start, n int64) (into int64, folded, ok bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
