@@ -48,8 +48,8 @@ var ErrReservationDone = errors.New("flow: the reservation was entered or cancel
 
 // Reserve admits a request for the earliest instant its rate rules allow
 // within its wait (WithWait, WithWait(0) for now only; MaxWait when not
-// given) and returns at once,
-// without waiting: the reservation says how long until the request may go
+// given) and returns at once, without waiting: the reservation says how
+// long until the request may go
 // (Delay), and the caller then enters it (Enter, or Wait to sleep until
 // then) or gives it up (Cancel, which gives back what it took under the
 // cancel rule of WithWait). A request no instant within the wait admits
@@ -94,10 +94,12 @@ func (r *Reservation) Delay() time.Duration {
 	return time.Duration(max(r.start+r.wait-r.e.now(), 0))
 }
 
-// Enter turns the reservation into the admitted request, counted at its
-// instant; call it once Delay is 0 (a request that goes earlier is still
-// counted at its instant, so a rule's bound holds on the counts, not on
-// when it ran). It returns ErrReservationDone after Enter or Cancel.
+// Enter turns the reservation into the admitted request, stamped
+// (Entry.Start) and counted by its rules at its instant; call it once
+// Delay is 0. One entered earlier still counts at its instant in its
+// rules, so their bounds hold on the counts, not on when it ran; the
+// resource's statistics count it when it runs. It returns
+// ErrReservationDone after Enter or Cancel.
 func (r *Reservation) Enter() (Entry, error) {
 	st := r.st
 	if !st.state.CompareAndSwap(reserved, entered) {
