@@ -391,7 +391,18 @@ func (e *Engine) finish(set *ruleSet, rr *resourceRules, h *held, p int, now, wa
 		if ctx == nil {
 			ctx = context.Background()
 		}
-		if err := e.wait(ctx, time.Duration(wait)); err != nil {
+		// Sleep until the instant now+wait, not wait from whenever this
+		// runs: now may be stale (the goroutine was descheduled since it
+		// read the clock), and a wait is bounded by WithWait from its
+		// start. An instant already past sleeps not at all, but a context
+		// already ended still cancels the request.
+		var err error
+		if d := now + wait - e.now(); d > 0 {
+			err = e.wait(ctx, time.Duration(d))
+		} else {
+			err = ctx.Err()
+		}
+		if err != nil {
 			e.release(rr, h, n)
 			return Entry{}, err
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/atomic"
 	"golang.org/x/time/rate"
 
 	"github.com/leapflow/leapflow/stat/stattest"
@@ -349,6 +350,10 @@ func TestWaitHammer(t *testing.T) {
 					}
 				}
 			}
+			// Every wait slept until its instant, never more than its
+			// WithWait from when it slept: the clock moved by the
+			// goroutines' steps and waits, far from engineLimit.
+			assert.Less(t, clock.Now(), int64(time.Hour), "engine time at the hammer's end")
 			// Nothing stranded: once every wait is over and the windows
 			// have emptied, each admits its whole threshold again.
 			s.cancel = nil
@@ -370,4 +375,97 @@ func TestWaitAllocatesNothing(t *testing.T) {
 			en.Exit(nil)
 		}
 	}))
+}
+
+// staleClock is a fake clock whose next reading, once armed, moves it
+// on by lag after it is read: the reader's value is stale by lag before it
+// uses it (a goroutine descheduled right after reading the clock).
+type staleClock struct {
+	*stattest.Clock
+	lag atomic.Int64
+}
+
+func (c *staleClock) Now() int64 {
+	t := c.Clock.Now()
+	if lag := c.lag.Swap(0); lag != 0 {
+		c.Advance(time.Duration(lag))
+	}
+	return t
+}
+
+// A wait is slept until the request's instant (its now plus the wait the
+// rules gave it), not for the wait from whenever the sleep starts: a
+// request whose clock reading went stale before it slept sleeps only the
+// rest, never more than WithWait.
+func TestWaitSleepsUntilTheInstantNotPastIt(t *testing.T) {
+	clock := &staleClock{Clock: stattest.NewClock(0)}
+	s := &clockSleeper{clock: clock.Clock}
+	e, err := New(WithClock(clock), WithSleep(s.sleep))
+	require.NoError(t, err)
+	load(t, e, Rule{Resource: "api", Threshold: 4})
+	require.Equal(t, 4, drain(e, "api")) // the window's first bucket is full
+	// The request reads the clock at 0 and borrows the bucket at 1 s (the
+	// first whose window drops the full one); 300 ms pass before it
+	// sleeps.
+	clock.lag.Store(int64(300 * ms))
+	en, err := e.Entry("api", WithWait(time.Second))
+	require.NoError(t, err)
+	assert.Equal(t, int64(time.Second), en.Start(), "admitted at the borrowed bucket's start")
+	en.Exit(nil)
+	assert.Equal(t, []time.Duration{700 * ms}, s.waits, "only the rest of the wait, not 1 s from 300 ms")
+	assert.Equal(t, int64(time.Second), clock.Now(), "woke at the instant")
+
+	// A request whose instant has passed by the time it would sleep does
+	// not sleep, but a context already ended still cancels it.
+	clock.Advance(time.Second)
+	require.Equal(t, 4, drain(e, "api"))
+	clock.lag.Store(int64(2 * time.Second))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err = e.Entry("api", WithWait(time.Second), WithContext(ctx))
+	assert.ErrorIs(t, err, context.Canceled)
+	assert.Len(t, s.waits, 1, "no sleep for an instant already past")
+}
+
+// A borrowed admission whose borrower went without its bucket being made
+// (a sleep that returned before the instant, or engine time re-based past
+// engineLimit by a runaway clock) is charged to no window it never shared:
+// once a whole window has passed, the resource admits its whole threshold
+// again. It still counts in the statistics, at its own instant.
+func TestBorrowOfAnUnmadeBucketLapsesAfterItsWindow(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		sleep func(clock *stattest.Clock) func(context.Context, time.Duration) error
+	}{
+		{"engine time re-based", func(clock *stattest.Clock) func(context.Context, time.Duration) error {
+			return func(_ context.Context, d time.Duration) error {
+				clock.Advance(d)                          // this waiter's own wait
+				clock.Advance(time.Duration(engineLimit)) // another's runaway wait
+				return nil
+			}
+		}},
+		{"sleep returned early", func(*stattest.Clock) func(context.Context, time.Duration) error {
+			return func(context.Context, time.Duration) error { return nil }
+		}},
+	} {
+		for _, span := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/spanExact=%v", c.name, span), func(t *testing.T) {
+				clock := stattest.NewClock(10 * time.Second)
+				e, err := New(WithClock(clock), WithSleep(c.sleep(clock)))
+				require.NoError(t, err)
+				load(t, e, Rule{Resource: "api", Threshold: 20, SpanExact: span})
+				require.Equal(t, 20, drain(e, "api"))
+				en, err := e.Entry("api", WithWait(1500*ms))
+				require.NoError(t, err)
+				en.Exit(nil)
+				clock.Advance(5 * time.Second)
+				assert.Equal(t, 20, drain(e, "api"), "5 s later")
+				snap, ok := e.Snapshot("api")
+				require.True(t, ok)
+				assert.Equal(t, int64(20+1+20), snap.MinutePass, "every pass counted once")
+				clock.Advance(60 * time.Second)
+				assert.Equal(t, 20, drain(e, "api"), "65 s later")
+			})
+		}
+	}
 }

@@ -12,7 +12,10 @@ import (
 // within the threshold. When the main array creates a bucket, every borrowed
 // count due by its start is folded into it (see the fold function given to
 // Init); a borrow whose own bucket never got created (no traffic at
-// that time) folds into the next bucket made, late but never lost.
+// that time) folds into the next bucket made, late but never lost, unless
+// that bucket is a whole interval or more past it: then no window holds
+// both, and the borrow lapses instead (see Init's lapse), charged to no
+// later window.
 //
 // Borrowing is the slow path (the caller is about to wait), so it runs under
 // the array's rotation lock; folding runs under the same lock, which makes the
@@ -22,6 +25,7 @@ type Occupiable[T any] struct {
 	userInit     func(start int64, v *T)
 	count        func(v *T) int64
 	fold         func(v *T, n int64)
+	lapse        func(start, n int64)
 	future       []borrowed // ring keyed by start, guarded by mu; made on the first Borrow
 
 	// pending is the total borrowed and not yet folded. It is raised before a
@@ -38,12 +42,14 @@ type Occupiable[T any] struct {
 
 // borrowed is what is borrowed from the bucket starting at start: n not
 // folded yet, and folded, what was folded into the bucket starting at
-// into (the first made at or after start), for Unborrow.
+// into (the first made at or after start), or lapsed, what lapsed (see
+// Init), for Unborrow.
 type borrowed struct {
 	start  int64
 	n      int64
 	folded int64
 	into   int64
+	lapsed int64
 	// claims is what borrowers that will settle (BorrowAt's: Unborrow or
 	// Arrived) have not settled yet: the record is not reused for a later
 	// bucket while any is out, so a late Unborrow still finds it.
@@ -54,34 +60,48 @@ type borrowed struct {
 // in the type that counts with it): sampleCount, interval and hooks are
 // New's; count reads the admitted count of a bucket (what a threshold
 // limits); fold adds n borrowed admissions to a freshly made bucket before
-// it is published. It must be called once, before the array is shared.
+// it is published. lapse (nil: dropped) takes instead the n borrowed from
+// the bucket starting at start when the first bucket made at or after it
+// starts a whole interval or more later: its borrower went without making
+// it (a sleep that returned early, a clock that stepped), and charging it
+// to that later bucket would shut out a window's worth of callers who
+// never shared a window with it. lapse runs under the rotation lock, as
+// fold does. It must be called once, before the array is shared.
 func (o *Occupiable[T]) Init(sampleCount int, interval time.Duration, hooks Hooks[T],
-	count func(v *T) int64, fold func(v *T, n int64)) error {
+	count func(v *T) int64, fold func(v *T, n int64), lapse func(start, n int64)) error {
 	o.userInit = hooks.Init
 	hooks.Init = o.initBucket
 	if err := o.setup(sampleCount, interval, hooks); err != nil {
 		return err
 	}
 	o.published = o.retireFolded
-	o.count, o.fold = count, fold
+	o.count, o.fold, o.lapse = count, fold, lapse
 	return nil
 }
 
 // initBucket runs under mu for every new bucket: the user's init, then the
-// fold of every borrow due by start.
+// fold of every borrow due by start (or its lapse, a whole interval late).
 func (o *Occupiable[T]) initBucket(start int64, v *T) {
 	if o.userInit != nil {
 		o.userInit(start, v)
 	}
 	for i := range o.future {
 		f := &o.future[i]
-		if f.n > 0 && f.start <= start {
+		if f.n <= 0 || f.start > start {
+			continue
+		}
+		if start-f.start >= o.interval {
+			if o.lapse != nil {
+				o.lapse(f.start, f.n)
+			}
+			f.lapsed += f.n
+		} else {
 			o.fold(v, f.n)
-			o.folded += f.n
 			f.folded += f.n
 			f.into = start
-			f.n = 0
 		}
+		o.folded += f.n
+		f.n = 0
 	}
 }
 
@@ -272,7 +292,9 @@ func (o *Occupiable[T]) borrow(now, from, n, threshold, maxWait int64, claim boo
 // start. If no bucket at or after start has been made, the count leaves
 // pending (every later admission or borrow may use it) and Unborrow
 // reports ok and not folded. If the borrow was folded into a bucket, it
-// reports that bucket's start (the caller takes the count out of it).
+// reports that bucket's start (the caller takes the count out of it); if
+// it lapsed, it reports start itself, a bucket never made (the caller
+// corrects what lapse was given).
 // It reports not ok for a borrow it does not know (not BorrowAt's: only
 // those keep their record until settled).
 func (o *Occupiable[T]) Unborrow(start, n int64) (into int64, folded, ok bool) {
@@ -294,6 +316,9 @@ func (o *Occupiable[T]) Unborrow(start, n int64) (into int64, folded, ok bool) {
 	case f.folded >= n:
 		f.folded -= n
 		return f.into, true, true
+	case f.lapsed >= n:
+		f.lapsed -= n
+		return f.start, true, true
 	}
 	return 0, false, false
 }

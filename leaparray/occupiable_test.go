@@ -11,18 +11,29 @@ import (
 
 type passes struct{ pass, occupied atomic.Int64 }
 
+// lapses records what newOccupiable's arrays let lapse, by bucket start.
+type lapses map[int64]int64
+
 func newOccupiable(t *testing.T, n int, interval time.Duration) *Occupiable[passes] {
-	t.Helper()
-	o := &Occupiable[passes]{}
-	err := o.Init(n, interval, Hooks[passes]{},
-		func(v *passes) int64 { return v.pass.Load() },
-		func(v *passes, n int64) { v.pass.Add(n); v.occupied.Add(n) })
-	require.NoError(t, err)
+	o, _ := newLapsing(t, n, interval)
 	return o
 }
 
+// newLapsing is newOccupiable that also returns what lapsed (read it only
+// after the rotations, from the goroutine that made them).
+func newLapsing(t *testing.T, n int, interval time.Duration) (*Occupiable[passes], lapses) {
+	t.Helper()
+	o, lapsed := &Occupiable[passes]{}, lapses{}
+	err := o.Init(n, interval, Hooks[passes]{},
+		func(v *passes) int64 { return v.pass.Load() },
+		func(v *passes, n int64) { v.pass.Add(n); v.occupied.Add(n) },
+		func(start, n int64) { lapsed[start] += n })
+	require.NoError(t, err)
+	return o, lapsed
+}
+
 func TestNewOccupiableRejectsBadShape(t *testing.T) {
-	err := new(Occupiable[passes]).Init(0, time.Second, Hooks[passes]{}, nil, nil)
+	err := new(Occupiable[passes]).Init(0, time.Second, Hooks[passes]{}, nil, nil, nil)
 	assert.ErrorContains(t, err, "sampleCount must be > 0, got 0")
 }
 
@@ -68,13 +79,34 @@ func TestBorrowRespectsMaxWaitAndThreshold(t *testing.T) {
 	assert.Equal(t, 4*bl-now, wait)
 }
 
-func TestLateBorrowFoldsIntoNextBucketMade(t *testing.T) {
-	o := newOccupiable(t, 2, time.Second)
+func TestLateBorrowFoldsIntoNextBucketMadeWithinItsWindow(t *testing.T) {
+	o, lapsed := newLapsing(t, 2, time.Second)
 	bl := o.BucketLen()
 	_, ok := o.Borrow(0, 3, 10, bl)
 	require.True(t, ok)
-	// No traffic at bl; the next bucket made is 3 buckets later.
-	w := o.Current(3*bl + 1)
+	// No traffic at bl; the next bucket made is the one after, which
+	// shares a window with it.
+	w := o.Current(2*bl + 1)
 	assert.Equal(t, int64(3), w.Value.pass.Load())
 	assert.Zero(t, o.Pending())
+	assert.Empty(t, lapsed)
+}
+
+func TestBorrowLapsesWhenNoWindowHoldsItAndTheNextBucket(t *testing.T) {
+	o, lapsed := newLapsing(t, 2, time.Second)
+	bl := o.BucketLen()
+	s, _, ok := o.BorrowAt(0, 3, 10, bl)
+	require.True(t, ok)
+	require.Equal(t, bl, s)
+	// No traffic at bl; the next bucket made is a whole interval later:
+	// no window holds both, so the borrow is charged to none.
+	w := o.Current(3*bl + 1)
+	assert.Zero(t, w.Value.pass.Load(), "a window later is not charged")
+	assert.Equal(t, lapses{bl: 3}, lapsed, "handed to lapse at its own start")
+	assert.Zero(t, o.Pending())
+	into, folded, ok := o.Unborrow(s, 3)
+	assert.True(t, ok && folded, "a lapsed borrow is still known to Unborrow")
+	assert.Equal(t, s, into, "reported at its own start, a bucket never made")
+	_, _, ok = o.Unborrow(s, 1)
+	assert.False(t, ok, "and settled once")
 }

@@ -71,6 +71,14 @@ func NewWindow(sampleCount int, interval time.Duration, opts ...Option) (*Window
 			b.stripes[0].c[stripeTaken].Add(n)
 			b.stripes[0].c[stripeUsed].Add(n)
 			b.occupied.Add(n)
+		},
+		func(start, n int64) {
+			// A borrow whose bucket was never made, and whose windows
+			// are all over: it counts where it was admitted, as that
+			// bucket's counts would have been handed over.
+			if w.handover != nil {
+				w.handover(start, Counts{Pass: n, Occupied: n, MinRT: -1})
+			}
 		})
 	if err != nil {
 		return nil, fmt.Errorf("metric: %w", err)
