@@ -3,9 +3,9 @@ package flow
 import (
 	"context"
 	"fmt"
+	"github.com/leapflow/leapflow/internal/window"
 	"time"
 
-	"github.com/leapflow/leapflow/internal/proto"
 	"github.com/leapflow/leapflow/metric"
 	"github.com/leapflow/leapflow/stat"
 )
@@ -22,7 +22,7 @@ func (e *Engine) enter(set *ruleSet, rr *resourceRules, node *stat.Node, opts []
 	n := q.n
 	p, now := e.pinNow()
 	if rr == nil {
-		node.Second().AddOn(p, now, metric.Pass, n)
+		second(node).AddOn(p, now, metric.Pass, n)
 		if node.Dropped() {
 			node = e.recount(node, p, now, metric.Pass, n)
 		}
@@ -33,14 +33,14 @@ func (e *Engine) enter(set *ruleSet, rr *resourceRules, node *stat.Node, opts []
 		// admission, nothing to give back.
 		r, ok := w.AdmitOn(p, now, n, rr.singleLimit)
 		if !ok {
-			node.Second().AddOn(p, now, metric.Block, n)
+			second(node).AddOn(p, now, metric.Block, n)
 			return blocked(float64(r.Seen()), roomOf(w.RoomIn(now, n, rr.singleLimit))), rr.singleBE
 		}
 		// A now behind the newest bucket was counted in it: start there.
 		now = max(now, r.Start())
 		if rr.singleApart {
 			// A span-exact window: the node's own counts the pass too.
-			node.Second().AddOn(p, now, metric.Pass, n)
+			second(node).AddOn(p, now, metric.Pass, n)
 			if node.Dropped() {
 				node = e.recount(node, p, now, metric.Pass, n)
 			}
@@ -55,7 +55,7 @@ func (e *Engine) enter(set *ruleSet, rr *resourceRules, node *stat.Node, opts []
 		if !ok {
 			ev = metric.Block
 		}
-		node.Second().AddOn(p, now, ev, n)
+		second(node).AddOn(p, now, ev, n)
 		if node.Dropped() {
 			node = e.recount(node, p, now, ev, n)
 		}
@@ -74,7 +74,7 @@ func (e *Engine) enter(set *ruleSet, rr *resourceRules, node *stat.Node, opts []
 		if !ok {
 			ev = metric.Block
 		}
-		node.Second().AddOn(p, now, ev, n)
+		second(node).AddOn(p, now, ev, n)
 		if node.Dropped() {
 			node = e.recount(node, p, now, ev, n)
 		}
@@ -108,8 +108,8 @@ func (e *Engine) admitted(set *ruleSet, node *stat.Node, p int, start, n int64, 
 // the first count went to a node no one reads.
 func (e *Engine) recount(node *stat.Node, p int, now int64, ev metric.Event, n int64) *stat.Node {
 	for node.Dropped() {
-		node = e.registry.Replace(proto.Token{}, node)
-		node.Second().AddOn(p, now, ev, n)
+		node = e.pins.Replace(e.registry, node)
+		second(node).AddOn(p, now, ev, n)
 	}
 	return node
 }
@@ -120,14 +120,14 @@ func (e *Engine) recount(node *stat.Node, p int, now int64, ev metric.Event, n i
 type held struct {
 	conc  bool
 	nres  int
-	res   [2]metric.Reservation
-	more  []metric.Reservation
+	res   [2]window.Reservation
+	more  []window.Reservation
 	nbor  int
 	bor   [2]borrowedAt // admissions borrowed from later buckets (WithWait)
 	bmore []borrowedAt
 	paced [maxPacedRules]paceHeld // slots, by index into rr.paced
 	gcra  [maxGCRARules]int64     // arrival times set (0: none), by index into rr.gcras
-	gres  [maxGlobalRules]metric.Reservation
+	gres  [maxGlobalRules]window.Reservation
 	ggcra [maxGlobalRules]int64   // set by Global GCRA rules' local fallbacks
 	gkeys [maxGlobalRules]keyHeld // PerKey global rules' local fallbacks
 	kc    *keyState               // counted by the PerKey Concurrency rule
@@ -137,7 +137,7 @@ type held struct {
 // borrowedAt is an admission borrowed from window w's bucket starting at
 // start.
 type borrowedAt struct {
-	w     *metric.Window
+	w     *window.Window
 	start int64
 }
 
@@ -150,7 +150,7 @@ func (h *held) addBorrow(b borrowedAt) {
 	h.nbor++
 }
 
-func (h *held) addRes(r metric.Reservation) {
+func (h *held) addRes(r window.Reservation) {
 	if h.nres < len(h.res) {
 		h.res[h.nres] = r
 	} else {
@@ -160,7 +160,7 @@ func (h *held) addRes(r metric.Reservation) {
 }
 
 // reservations yields the window admissions the request holds.
-func (h *held) reservations(yield func(*metric.Reservation) bool) {
+func (h *held) reservations(yield func(*window.Reservation) bool) {
 	for i := range min(h.nres, len(h.res)) {
 		if !yield(&h.res[i]) {
 			return
@@ -191,7 +191,7 @@ func (h *held) borrows(yield func(borrowedAt) bool) {
 // (admissions and borrows of n) and forgets them.
 func (h *held) releaseWindows(n int64) {
 	for r := range h.reservations {
-		r.Cancel(proto.Token{})
+		r.Cancel()
 	}
 	for b := range h.borrows {
 		b.w.Unborrow(b.start, n)
@@ -215,7 +215,7 @@ func (e *Engine) release(rr *resourceRules, h *held, n int64) {
 	for i := range rr.globals {
 		// What a source admitted is not given back (it may have been
 		// counted across instances); a local fallback's admission is.
-		h.gres[i].Cancel(proto.Token{})
+		h.gres[i].Cancel()
 		if h.ggcra[i] != 0 {
 			rr.globals[i].gcra.give(n, h.ggcra[i])
 		}
@@ -236,7 +236,7 @@ func (e *Engine) block(rr *resourceRules, h *held, p int, now, n int64, be *Bloc
 	if rr.rules > 1 {
 		rm = unknownRoom
 	}
-	rr.node.Second().AddOn(p, now, metric.Block, n)
+	second(rr.node).AddOn(p, now, metric.Block, n)
 	if rr.node.Dropped() {
 		// The rule set this request read was replaced, its resource let go.
 		e.recount(rr.node, p, now, metric.Block, n)
@@ -286,7 +286,7 @@ func (e *Engine) take(rr *resourceRules, h *held, p int, now int64, q *request) 
 		h.conc = true
 		// The second's most in flight (stat.Second.MaxConcurrency): one
 		// load of the bucket's maximum, a store only when it rises.
-		node.Second().RecordConcurrency(now, seen)
+		second(node).RecordConcurrency(now, seen)
 	}
 	for i := range rr.globals {
 		g := &rr.globals[i]
@@ -432,18 +432,18 @@ func (e *Engine) finish(set *ruleSet, rr *resourceRules, h *held, p int, now, wa
 		shade(rr, p, ran, n, time.Duration(q.wait))
 	}
 	if !rr.countsNode {
-		node.Second().AddOn(p, ran, metric.Pass, n)
+		second(node).AddOn(p, ran, metric.Pass, n)
 		if node.Dropped() {
 			// Its rules were replaced during a wait and the resource, idle
 			// by then, let go.
 			node = e.recount(node, p, ran, metric.Pass, n)
 		}
 	}
-	if h.nbor > 0 && !h.borrowedFrom(node.Second()) {
+	if h.nbor > 0 && !h.borrowedFrom(second(node)) {
 		// It waited for a later bucket of a window of its own (a
 		// span-exact one): the resource counts it as occupied too, as
 		// the fold does in its second window.
-		node.Second().AddOn(p, ran, metric.OccupiedPass, n)
+		second(node).AddOn(p, ran, metric.OccupiedPass, n)
 	}
 	return e.admitted(set, node, p, now, n, h.conc, h.kc, rr.keyConc.t), nil
 }
@@ -492,7 +492,7 @@ func (h *held) holds(rr *resourceRules, t int64) bool {
 }
 
 // borrowedFrom reports whether one of the request's borrows is from w.
-func (h *held) borrowedFrom(w *metric.Window) bool {
+func (h *held) borrowedFrom(w *window.Window) bool {
 	for b := range h.borrows {
 		if b.w == w {
 			return true

@@ -2,6 +2,7 @@ package flow
 
 import (
 	"fmt"
+	"github.com/leapflow/leapflow/internal/window"
 	"math"
 	"time"
 
@@ -19,7 +20,7 @@ type ruleSet struct {
 	// keeps its warm-up tokens and throttle timeline.
 	warm   map[ruleKey]*warmUp
 	pacers map[ruleKey]*pacer
-	locals map[ruleKey]*metric.Window
+	locals map[ruleKey]*window.Window
 	// tables holds per-key rules' keys, kept across reloads.
 	tables map[tableID]*keyTable
 	// shadows holds dry-run rules' windows and counts.
@@ -47,7 +48,7 @@ type resourceRules struct {
 	// its second window: Entry then takes a short path, reading the window,
 	// limit and error copied here (no further pointer to chase), first in
 	// the struct so that the short path reads one cache line of it.
-	single      *metric.Window
+	single      *window.Window
 	singleLimit int64
 	singleBE    *BlockError
 	// singleApart is set when single is not the node's second window (a
@@ -101,7 +102,7 @@ func (rr *resourceRules) hasKeyed() bool {
 // they admit together, with one Admit at the smallest of their limits, so a
 // pass is counted once.
 type windowGroup struct {
-	w          *metric.Window
+	w          *window.Window
 	intervalS  float64
 	static     int64 // smallest Reject limit; MaxInt64 if none
 	staticBE   *BlockError
@@ -140,7 +141,7 @@ type globalRule struct {
 	keys       *keyTable
 	spec       map[string]globalKeySpec
 	fallback   Fallback
-	local      *metric.Window
+	local      *window.Window
 	localLimit int64
 	// gcra is a Global GCRA rule's local fallback (nil otherwise): a
 	// bucket at LocalShare of its rate and burst.
@@ -207,7 +208,7 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stat.Node, bounds []Bound
 		byResource: map[string]*resourceRules{},
 		warm:       map[ruleKey]*warmUp{},
 		pacers:     map[ruleKey]*pacer{},
-		locals:     map[ruleKey]*metric.Window{},
+		locals:     map[ruleKey]*window.Window{},
 		tables:     map[tableID]*keyTable{},
 		shadows:    map[ruleKey]*shadow{},
 		gcras:      map[ruleKey]*gcra{},
@@ -313,13 +314,13 @@ func (e *Engine) add(next, old *ruleSet, r *Rule, k ruleKey, id tableID, nodes m
 			beLocal:  newBlockError(r, ReasonFlow),
 		})
 	case r.Global:
-		local := reuse(old.locals, k, func() *metric.Window {
+		local := reuse(old.locals, k, func() *window.Window {
 			n, interval := e.buckets(r.StatInterval), r.StatInterval
 			if r.SpanExact {
 				// The fallback is span-exact too.
 				n, interval = spanShape(e.spanBuckets, interval)
 			}
-			w, err := metric.NewWindow(n, interval)
+			w, err := window.NewWindow(n, interval)
 			if err != nil {
 				panic(err) // validated
 			}
@@ -356,7 +357,7 @@ func (e *Engine) add(next, old *ruleSet, r *Rule, k ruleKey, id tableID, nodes m
 			w = e.spanWindow(rr.node, r.StatInterval)
 		}
 		g := rr.group(w, r.StatInterval)
-		if w == rr.node.Second() {
+		if w == second(rr.node) {
 			rr.countsNode = true
 		}
 		if r.Behavior == WarmUp {
@@ -382,28 +383,28 @@ func (e *Engine) resourceRules(next *ruleSet, r *Rule, nodes map[string]*stat.No
 }
 
 // window returns the node window a rule with this interval counts in.
-func (e *Engine) window(n *stat.Node, interval time.Duration) *metric.Window {
+func (e *Engine) window(n *stat.Node, interval time.Duration) *window.Window {
 	if interval == time.Second {
-		return n.Second()
+		return second(n)
 	}
 	w, err := n.Window(interval, e.buckets(interval))
 	if err != nil {
 		panic(err) // a validated interval (whole ms, at most 1h) cannot fail
 	}
-	return w
+	return in(w)
 }
 
 // spanWindow returns the node window span-exact rules with this interval
 // count in: n buckets of the interval (WithSpanBuckets) and one more, so
 // that an admission is checked against the last n+1 buckets (every span
 // of the interval lies within n+1 consecutive buckets).
-func (e *Engine) spanWindow(n *stat.Node, interval time.Duration) *metric.Window {
+func (e *Engine) spanWindow(n *stat.Node, interval time.Duration) *window.Window {
 	k, span := spanShape(e.spanBuckets, interval)
 	w, err := n.Window(span, k)
 	if err != nil {
 		panic(err) // the interval divides into k buckets, so into k+1 of the same length
 	}
-	return w
+	return in(w)
 }
 
 // spanShape is the shape of a span-exact window of interval with k
@@ -424,7 +425,7 @@ func (e *Engine) buckets(interval time.Duration) int {
 
 // group returns the group of window w, adding one if needed; the node's
 // second window goes first.
-func (rr *resourceRules) group(w *metric.Window, interval time.Duration) *windowGroup {
+func (rr *resourceRules) group(w *window.Window, interval time.Duration) *windowGroup {
 	for i := range rr.groups {
 		if rr.groups[i].w == w {
 			return &rr.groups[i]
@@ -483,3 +484,11 @@ func reuse[V any](old map[ruleKey]V, k ruleKey, make func() V) V {
 	}
 	return make()
 }
+
+// in returns the engine's window behind w, with the protocols (borrowing,
+// settling, stripe hints) that metric's surface leaves out: flow counts on
+// its nodes' windows through them.
+func in(w *metric.Window) *window.Window { return (*window.Window)(w) }
+
+// second is node's second window, as flow counts on it.
+func second(node *stat.Node) *window.Window { return in(node.Second()) }

@@ -1,17 +1,16 @@
 package flow
 
 import (
+	"github.com/leapflow/leapflow/internal/window"
 	"time"
 
 	"go.uber.org/atomic"
-
-	"github.com/leapflow/leapflow/metric"
 )
 
 // shadow is a dry-run rule's state, kept across reloads that keep the
 // rule: its own window, and what it would have blocked.
 type shadow struct {
-	w       *metric.Window
+	w       *window.Window
 	blocked atomic.Int64
 }
 
@@ -25,7 +24,7 @@ type shadowRule struct {
 // addShadow adds dry-run rule r, whose state is keyed k.
 func (e *Engine) addShadow(next, old *ruleSet, rr *resourceRules, r *Rule, k ruleKey) {
 	s := reuse(old.shadows, k, func() *shadow {
-		w, err := metric.NewWindow(e.buckets(r.StatInterval), r.StatInterval)
+		w, err := window.NewWindow(e.buckets(r.StatInterval), r.StatInterval)
 		if err != nil {
 			panic(err) // validated
 		}

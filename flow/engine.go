@@ -1,12 +1,13 @@
 package flow
 
 import (
+	"github.com/leapflow/leapflow/internal/pins"
+	"github.com/leapflow/leapflow/internal/window"
 	"sync"
 
 	"go.uber.org/atomic"
 
 	"github.com/leapflow/leapflow/internal/names"
-	"github.com/leapflow/leapflow/internal/proto"
 	"github.com/leapflow/leapflow/metric"
 	"github.com/leapflow/leapflow/stat"
 )
@@ -25,6 +26,7 @@ type Engine struct {
 	// not inline).
 	coarse        *stat.Coarse
 	registry      *stat.Registry
+	pins          pins.Protocol[*stat.Registry, *stat.Node]
 	source        TokenSource
 	occupyTimeout int64
 	sampleCount   int
@@ -72,6 +74,7 @@ func New(opts ...Option) (*Engine, error) {
 		return nil, err // validated above: cannot happen
 	}
 	e.registry = reg
+	e.pins = pins.Stat.(pins.Protocol[*stat.Registry, *stat.Node])
 	e.rules.Store(&ruleSet{byResource: map[string]*resourceRules{}, tables: map[tableID]*keyTable{}})
 	return e, nil
 }
@@ -160,7 +163,7 @@ func (e *Engine) LoadRules(rules []Rule) error {
 		return err
 	}
 	names := resourcesOf(norm)
-	nodes, err := e.registry.Pin(proto.Token{}, names)
+	nodes, err := e.pins.Pin(e.registry, names)
 	if err != nil {
 		return e.noRoom(norm, err)
 	}
@@ -196,7 +199,7 @@ func (e *Engine) LoadRules(rules []Rule) error {
 			dropped = append(dropped, name)
 		}
 	}
-	e.registry.Unpin(proto.Token{}, dropped)
+	e.pins.Unpin(e.registry, dropped)
 	return nil
 }
 
@@ -219,7 +222,7 @@ func (e *Engine) seedWindows(old, next *ruleSet) {
 		was := old.byResource[name]
 		for i := range rr.groups {
 			w := rr.groups[i].w
-			if w == rr.node.Second() || (was != nil && was.countsIn(w)) {
+			if w == second(rr.node) || (was != nil && was.countsIn(w)) {
 				continue
 			}
 			c := rr.node.PassedSince(now-int64(w.Interval()), now)
@@ -240,7 +243,7 @@ func (e *Engine) seedWindows(old, next *ruleSet) {
 }
 
 // countsIn reports whether a group of rr counts in w.
-func (rr *resourceRules) countsIn(w *metric.Window) bool {
+func (rr *resourceRules) countsIn(w *window.Window) bool {
 	for i := range rr.groups {
 		if rr.groups[i].w == w {
 			return true

@@ -207,7 +207,7 @@ func (en *Entry) Exit(err error) {
 	} else {
 		now = e.clock.Now()
 	}
-	en.node.Second().CompleteOn(int(en.p), now, int64(en.n), max(now-en.start, 0), err != nil)
+	second(en.node).CompleteOn(int(en.p), now, int64(en.n), max(now-en.start, 0), err != nil)
 }
 
 // Entry checks a request for resource against the rules in force and, if

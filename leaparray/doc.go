@@ -38,10 +38,12 @@
 // (half-open); Within and Previous visit only valid buckets, allocate
 // nothing, and never create or revive one.
 //
-// # Borrowing
+// # Where the rest lives
 //
-// Occupiable adds a ring of future buckets that callers can borrow counts from
-// (a request admitted now against a window that has not started). When the
-// main array creates the bucket a borrow was made for, the borrowed count is
-// folded into it.
+// The ring itself is internal/ring, which leapflow's engine uses directly;
+// this package is its standalone surface. What only the engine uses stays
+// there: the ring of future buckets that admissions borrow from (Occupiable,
+// folded into a bucket when it is made), and the rotation protocols that
+// metric's hand-over and stat's completed seconds rely on (Head, Newest,
+// Locked, RetireStale).
 package leaparray

@@ -37,11 +37,11 @@ func BenchmarkAdd(b *testing.B) {
 			}
 		})
 	})
-	stripes := make([]stripe, cpu.MaxStripes)
+	stripes := make([]paddedCounter, cpu.MaxStripes)
 	b.Run("impl=floor-striped-atomic", func(b *testing.B) {
 		hammer.Sweep(b, hammer.Goroutines, func(_, n int) {
 			for range n {
-				stripes[cpu.Pin()&(cpu.MaxStripes-1)].c[0].Inc()
+				stripes[cpu.Pin()&(cpu.MaxStripes-1)].v.Inc()
 			}
 		})
 	})
@@ -111,4 +111,19 @@ func BenchmarkReserve(b *testing.B) {
 			}
 		})
 	})
+}
+
+// paddedCounter is a counter alone on its cache line, the striped floor.
+type paddedCounter struct {
+	v atomic.Int64
+	_ [cpu.CacheLine - 8]byte
+}
+
+func newWindow(tb testing.TB, n int, interval time.Duration, opts ...Option) *Window {
+	tb.Helper()
+	w, err := NewWindow(n, interval, opts...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return w
 }

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/atomic"
 
 	"github.com/leapflow/leapflow/internal/cpu"
+	"github.com/leapflow/leapflow/internal/window"
 	"github.com/leapflow/leapflow/metric"
 )
 
@@ -114,7 +115,7 @@ func (n *Node) Dropped() bool {
 // minute old or more, with nothing in flight, nothing borrowed, and no
 // event in the last minute.
 func (n *Node) idle(now int64) bool {
-	if now-n.created < minute || n.Concurrency() != 0 || n.Inflight() != 0 || n.second.Borrowed() != 0 {
+	if now-n.created < minute || n.Concurrency() != 0 || n.Inflight() != 0 || in(n.second).Borrowed() != 0 {
 		return false
 	}
 	for _, e := range [...]metric.Event{metric.Pass, metric.Block, metric.Success, metric.Exception, metric.OccupiedPass} {
@@ -276,7 +277,7 @@ func (n *Node) MaxSuccessRate(now int64) float64 { return n.second.MaxRate(now, 
 // PreviousSecond returns event e's count in the whole second before the one
 // holding now.
 func (n *Node) PreviousSecond(now int64, e metric.Event) int64 {
-	now = n.second.Clamp(now)
+	now = in(n.second).Clamp(now)
 	hi := now - now%second
 	return n.span(hi-second, hi, e)
 }
@@ -284,7 +285,7 @@ func (n *Node) PreviousSecond(now int64, e metric.Event) int64 {
 // Minute returns event e's count over the last 60 whole seconds, including
 // the current one.
 func (n *Node) Minute(now int64, e metric.Event) int64 {
-	now = n.second.Clamp(now)
+	now = in(n.second).Clamp(now)
 	hi := now - now%second + second
 	return n.span(hi-minute, hi, e)
 }
@@ -295,7 +296,7 @@ func (n *Node) Minute(now int64, e metric.Event) int64 {
 // them all along (a reload that adds a rule in a window of its own).
 // Passes older than the minute window (60 s) are not known.
 func (n *Node) PassedSince(lo, now int64) int64 {
-	now = n.second.Clamp(now)
+	now = in(n.second).Clamp(now)
 	hi := now - now%second + second
 	lo = max(lo, 0)
 	lo = max(lo-lo%second, hi-minute)
@@ -355,9 +356,13 @@ func (n *Node) Snapshot(now int64) Snapshot {
 		MinuteBlock:    n.Minute(now, metric.Block),
 		MinuteSuccess:  n.Minute(now, metric.Success),
 		MinuteErrors:   n.Minute(now, metric.Exception),
-		BorrowedFuture: n.second.Borrowed(),
+		BorrowedFuture: in(n.second).Borrowed(),
 		Fallbacks:      n.Fallbacks(),
 		Keyless:        n.Keyless(),
 		KeyEvictions:   n.KeyEvictions(),
 	}
 }
+
+// in returns the engine's window behind w, with the protocols (borrowing,
+// settling, stripe hints) that metric's surface leaves out.
+func in(w *metric.Window) *window.Window { return (*window.Window)(w) }

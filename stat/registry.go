@@ -10,7 +10,7 @@ import (
 	"go.uber.org/atomic"
 
 	"github.com/leapflow/leapflow/internal/names"
-	"github.com/leapflow/leapflow/internal/proto"
+	"github.com/leapflow/leapflow/internal/pins"
 )
 
 // ErrTooManyResources is the error (wrapped with the cap) returned for a new
@@ -124,12 +124,12 @@ func (r *Registry) Node(resource string) (*Node, error) {
 	return r.create(resource), nil
 }
 
-// Pin returns the nodes of resources, creating those missing, and pins
+// pin returns the nodes of resources, creating those missing, and pins
 // them all, so that the registry never lets them go; or, if the cap leaves
 // no room for the missing ones, it changes nothing and returns an error
 // matching ErrTooManyResources (or ErrInvalidName). It is flow's, which
-// keeps the pins in step with its rules.
-func (r *Registry) Pin(_ proto.Token, resources []string) ([]*Node, error) {
+// keeps the pins in step with its rules (through internal/pins).
+func (r *Registry) pin(resources []string) ([]*Node, error) {
 	for _, name := range resources {
 		if err := checkName(name); err != nil {
 			return nil, err
@@ -166,11 +166,11 @@ func (r *Registry) Pin(_ proto.Token, resources []string) ([]*Node, error) {
 	return nodes, nil
 }
 
-// Replace returns the node that stands for dropped's resource now,
+// replace returns the node that stands for dropped's resource now,
 // creating it if needed, past the cap if it must: the drop freed the room
 // (so the cap can be passed by the few resources that were dropped while a
 // request was counting on them). It is flow's, for those requests.
-func (r *Registry) Replace(_ proto.Token, dropped *Node) *Node {
+func (r *Registry) replace(dropped *Node) *Node {
 	if n := r.Lookup(dropped.resource); n != nil {
 		return n
 	}
@@ -182,9 +182,9 @@ func (r *Registry) Replace(_ proto.Token, dropped *Node) *Node {
 	return r.create(dropped.resource)
 }
 
-// Unpin lets the registry drop the nodes of resources again once idle. It
+// unpin lets the registry drop the nodes of resources again once idle. It
 // is flow's.
-func (r *Registry) Unpin(_ proto.Token, resources []string) {
+func (r *Registry) unpin(resources []string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, name := range resources {
@@ -276,4 +276,8 @@ func (r *Registry) Seconds(now int64, partial bool, fn func(Second)) {
 // Range calls fn for each node until fn returns false.
 func (r *Registry) Range(fn func(n *Node) bool) {
 	r.nodes.Range(func(_, v any) bool { return fn(v.(*Node)) })
+}
+
+func init() {
+	pins.Stat = pins.Protocol[*Registry, *Node]{Pin: (*Registry).pin, Unpin: (*Registry).unpin, Replace: (*Registry).replace}
 }

@@ -114,11 +114,11 @@ func (n *Node) handOver(start int64, c metric.Counts) {
 // Registry.Seconds); with partial, every second up to now's, the last one
 // marked partial.
 func (n *Node) deliver(now int64, partial bool, fn func(Second)) {
-	n.second.Settle(now)
+	in(n.second).Settle(now)
 	if partial {
 		// The seconds not handed over yet are read from the second window
 		// too: under its rotation lock, no bucket is between the two.
-		n.second.Locked(func() { n.deliverLocked(now, partial, fn) })
+		in(n.second).Locked(func() { n.deliverLocked(now, partial, fn) })
 		return
 	}
 	n.deliverLocked(now, partial, fn)
@@ -132,7 +132,7 @@ func (n *Node) deliverLocked(now int64, partial bool, fn func(Second)) {
 	if partial {
 		// Up to the newest bucket's second: a write that clamped into it
 		// may be ahead of now.
-		c := n.second.Clamp(now)
+		c := in(n.second).Clamp(now)
 		hi = c - c%second + second
 	}
 	n.feedMu.Lock()

@@ -3,6 +3,7 @@ package stat
 import (
 	"errors"
 	"fmt"
+	"github.com/leapflow/leapflow/internal/pins"
 	"math"
 	"math/rand/v2"
 	"runtime"
@@ -14,7 +15,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/atomic"
 
-	"github.com/leapflow/leapflow/internal/proto"
 	"github.com/leapflow/leapflow/metric"
 	"github.com/leapflow/leapflow/stat/stattest"
 )
@@ -215,7 +215,7 @@ func TestInflightExactUnderRotation(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			w := n.Second()
+			w := in(n.Second())
 			for k := range m {
 				now := int64(clock.Advance(50 * time.Microsecond))
 				r, ok := w.Admit(now, 1, math.MaxInt32)
@@ -225,7 +225,7 @@ func TestInflightExactUnderRotation(t *testing.T) {
 				}
 				switch (i + k) % 4 {
 				case 0:
-					r.Cancel(proto.Token{})
+					r.Cancel()
 				case 1:
 					open.Add(1) // admitted, never completed
 					passed.Add(1)
@@ -315,4 +315,22 @@ func TestInflightSpansRotations(t *testing.T) {
 	w.Complete(10*sec, 4, 10, true)
 	assert.Zero(t, n.Inflight())
 	assert.Zero(t, n.Snapshot(10*sec).Inflight)
+}
+
+// The registry's protocol with flow is registered when stat starts, under
+// the type flow asserts: pinned nodes stay, unpinned idle ones go, and a
+// dropped node is replaced by the live one.
+func TestRegistryProtocolIsRegisteredForFlow(t *testing.T) {
+	p, ok := pins.Stat.(pins.Protocol[*Registry, *Node])
+	require.True(t, ok, "pins.Stat is %T", pins.Stat)
+	r, err := NewRegistry(2, NodeConfig{}, stattest.NewClock(0))
+	require.NoError(t, err)
+	nodes, err := p.Pin(r, []string{"a", "b"})
+	require.NoError(t, err)
+	require.Len(t, nodes, 2)
+	_, err = p.Pin(r, []string{"c"})
+	assert.ErrorIs(t, err, ErrTooManyResources, "pinned nodes make no room")
+	assert.Same(t, nodes[0], p.Replace(r, nodes[0]), "a live node stands for itself")
+	p.Unpin(r, []string{"a", "b"})
+	assert.Same(t, nodes[1], r.Lookup("b"), "unpinned, kept until it idles")
 }

@@ -1,4 +1,4 @@
-package metric
+package window
 
 import (
 	"fmt"
@@ -7,7 +7,7 @@ import (
 	"go.uber.org/atomic"
 
 	"github.com/leapflow/leapflow/internal/cpu"
-	"github.com/leapflow/leapflow/leaparray"
+	"github.com/leapflow/leapflow/internal/ring"
 )
 
 // Option configures a Window.
@@ -32,7 +32,7 @@ func WithStripes(n int) Option {
 // goroutines and must not be copied after first use.
 type Window struct {
 	Reader
-	arr leaparray.Occupiable[bucket] // by value: one pointer less per operation
+	arr ring.Occupiable[bucket] // by value: one pointer less per operation
 	// handover, if set, takes the counts of every bucket that retires, and
 	// corrections to them (see WithHandover).
 	handover func(start int64, c Counts)
@@ -41,7 +41,7 @@ type Window struct {
 }
 
 // NewWindow returns a Window of sampleCount buckets over interval. It returns
-// an error naming the value when the pair is invalid (see leaparray.New) or
+// an error naming the value when the pair is invalid (see ring.New) or
 // an option is out of range.
 func NewWindow(sampleCount int, interval time.Duration, opts ...Option) (*Window, error) {
 	c := config{stripes: cpu.Stripes()}
@@ -53,14 +53,14 @@ func NewWindow(sampleCount int, interval time.Duration, opts ...Option) (*Window
 	}
 	stripes := cpu.RoundStripes(c.stripes)
 	w := &Window{handover: c.handover}
-	hooks := leaparray.Hooks[bucket]{
+	hooks := ring.Hooks[bucket]{
 		Init: func(start int64, b *bucket) {
 			b.init(stripes)
 			if c.onNew != nil {
 				c.onNew(start, b)
 			}
 		},
-		Supersede: func(prev *leaparray.WindowWrap[bucket]) { prev.Value.freeze() },
+		Supersede: func(prev *ring.WindowWrap[bucket]) { prev.Value.freeze() },
 		Retire:    w.retire,
 	}
 	err := w.arr.Init(sampleCount, interval, hooks,
@@ -106,7 +106,7 @@ func (w *Window) Add(now int64, e Event, n int64) { w.AddOn(cpu.Pin(), now, e, n
 
 // AddOn is Add with a stripe hint: the caller's P index (any value is correct).
 func (w *Window) AddOn(p int, now int64, e Event, n int64) {
-	now = max(now, 0) // see leaparray.Clamp: nothing maps below 0
+	now = max(now, 0) // see ring.Clamp: nothing maps below 0
 	for {
 		// The ring's Current, its fast path spelled out: the generic call
 		// does not inline (AddOn, CompleteOn and AdmitOn all do this).

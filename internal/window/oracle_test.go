@@ -1,4 +1,4 @@
-package metric
+package window
 
 import (
 	"math"
@@ -87,7 +87,7 @@ func checkAgainstOracle(t *testing.T, n int, data []byte) {
 				r := held[0]
 				held = held[1:]
 				o.adds = append(o.adds, oracleAdd{r.Start(), Pass, -r.n})
-				r.cancel()
+				r.Cancel()
 			}
 		default:
 			e := Event(op)

@@ -1,4 +1,4 @@
-package metric
+package window
 
 // Settle hands over by time what later writes would hand over: readers
 // that need a past span complete (stat's completed seconds) call it. If

@@ -1,4 +1,4 @@
-package metric
+package window
 
 import (
 	"math"
@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/atomic"
 
-	"github.com/leapflow/leapflow/internal/proto"
 )
 
 func TestLoadAndSealedAcrossTheRange(t *testing.T) {
@@ -63,7 +62,7 @@ func TestFreezeAndSealStep(t *testing.T) {
 	assert.True(t, sealed(old.Value.addOn(1, Success, 1)))
 	assert.Equal(t, int64(4), old.Value.get(Success))
 	// A cancel takes its passes back from the frozen count.
-	early.cancel()
+	early.Cancel()
 	assert.Equal(t, int64(5), old.Value.get(Pass))
 	assert.Equal(t, int64(5), w.Sum(999*ms, Pass))
 	assert.Empty(t, got)
@@ -76,7 +75,7 @@ func TestFreezeAndSealStep(t *testing.T) {
 
 	// Cancelling an admission whose bucket was handed over corrects the
 	// hand-over, once.
-	late.cancel()
+	late.Cancel()
 	require.Len(t, got, 2)
 	assert.Equal(t, Counts{Pass: -3, MinRT: -1}, got[1])
 	assert.Equal(t, int64(0), starts[1])
@@ -111,7 +110,7 @@ func TestHandOverIsExactUnderRotation(t *testing.T) {
 					w.Complete(now, 1, 3, k%2 == 0)
 					if r, ok := w.Admit(now, 1, math.MaxInt32); ok {
 						if (i+k)%3 == 0 {
-							r.cancel()
+							r.Cancel()
 						} else {
 							admitted.Add(1)
 						}
@@ -171,7 +170,7 @@ func TestCachedSumUnderRacingCancels(t *testing.T) {
 					// bucket or two back, frozen but in the window.
 					if len(held) > 8 {
 						if k%2 == 0 {
-							held[0].cancel()
+							held[0].Cancel()
 						}
 						held = held[1:]
 					}
@@ -190,7 +189,7 @@ func TestCachedSumUnderRacingCancels(t *testing.T) {
 		require.GreaterOrEqual(t, w.arr.Head().Value.rest.Load(), int64(0), "cached")
 		for _, held := range left {
 			for _, r := range held {
-				r.cancel()
+				r.Cancel()
 			}
 		}
 		var walk int64
@@ -248,8 +247,8 @@ func TestCancelClearsTheReservation(t *testing.T) {
 	require.NoError(t, err)
 	r, ok := w.Admit(0, 3, 3)
 	require.True(t, ok)
-	r.Cancel(proto.Token{})
-	r.Cancel(proto.Token{})
+	r.Cancel()
+	r.Cancel()
 	_, ok = w.Admit(0, 3, 3)
 	assert.True(t, ok, "the 3 came back")
 	_, ok = w.Admit(0, 1, 3)

@@ -1,4 +1,4 @@
-package leaparray
+package ring
 
 import (
 	"time"

@@ -1,11 +1,10 @@
-package metric
+package window
 
 import (
 	"time"
 
 	"github.com/leapflow/leapflow/internal/cpu"
-	"github.com/leapflow/leapflow/internal/proto"
-	"github.com/leapflow/leapflow/leaparray"
+	"github.com/leapflow/leapflow/internal/ring"
 )
 
 // Reserve atomically admits n against threshold: it counts n as Pass in the
@@ -22,7 +21,7 @@ func (w *Window) Reserve(now, n, threshold int64) bool {
 // window held.
 type Reservation struct {
 	w *Window
-	b *leaparray.WindowWrap[bucket] // nil when refused
+	b *ring.WindowWrap[bucket] // nil when refused
 	s *stripe
 	// n is the count admitted, or for a refusal the count seen.
 	n int64
@@ -57,12 +56,9 @@ func (r Reservation) Seen() int64 {
 
 // Cancel gives the admission back to the lease it came from (a later check
 // refused the request) and clears r; cancelling the zero Reservation does
-// nothing. Only leapflow's own packages can call it (they hold an
-// proto.Token): a copy cancelled again would give the admission back
-// twice, and flow, which never copies one, is the only user that needs it.
-func (r *Reservation) Cancel(proto.Token) { r.cancel() }
-
-func (r *Reservation) cancel() {
+// nothing. A copy cancelled again would give the admission back twice:
+// flow never copies one, and package metric's Reservation has no Cancel.
+func (r *Reservation) Cancel() {
 	if r.b != nil {
 		r.w.backOut(r.b, r.s.c[stripeUsed].Add(-r.n), r.n)
 		*r = Reservation{}
@@ -122,7 +118,7 @@ func (w *Window) AdmitOn(p int, now, n, threshold int64) (Reservation, bool) {
 
 // lease moves at least n tokens from bucket b's budget to stripe s, if the
 // window has room. When it has none it reports false and what it held.
-func (w *Window) lease(b *leaparray.WindowWrap[bucket], s *stripe, now, n, threshold int64) (int64, bool) {
+func (w *Window) lease(b *ring.WindowWrap[bucket], s *stripe, now, n, threshold int64) (int64, bool) {
 	a := &w.arr
 	for {
 		base := b.Value.base.Load()
@@ -164,7 +160,7 @@ func (w *Window) lease(b *leaparray.WindowWrap[bucket], s *stripe, now, n, thres
 }
 
 // passExcept sums Pass over the buckets valid at now, skipping b.
-func (w *Window) passExcept(now int64, b *leaparray.WindowWrap[bucket]) int64 {
+func (w *Window) passExcept(now int64, b *ring.WindowWrap[bucket]) int64 {
 	var sum int64
 	for x := range w.arr.Within(now, w.arr.Interval()) {
 		if x != b {
@@ -234,7 +230,7 @@ func (w *Window) Unborrow(start, n int64) {
 	if !ok || !folded {
 		return
 	}
-	var into *leaparray.WindowWrap[bucket]
+	var into *ring.WindowWrap[bucket]
 	for b := range w.arr.Buckets(s, s+1) {
 		into = b
 	}

@@ -1,11 +1,11 @@
-package metric
+package window
 
 import (
 	"fmt"
 	"math"
 	"time"
 
-	"github.com/leapflow/leapflow/leaparray"
+	"github.com/leapflow/leapflow/internal/ring"
 )
 
 // SumRange returns event e summed over the buckets still in the ring whose
@@ -26,7 +26,7 @@ const sumUnknown = -1
 // and caches in head the passes of the other buckets if they are all frozen
 // (their counts are then final but for passes taken back, which clear the
 // cache: see backOut).
-func (w *Window) fillSum(head *leaparray.WindowWrap[bucket]) int64 {
+func (w *Window) fillSum(head *ring.WindowWrap[bucket]) int64 {
 	token, filling := w.beginFill(head)
 	rest, final := w.restOf(head)
 	if filling {
@@ -38,7 +38,7 @@ func (w *Window) fillSum(head *leaparray.WindowWrap[bucket]) int64 {
 // beginFill claims head's cache for one fill, if no other fill holds it. The
 // token is unique: a fill whose claim a clear took away, and that another
 // fill then claimed again, cannot store over it.
-func (w *Window) beginFill(head *leaparray.WindowWrap[bucket]) (int64, bool) {
+func (w *Window) beginFill(head *ring.WindowWrap[bucket]) (int64, bool) {
 	token := sumUnknown - w.fills.Add(1)
 	return token, head.Value.rest.CompareAndSwap(sumUnknown, token)
 }
@@ -47,7 +47,7 @@ func (w *Window) beginFill(head *leaparray.WindowWrap[bucket]) (int64, bool) {
 // and says whether they were all frozen. Every time in head's span sees the
 // same buckets; head's start is used, so that a caller whose time is behind
 // head (a rotation raced it) still sums head's window.
-func (w *Window) restOf(head *leaparray.WindowWrap[bucket]) (rest int64, final bool) {
+func (w *Window) restOf(head *ring.WindowWrap[bucket]) (rest int64, final bool) {
 	final = true
 	for x := range w.arr.Within(head.Start(), w.arr.Interval()) {
 		switch {
@@ -63,7 +63,7 @@ func (w *Window) restOf(head *leaparray.WindowWrap[bucket]) (rest int64, final b
 }
 
 // endFill stores a fill's result, unless a clear took the claim since.
-func (w *Window) endFill(head *leaparray.WindowWrap[bucket], token, rest int64, final bool) {
+func (w *Window) endFill(head *ring.WindowWrap[bucket], token, rest int64, final bool) {
 	if !final {
 		rest = sumUnknown
 	}

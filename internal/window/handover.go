@@ -1,8 +1,8 @@
-package metric
+package window
 
 import (
 	"github.com/leapflow/leapflow/internal/cpu"
-	"github.com/leapflow/leapflow/leaparray"
+	"github.com/leapflow/leapflow/internal/ring"
 )
 
 // WithHandover makes the window hand fn the counts of every bucket that
@@ -23,7 +23,7 @@ func WithHandover(fn func(start int64, c Counts)) Option {
 // taking back returned. If b froze in between, its frozen count holds the
 // passes: take them back there. If it also retired, its hand-over counted
 // them: correct that.
-func (w *Window) backOut(b *leaparray.WindowWrap[bucket], v, n int64) {
+func (w *Window) backOut(b *ring.WindowWrap[bucket], v, n int64) {
 	if !sealed(v) {
 		return
 	}
@@ -37,7 +37,7 @@ func (w *Window) backOut(b *leaparray.WindowWrap[bucket], v, n int64) {
 }
 
 // retire seals a bucket leaving the ring and hands its counts over.
-func (w *Window) retire(old *leaparray.WindowWrap[bucket]) {
+func (w *Window) retire(old *ring.WindowWrap[bucket]) {
 	c := old.Value.seal()
 	if w.handover != nil {
 		w.handover(old.Start(), c)
