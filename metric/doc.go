@@ -1,7 +1,10 @@
 // Package metric counts request events in sliding windows of time buckets.
 //
-// It sits on leaparray: a Window is a leaparray.Occupiable of Buckets, each
-// bucket holding one counter per Event, the minimum RT and the maximum
+// A Window is the engine's own (internal/window, on internal/ring: the
+// ring leaparray offers), seen through the methods a standalone user
+// needs; flow and stat reach the rest (borrowing future buckets for
+// requests that wait, settling, stripe hints) there. Each
+// bucket holds one counter per Event, the minimum RT and the maximum
 // concurrency seen in its span. Like leaparray, it never reads a clock: every
 // method takes now in nanoseconds from the caller's origin, and the layers
 // above (stat, flow) read the clock once per operation and pass it down.
@@ -38,8 +41,8 @@
 // with the room left, down to the request itself near the threshold, and
 // die with their bucket; tokens leased and never used make the rest of that
 // bucket stricter, by at most 1/16 of the threshold. A refused admission
-// writes nothing shared. Borrow admits against a future bucket (priority
-// requests in flow) under the same bound.
+// writes nothing shared. The engine's windows also admit against future
+// buckets (flow's waiting requests) under the same bound.
 //
 // # Precision
 //
