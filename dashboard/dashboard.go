@@ -240,12 +240,12 @@ func (s *server) buildTick(now int64) []byte {
 	rules := map[string][]string{}
 	for _, r := range s.eng.Rules() {
 		if !r.DryRun {
-			rules[r.Resource] = append(rules[r.Resource], describe(r))
+			rules[r.Resource] = append(rules[r.Resource], r.String())
 		}
 	}
 	for _, d := range s.eng.DryRuns() {
 		rules[d.Rule.Resource] = append(rules[d.Rule.Resource],
-			describe(d.Rule)+" (dry run: "+strconv.FormatInt(d.WouldBlock, 10)+" would block)")
+			d.Rule.String()+" (dry run: "+strconv.FormatInt(d.WouldBlock, 10)+" would block)")
 	}
 	s.mu.Lock()
 	rows := make([]Row, 0, len(s.latest)+len(rules))
@@ -282,31 +282,6 @@ func (s *server) buildTick(now int64) []byte {
 	}
 	b, _ := json.Marshal(Tick{Time: now, Rows: rows})
 	return b
-}
-
-// describe is a rule in a few words: "QPS 100/s Reject (per key)".
-func describe(r flow.Rule) string {
-	var b strings.Builder
-	if r.ID != "" {
-		b.WriteString(r.ID + ": ")
-	}
-	b.WriteString(r.Metric.String() + " " + strconv.FormatFloat(r.Threshold, 'g', -1, 64))
-	if r.Metric == flow.QPS {
-		b.WriteString("/s " + r.Behavior.String())
-	}
-	if r.Behavior == flow.GCRA && r.Burst > 1 {
-		b.WriteString(" burst " + strconv.Itoa(r.Burst))
-	}
-	if r.PerKey {
-		b.WriteString(" per key")
-	}
-	if r.Global {
-		b.WriteString(" global")
-	}
-	if r.RelatedResource != "" {
-		b.WriteString(" of " + r.RelatedResource)
-	}
-	return b.String()
 }
 
 // ServeHTTP checks access, then serves the page and its API.

@@ -3,8 +3,9 @@ package flow
 import (
 	"context"
 	"fmt"
-	"github.com/leapflow/leapflow/internal/window"
 	"time"
+
+	"github.com/leapflow/leapflow/internal/window"
 
 	"github.com/leapflow/leapflow/metric"
 	"github.com/leapflow/leapflow/stat"
@@ -132,71 +133,6 @@ type held struct {
 	gkeys [maxGlobalRules]keyHeld // PerKey global rules' local fallbacks
 	kc    *keyState               // counted by the PerKey Concurrency rule
 	keys  [maxKeyRules]keyHeld
-}
-
-// borrowedAt is an admission borrowed from window w's bucket starting at
-// start.
-type borrowedAt struct {
-	w     *window.Window
-	start int64
-}
-
-func (h *held) addBorrow(b borrowedAt) {
-	if h.nbor < len(h.bor) {
-		h.bor[h.nbor] = b
-	} else {
-		h.bmore = append(h.bmore, b)
-	}
-	h.nbor++
-}
-
-func (h *held) addRes(r window.Reservation) {
-	if h.nres < len(h.res) {
-		h.res[h.nres] = r
-	} else {
-		h.more = append(h.more, r)
-	}
-	h.nres++
-}
-
-// reservations yields the window admissions the request holds.
-func (h *held) reservations(yield func(*window.Reservation) bool) {
-	for i := range min(h.nres, len(h.res)) {
-		if !yield(&h.res[i]) {
-			return
-		}
-	}
-	for i := range h.more {
-		if !yield(&h.more[i]) {
-			return
-		}
-	}
-}
-
-// borrows yields the admissions the request borrowed from later buckets.
-func (h *held) borrows(yield func(borrowedAt) bool) {
-	for i := range min(h.nbor, len(h.bor)) {
-		if !yield(h.bor[i]) {
-			return
-		}
-	}
-	for _, b := range h.bmore {
-		if !yield(b) {
-			return
-		}
-	}
-}
-
-// releaseWindows gives back what the request's window groups took
-// (admissions and borrows of n) and forgets them.
-func (h *held) releaseWindows(n int64) {
-	for r := range h.reservations {
-		r.Cancel()
-	}
-	for b := range h.borrows {
-		b.w.Unborrow(b.start, n)
-	}
-	h.nres, h.more, h.nbor, h.bmore = 0, h.more[:0], 0, h.bmore[:0]
 }
 
 func (e *Engine) release(rr *resourceRules, h *held, n int64) {
@@ -448,26 +384,6 @@ func (e *Engine) finish(set *ruleSet, rr *resourceRules, h *held, p int, now, wa
 	return e.admitted(set, node, p, now, n, h.conc, h.kc, rr.keyConc.t), nil
 }
 
-// limit is the group's limit at now, and the error of the rule that sets
-// it.
-func (g *windowGroup) limit(now int64, node *stat.Node) (int64, *BlockError) {
-	limit, be := g.static, g.staticBE
-	for _, wr := range g.warm {
-		if l := int64(wr.w.rate(now, node) * g.intervalS); l < limit {
-			limit, be = l, wr.be
-		}
-	}
-	return limit, be
-}
-
-// pace is the paced rule's rate at now.
-func (pr *pacedRule) pace(now int64, node *stat.Node) float64 {
-	if pr.warm != nil {
-		return pr.warm.rate(now, node)
-	}
-	return pr.rate
-}
-
 // holds reports whether everything the request took counts it at
 // instant t: every window's bucket holds t (a window whose newest bucket
 // was ahead of the request's clock counted it there, and a later rule
@@ -490,18 +406,6 @@ func (h *held) holds(rr *resourceRules, t int64) bool {
 	}
 	return true
 }
-
-// borrowedFrom reports whether one of the request's borrows is from w.
-func (h *held) borrowedFrom(w *window.Window) bool {
-	for b := range h.borrows {
-		if b.w == w {
-			return true
-		}
-	}
-	return false
-}
-
-func (b borrowedAt) holds(t int64) bool { return t >= b.start && t < b.start+b.w.BucketLen() }
 
 // maxAlign bounds align's rounds: each moves the instant to a newer
 // bucket some window made meanwhile, which happens at most once per bucket.
@@ -598,109 +502,4 @@ func (e *Engine) wait(ctx context.Context, d time.Duration) (err error) {
 		}
 	}()
 	return e.sleep(ctx, d)
-}
-
-// global asks the token source for rule g and applies its fallback when the
-// source fails. It returns the error to block with, or nil, and whether
-// the source itself refused.
-func (e *Engine) global(node *stat.Node, g *globalRule, h *held, i, p int, now int64, q *request) (*BlockError, bool) {
-	ctx, n := q.ctx, q.n
-	if ctx == nil {
-		ctx = context.Background()
-	}
-	ok, err := e.acquire(ctx, g, q)
-	if err == nil {
-		if ok {
-			return nil, false
-		}
-		return g.be, true
-	}
-	if ctx.Err() != nil {
-		// The caller gave up waiting: that says nothing about the source,
-		// and the fallback must not admit it.
-		return g.be, false
-	}
-	node.AddFallback()
-	switch g.fallback {
-	case FallbackOpen:
-		return nil, false
-	case FallbackClosed:
-		return g.be, false
-	}
-	if g.keys != nil {
-		// Per key, at LocalShare of the threshold.
-		_, limit, spec := g.keyLimits(q)
-		for {
-			st := g.keys.noKey
-			switch {
-			case spec != nil:
-				st = spec
-			case q.hasKey:
-				st = g.keys.get(q.key)
-			}
-			b, _, ok, dead := g.keys.admitWindow(st, now, n, limit)
-			if dead {
-				continue
-			}
-			if !ok {
-				return g.beLocal, false
-			}
-			h.gkeys[i] = keyHeld{st: st, b: b}
-			return nil, false
-		}
-	}
-	if g.gcra != nil {
-		// A Global GCRA rule: its local bucket.
-		_, tok, ok, _ := g.gcra.take(now, n, 0)
-		if !ok {
-			return g.beLocal, false
-		}
-		h.ggcra[i] = tok
-		return nil, false
-	}
-	r, ok := g.local.AdmitOn(p, now, n, g.localLimit)
-	if !ok {
-		return g.beLocal, false
-	}
-	h.gres[i] = r
-	return nil, false
-}
-
-// room is what a request rule g's source refused is told, when the
-// source can say.
-func (g *globalRule) room(q *request) room {
-	var d time.Duration
-	var ok bool
-	switch {
-	case g.keyHint != nil:
-		d, ok = g.keyHint.RetryInKey(q.key, q.n)
-	case g.hint != nil:
-		d, ok = g.hint.RetryIn(q.n)
-	}
-	if !ok {
-		return unknownRoom
-	}
-	return room{int64(max(d, 0)), -1}
-}
-
-// acquire asks the token source; a panic in it counts as a failure of the
-// source, so the rule's fallback applies.
-func (e *Engine) acquire(ctx context.Context, g *globalRule, q *request) (ok bool, err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			ok, err = false, fmt.Errorf("flow: the token source panicked: %v", v)
-		}
-	}()
-	req := g.req
-	if req.PerKey {
-		req.Threshold, _, _ = g.keyLimits(q)
-		if g.keyed != nil {
-			return g.keyed.AcquireKey(ctx, q.key, req.Threshold, q.n)
-		}
-	} else if g.bound != nil {
-		return g.bound.Acquire(ctx, q.n)
-	}
-	req.Count = q.n
-	req.Caller = q.key
-	return e.source.Acquire(ctx, req)
 }

@@ -2,11 +2,10 @@ package flow
 
 import (
 	"fmt"
-	"github.com/leapflow/leapflow/internal/window"
 	"math"
 	"time"
 
-	"go.uber.org/atomic"
+	"github.com/leapflow/leapflow/internal/window"
 
 	"github.com/leapflow/leapflow/metric"
 	"github.com/leapflow/leapflow/stat"
@@ -98,100 +97,6 @@ func (rr *resourceRules) hasKeyed() bool {
 	return len(rr.keyed) > 0 || rr.keyConc.t != nil || rr.keyedGlobal
 }
 
-// windowGroup is every Reject and WarmUp rule that counts in one window:
-// they admit together, with one Admit at the smallest of their limits, so a
-// pass is counted once.
-type windowGroup struct {
-	w          *window.Window
-	intervalS  float64
-	static     int64 // smallest Reject limit; MaxInt64 if none
-	staticBE   *BlockError
-	borrowable bool // only Reject rules: priority requests may borrow
-	warm       []warmRule
-}
-
-type warmRule struct {
-	w  *warmUp
-	be *BlockError
-}
-
-type pacedRule struct {
-	p    *pacer
-	rate float64 // Throttle
-	warm *warmUp // WarmUpThrottle
-	be   *BlockError
-}
-
-type relatedRule struct {
-	node      *stat.Node
-	threshold float64
-	be        *BlockError
-}
-
-type globalRule struct {
-	req   GlobalRequest
-	bound BoundSource // set when the source is a Binder
-	keyed KeyedSource // set when bound is one (PerKey rules)
-	// hint and keyHint are bound as a RetryHinter and keyed as a
-	// KeyedRetryHinter, when they are.
-	hint    RetryHinter
-	keyHint KeyedRetryHinter
-	// keys is a PerKey rule's local fallback, per key (nil otherwise);
-	// spec the keys it lists in Keys, with their thresholds.
-	keys       *keyTable
-	spec       map[string]globalKeySpec
-	fallback   Fallback
-	local      *window.Window
-	localLimit int64
-	// gcra is a Global GCRA rule's local fallback (nil otherwise): a
-	// bucket at LocalShare of its rate and burst.
-	gcra    *gcraRule
-	be      *BlockError // refused globally
-	beLocal *BlockError // refused by the local fallback
-}
-
-// globalKeySpec is a key a PerKey global rule lists in Keys: its own
-// threshold, and its local fallback's state and limit.
-type globalKeySpec struct {
-	st         *keyState
-	threshold  float64
-	localLimit int64
-}
-
-// keyLimits returns the threshold and local fallback limit of the
-// request's key under a PerKey global rule, and the listed key's state
-// (nil: look it up).
-func (g *globalRule) keyLimits(q *request) (float64, int64, *keyState) {
-	if q.hasKey && g.spec != nil {
-		if s, ok := g.spec[q.key]; ok {
-			return s.threshold, s.localLimit, s.st
-		}
-	}
-	return g.req.Threshold, g.localLimit, nil
-}
-
-// gate is a one-time barrier: open once done is set (the channel is closed
-// then, for those already waiting).
-type gate struct {
-	done atomic.Bool
-	ch   chan struct{}
-}
-
-func newGate() *gate { return &gate{ch: make(chan struct{})} }
-
-func (g *gate) open() {
-	g.done.Store(true)
-	close(g.ch)
-}
-
-// wait waits for the gate to open: the walk of one rule load, a pass over
-// the engine's slots, so it does not take the request's context.
-func (g *gate) wait() {
-	if !g.done.Load() {
-		<-g.ch
-	}
-}
-
 // A resource's throttling and global rules are held on the stack during
 // Entry, so their number per resource is bounded.
 const (
@@ -199,6 +104,20 @@ const (
 	maxGlobalRules = 4
 	maxGCRARules   = 4
 )
+
+// compiling is what a kind's compile step gets for one rule: the set being
+// built and the one it replaces (whose state a kept rule keeps), the rule,
+// its resource's rules, and what identifies its state across reloads.
+type compiling struct {
+	e         *Engine
+	next, old *ruleSet
+	r         *Rule
+	rr        *resourceRules
+	k         ruleKey     // the rule's state
+	id        tableID     // a PerKey rule's key table
+	bound     BoundSource // a Global rule's bound token source, if any
+	related   *stat.Node  // a related-resource rule's other resource
+}
 
 // compile builds the rule set of valid rules norm, whose resources' nodes
 // are in nodes. It cannot fail: everything that could was checked first.
@@ -217,30 +136,26 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stat.Node, bounds []Bound
 	tableCopies := map[tableID]int{}
 	for i := range norm {
 		fp := fingerprint(&norm[i])
-		k := ruleKey{fp, copies[fp]}
-		copies[fp]++
 		r := &norm[i]
-		rr := e.resourceRules(next, r, nodes)
-		if r.DryRun {
-			e.addShadow(next, old, rr, r, k)
-			continue
-		}
-		rr.rules++
-		if r.Metric == QPS && r.RelatedResource == "" && (rr.policy == nil || r.Threshold < rr.policy.Rule.Threshold) {
-			rr.policy = newBlockError(r, ReasonFlow)
-		}
-		var id tableID // PerKey rules' tables
-		if r.PerKey {
-			id = tableID{resource: r.Resource, id: r.ID, metric: r.Metric, behavior: r.Behavior, interval: r.StatInterval,
-				maxQueue: r.MaxQueueing, global: r.Global}
-			id.copy = tableCopies[id]
-			tableCopies[id]++
-			if !r.Global {
-				e.addKeyed(next, old, rr, r, id)
-				continue
+		c := compiling{e: e, next: next, old: old, r: r, k: ruleKey{fp, copies[fp]}, bound: bounds[i]}
+		copies[fp]++
+		c.rr = e.resourceRules(next, r, nodes)
+		if !r.DryRun {
+			c.rr.rules++
+			if r.Metric == QPS && r.RelatedResource == "" && (c.rr.policy == nil || r.Threshold < c.rr.policy.Rule.Threshold) {
+				c.rr.policy = newBlockError(r, ReasonFlow)
 			}
 		}
-		e.add(next, old, r, k, id, nodes, bounds[i])
+		if r.PerKey {
+			c.id = tableID{resource: r.Resource, id: r.ID, metric: r.Metric, behavior: r.Behavior, interval: r.StatInterval,
+				maxQueue: r.MaxQueueing, global: r.Global}
+			c.id.copy = tableCopies[c.id]
+			tableCopies[c.id]++
+		}
+		if r.RelatedResource != "" {
+			c.related = nodes[r.RelatedResource]
+		}
+		kindOf(r).compile(&c)
 	}
 	for _, rr := range next.byResource {
 		rr.rateRules = len(rr.groups) + len(rr.gcras) + len(rr.paced) + len(rr.keyed)
@@ -262,115 +177,6 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stat.Node, bounds []Bound
 	return next
 }
 
-// add adds rule r, whose state is keyed k, to the set being built; bound
-// is its bound token source, if any.
-func (e *Engine) add(next, old *ruleSet, r *Rule, k ruleKey, id tableID, nodes map[string]*stat.Node, bound BoundSource) {
-	rr := e.resourceRules(next, r, nodes)
-	switch {
-	case r.Metric == Concurrency:
-		limit := int64(r.Threshold) // at most MaxThreshold: no overflow
-		if rr.concLimit < 0 || limit < rr.concLimit {
-			rr.concLimit, rr.concBE = limit, newBlockError(r, ReasonConcurrency)
-		}
-	case r.RelatedResource != "":
-		rr.related = append(rr.related, relatedRule{node: nodes[r.RelatedResource], threshold: r.Threshold, be: newBlockError(r, ReasonFlow)})
-	case r.Global && r.PerKey:
-		// Its local fallback is per key, at LocalShare of the threshold.
-		t := e.keyTable(next, old, rr, r, id)
-		g := globalRule{
-			req:        globalRequest(r),
-			bound:      bound,
-			fallback:   r.Fallback,
-			keys:       t,
-			localLimit: perWindow(r.Threshold*r.LocalShare, r.StatInterval),
-			be:         newBlockError(r, ReasonGlobal),
-			beLocal:    newBlockError(r, ReasonFlow),
-		}
-		g.keyed, _ = bound.(KeyedSource)
-		if g.keyed != nil {
-			g.keyHint, _ = bound.(KeyedRetryHinter)
-		}
-		if len(r.Keys) > 0 {
-			g.spec = make(map[string]globalKeySpec, len(r.Keys))
-			for _, kl := range r.Keys {
-				g.spec[kl.Key] = globalKeySpec{st: t.specific(kl.Key), threshold: kl.Threshold,
-					localLimit: perWindow(kl.Threshold*r.LocalShare, r.StatInterval)}
-			}
-		}
-		rr.globals = append(rr.globals, g)
-		rr.keyedGlobal = true
-	case r.Global && r.Behavior == GCRA:
-		g := reuse(old.gcras, k, func() *gcra { return &gcra{} })
-		next.gcras[k] = g
-		local := newGCRARule(g, localShare(r))
-		hint, _ := bound.(RetryHinter)
-		rr.globals = append(rr.globals, globalRule{
-			req:      globalRequest(r),
-			bound:    bound,
-			hint:     hint,
-			fallback: r.Fallback,
-			gcra:     &local,
-			be:       newBlockError(r, ReasonGlobal),
-			beLocal:  newBlockError(r, ReasonFlow),
-		})
-	case r.Global:
-		local := reuse(old.locals, k, func() *window.Window {
-			n, interval := e.buckets(r.StatInterval), r.StatInterval
-			if r.SpanExact {
-				// The fallback is span-exact too.
-				n, interval = spanShape(e.spanBuckets, interval)
-			}
-			w, err := window.NewWindow(n, interval)
-			if err != nil {
-				panic(err) // validated
-			}
-			return w
-		})
-		next.locals[k] = local
-		hint, _ := bound.(RetryHinter)
-		rr.globals = append(rr.globals, globalRule{
-			req:        globalRequest(r),
-			bound:      bound,
-			hint:       hint,
-			fallback:   r.Fallback,
-			local:      local,
-			localLimit: perWindow(r.Threshold*r.LocalShare, r.StatInterval),
-			be:         newBlockError(r, ReasonGlobal),
-			beLocal:    newBlockError(r, ReasonFlow),
-		})
-	case r.Behavior == GCRA:
-		g := reuse(old.gcras, k, func() *gcra { return &gcra{} })
-		next.gcras[k] = g
-		rr.gcras = append(rr.gcras, newGCRARule(g, r))
-	case r.Behavior == Throttle || r.Behavior == WarmUpThrottle:
-		p := reuse(old.pacers, k, func() *pacer { return newPacer(r.MaxQueueing) })
-		next.pacers[k] = p
-		pr := pacedRule{p: p, rate: r.Threshold, be: newBlockError(r, ReasonQueue)}
-		if r.Behavior == WarmUpThrottle {
-			pr.warm = reuse(old.warm, k, func() *warmUp { return newWarmUp(r) })
-			next.warm[k] = pr.warm
-		}
-		rr.paced = append(rr.paced, pr)
-	default: // Reject or WarmUp, counted in a window
-		w := e.window(rr.node, r.StatInterval)
-		if r.SpanExact {
-			w = e.spanWindow(rr.node, r.StatInterval)
-		}
-		g := rr.group(w, r.StatInterval)
-		if w == second(rr.node) {
-			rr.countsNode = true
-		}
-		if r.Behavior == WarmUp {
-			wu := reuse(old.warm, k, func() *warmUp { return newWarmUp(r) })
-			next.warm[k] = wu
-			g.warm = append(g.warm, warmRule{w: wu, be: newBlockError(r, ReasonFlow)})
-			g.borrowable = false
-		} else if limit := perWindow(r.Threshold, r.StatInterval); limit < g.static {
-			g.static, g.staticBE = limit, newBlockError(r, ReasonFlow)
-		}
-	}
-}
-
 // resourceRules returns r's resource's rules in the set being built,
 // adding them if needed.
 func (e *Engine) resourceRules(next *ruleSet, r *Rule, nodes map[string]*stat.Node) *resourceRules {
@@ -380,95 +186,6 @@ func (e *Engine) resourceRules(next *ruleSet, r *Rule, nodes map[string]*stat.No
 		next.byResource[r.Resource] = rr
 	}
 	return rr
-}
-
-// window returns the node window a rule with this interval counts in.
-func (e *Engine) window(n *stat.Node, interval time.Duration) *window.Window {
-	if interval == time.Second {
-		return second(n)
-	}
-	w, err := n.Window(interval, e.buckets(interval))
-	if err != nil {
-		panic(err) // a validated interval (whole ms, at most 1h) cannot fail
-	}
-	return in(w)
-}
-
-// spanWindow returns the node window span-exact rules with this interval
-// count in: n buckets of the interval (WithSpanBuckets) and one more, so
-// that an admission is checked against the last n+1 buckets (every span
-// of the interval lies within n+1 consecutive buckets).
-func (e *Engine) spanWindow(n *stat.Node, interval time.Duration) *window.Window {
-	k, span := spanShape(e.spanBuckets, interval)
-	w, err := n.Window(span, k)
-	if err != nil {
-		panic(err) // the interval divides into k buckets, so into k+1 of the same length
-	}
-	return in(w)
-}
-
-// spanShape is the shape of a span-exact window of interval with k
-// buckets (k divides 1 ms, so every whole-millisecond interval): k+1
-// buckets of interval/k.
-func spanShape(k int, interval time.Duration) (int, time.Duration) {
-	return k + 1, interval + interval/time.Duration(k)
-}
-
-// buckets is the bucket count for a window of interval: the engine's sample
-// count if it divides the interval, else 1.
-func (e *Engine) buckets(interval time.Duration) int {
-	if int64(interval)%int64(e.sampleCount) != 0 {
-		return 1
-	}
-	return e.sampleCount
-}
-
-// group returns the group of window w, adding one if needed; the node's
-// second window goes first.
-func (rr *resourceRules) group(w *window.Window, interval time.Duration) *windowGroup {
-	for i := range rr.groups {
-		if rr.groups[i].w == w {
-			return &rr.groups[i]
-		}
-	}
-	rr.groups = append(rr.groups, windowGroup{w: w, intervalS: interval.Seconds(), static: math.MaxInt64, borrowable: true})
-	return &rr.groups[len(rr.groups)-1]
-}
-
-// globalRequest is what global rule r asks its token source.
-func globalRequest(r *Rule) GlobalRequest {
-	g := GlobalRequest{Key: globalKey(r), Resource: r.Resource, Threshold: r.Threshold, Interval: r.StatInterval, PerKey: r.PerKey,
-		SpanExact: r.SpanExact}
-	if r.Fallback == FallbackLocal {
-		g.LocalShare = r.LocalShare
-	}
-	if r.Behavior == GCRA {
-		g.GCRA, g.Burst = true, int64(r.Burst)
-	}
-	return g
-}
-
-// localShare is the local bucket a Global GCRA rule r falls back on: its
-// LocalShare of the rate, and of the burst but at least 1 (validation
-// keeps the rate at 0 or at least minPacedRate). Under FallbackOpen and
-// FallbackClosed it is never used.
-func localShare(r *Rule) *Rule {
-	l := *r
-	if r.Fallback == FallbackLocal {
-		l.Threshold = r.Threshold * r.LocalShare
-		l.Burst = max(1, int(math.Floor(float64(r.Burst)*r.LocalShare)))
-	}
-	return &l
-}
-
-// globalKey names a global rule's limit: by its ID if it has one, else by
-// its resource, each kind in its own name space, so that a rule with ID
-// "api" and the rules of resource "api" are different limits.
-func globalKey(r *Rule) string {
-	if r.ID != "" {
-		return "id:" + r.ID
-	}
-	return "resource:" + r.Resource
 }
 
 // perWindow is a per-second threshold as a count per window of interval.

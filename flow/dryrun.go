@@ -1,8 +1,9 @@
 package flow
 
 import (
-	"github.com/leapflow/leapflow/internal/window"
 	"time"
+
+	"github.com/leapflow/leapflow/internal/window"
 
 	"go.uber.org/atomic"
 )

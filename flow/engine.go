@@ -1,14 +1,13 @@
 package flow
 
 import (
-	"github.com/leapflow/leapflow/internal/pins"
-	"github.com/leapflow/leapflow/internal/window"
 	"sync"
+
+	"github.com/leapflow/leapflow/internal/pins"
 
 	"go.uber.org/atomic"
 
 	"github.com/leapflow/leapflow/internal/names"
-	"github.com/leapflow/leapflow/metric"
 	"github.com/leapflow/leapflow/stat"
 )
 
@@ -201,55 +200,6 @@ func (e *Engine) LoadRules(rules []Rule) error {
 	}
 	e.pins.Unpin(e.registry, dropped)
 	return nil
-}
-
-// seedWindows gives each window the new rule set counts in and the old
-// one did not (a span-exact rule's, or one of another StatInterval, made
-// now or idle until now) what its resource passed over the window's span,
-// as one pass count in its newest bucket, and what the old rules' windows
-// admitted ahead for requests still waiting, in the buckets those land
-// in: a reload that adds or tightens such a rule must not admit the
-// window's whole threshold again on top of what the resource just passed
-// or is about to. It errs towards strictness: the count covers whole
-// seconds back and is held for the window's span from now, and a waiter
-// borrowed from two old windows counts twice. It runs once the new rules
-// are out, so a request they admitted meanwhile is counted twice rather
-// than missed; what can slip past is what leases granted in those
-// microseconds admit (see metric's leases).
-func (e *Engine) seedWindows(old, next *ruleSet) {
-	now := e.now()
-	for name, rr := range next.byResource {
-		was := old.byResource[name]
-		for i := range rr.groups {
-			w := rr.groups[i].w
-			if w == second(rr.node) || (was != nil && was.countsIn(w)) {
-				continue
-			}
-			c := rr.node.PassedSince(now-int64(w.Interval()), now)
-			if was != nil {
-				for j := range was.groups {
-					was.groups[j].w.Borrows(func(start, n int64) {
-						if !w.Lend(start, n) {
-							c += n // its bucket is made, or taken: now
-						}
-					})
-				}
-			}
-			if c > 0 {
-				w.Add(now, metric.Pass, c)
-			}
-		}
-	}
-}
-
-// countsIn reports whether a group of rr counts in w.
-func (rr *resourceRules) countsIn(w *window.Window) bool {
-	for i := range rr.groups {
-		if rr.groups[i].w == w {
-			return true
-		}
-	}
-	return false
 }
 
 // CheckRules validates rules as LoadRules would, without loading them or

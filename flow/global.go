@@ -2,7 +2,12 @@ package flow
 
 import (
 	"context"
+	"fmt"
+	"math"
 	"time"
+
+	"github.com/leapflow/leapflow/internal/window"
+	"github.com/leapflow/leapflow/stat"
 )
 
 // TokenSource decides global rules across instances (the Redis layer
@@ -87,4 +92,255 @@ type RetryHinter interface {
 // KeyedRetryHinter is RetryHinter for a KeyedSource's callers.
 type KeyedRetryHinter interface {
 	RetryInKey(caller string, n int64) (time.Duration, bool)
+}
+
+type globalRule struct {
+	req   GlobalRequest
+	bound BoundSource // set when the source is a Binder
+	keyed KeyedSource // set when bound is one (PerKey rules)
+	// hint and keyHint are bound as a RetryHinter and keyed as a
+	// KeyedRetryHinter, when they are.
+	hint    RetryHinter
+	keyHint KeyedRetryHinter
+	// keys is a PerKey rule's local fallback, per key (nil otherwise);
+	// spec the keys it lists in Keys, with their thresholds.
+	keys       *keyTable
+	spec       map[string]globalKeySpec
+	fallback   Fallback
+	local      *window.Window
+	localLimit int64
+	// gcra is a Global GCRA rule's local fallback (nil otherwise): a
+	// bucket at LocalShare of its rate and burst.
+	gcra    *gcraRule
+	be      *BlockError // refused globally
+	beLocal *BlockError // refused by the local fallback
+}
+
+// globalKeySpec is a key a PerKey global rule lists in Keys: its own
+// threshold, and its local fallback's state and limit.
+type globalKeySpec struct {
+	st         *keyState
+	threshold  float64
+	localLimit int64
+}
+
+// keyLimits returns the threshold and local fallback limit of the
+// request's key under a PerKey global rule, and the listed key's state
+// (nil: look it up).
+func (g *globalRule) keyLimits(q *request) (float64, int64, *keyState) {
+	if q.hasKey && g.spec != nil {
+		if s, ok := g.spec[q.key]; ok {
+			return s.threshold, s.localLimit, s.st
+		}
+	}
+	return g.req.Threshold, g.localLimit, nil
+}
+
+// globalRequest is what global rule r asks its token source.
+func globalRequest(r *Rule) GlobalRequest {
+	g := GlobalRequest{Key: globalKey(r), Resource: r.Resource, Threshold: r.Threshold, Interval: r.StatInterval, PerKey: r.PerKey,
+		SpanExact: r.SpanExact}
+	if r.Fallback == FallbackLocal {
+		g.LocalShare = r.LocalShare
+	}
+	if r.Behavior == GCRA {
+		g.GCRA, g.Burst = true, int64(r.Burst)
+	}
+	return g
+}
+
+// localShare is the local bucket a Global GCRA rule r falls back on: its
+// LocalShare of the rate, and of the burst but at least 1 (validation
+// keeps the rate at 0 or at least minPacedRate). Under FallbackOpen and
+// FallbackClosed it is never used.
+func localShare(r *Rule) *Rule {
+	l := *r
+	if r.Fallback == FallbackLocal {
+		l.Threshold = r.Threshold * r.LocalShare
+		l.Burst = max(1, int(math.Floor(float64(r.Burst)*r.LocalShare)))
+	}
+	return &l
+}
+
+// globalKey names a global rule's limit: by its ID if it has one, else by
+// its resource, each kind in its own name space, so that a rule with ID
+// "api" and the rules of resource "api" are different limits.
+func globalKey(r *Rule) string {
+	if r.ID != "" {
+		return "id:" + r.ID
+	}
+	return "resource:" + r.Resource
+}
+
+// global asks the token source for rule g and applies its fallback when the
+// source fails. It returns the error to block with, or nil, and whether
+// the source itself refused.
+func (e *Engine) global(node *stat.Node, g *globalRule, h *held, i, p int, now int64, q *request) (*BlockError, bool) {
+	ctx, n := q.ctx, q.n
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	ok, err := e.acquire(ctx, g, q)
+	if err == nil {
+		if ok {
+			return nil, false
+		}
+		return g.be, true
+	}
+	if ctx.Err() != nil {
+		// The caller gave up waiting: that says nothing about the source,
+		// and the fallback must not admit it.
+		return g.be, false
+	}
+	node.AddFallback()
+	switch g.fallback {
+	case FallbackOpen:
+		return nil, false
+	case FallbackClosed:
+		return g.be, false
+	}
+	if g.keys != nil {
+		// Per key, at LocalShare of the threshold.
+		_, limit, spec := g.keyLimits(q)
+		for {
+			st := g.keys.noKey
+			switch {
+			case spec != nil:
+				st = spec
+			case q.hasKey:
+				st = g.keys.get(q.key)
+			}
+			b, _, ok, dead := g.keys.admitWindow(st, now, n, limit)
+			if dead {
+				continue
+			}
+			if !ok {
+				return g.beLocal, false
+			}
+			h.gkeys[i] = keyHeld{st: st, b: b}
+			return nil, false
+		}
+	}
+	if g.gcra != nil {
+		// A Global GCRA rule: its local bucket.
+		_, tok, ok, _ := g.gcra.take(now, n, 0)
+		if !ok {
+			return g.beLocal, false
+		}
+		h.ggcra[i] = tok
+		return nil, false
+	}
+	r, ok := g.local.AdmitOn(p, now, n, g.localLimit)
+	if !ok {
+		return g.beLocal, false
+	}
+	h.gres[i] = r
+	return nil, false
+}
+
+// room is what a request rule g's source refused is told, when the
+// source can say.
+func (g *globalRule) room(q *request) room {
+	var d time.Duration
+	var ok bool
+	switch {
+	case g.keyHint != nil:
+		d, ok = g.keyHint.RetryInKey(q.key, q.n)
+	case g.hint != nil:
+		d, ok = g.hint.RetryIn(q.n)
+	}
+	if !ok {
+		return unknownRoom
+	}
+	return room{int64(max(d, 0)), -1}
+}
+
+// acquire asks the token source; a panic in it counts as a failure of the
+// source, so the rule's fallback applies.
+func (e *Engine) acquire(ctx context.Context, g *globalRule, q *request) (ok bool, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			ok, err = false, fmt.Errorf("flow: the token source panicked: %v", v)
+		}
+	}()
+	req := g.req
+	if req.PerKey {
+		req.Threshold, _, _ = g.keyLimits(q)
+		if g.keyed != nil {
+			return g.keyed.AcquireKey(ctx, q.key, req.Threshold, q.n)
+		}
+	} else if g.bound != nil {
+		return g.bound.Acquire(ctx, q.n)
+	}
+	req.Count = q.n
+	req.Caller = q.key
+	return e.source.Acquire(ctx, req)
+}
+
+var globalKind = kind{
+	name:     "global",
+	is:       func(r *Rule) bool { return r.Global },
+	compile:  compileGlobal,
+	describe: func(r *Rule) string {
+		if r.PerKey {
+			return describeRate(r) + " per key global"
+		}
+		return describeRate(r) + " global"
+	},
+}
+
+// compileGlobal adds a Global rule: asked of the engine's token source,
+// with a local fallback by its kind (per key, a GCRA bucket, or a window)
+// at LocalShare of its threshold.
+func compileGlobal(c *compiling) {
+	e, r, rr, bound := c.e, c.r, c.rr, c.bound
+	g := globalRule{
+		req:      globalRequest(r),
+		bound:    bound,
+		fallback: r.Fallback,
+		be:       newBlockError(r, ReasonGlobal),
+		beLocal:  newBlockError(r, ReasonFlow),
+	}
+	g.hint, _ = bound.(RetryHinter)
+	switch {
+	case r.PerKey:
+		// Its local fallback is per key, at LocalShare of the threshold.
+		t := e.keyTable(c.next, c.old, rr, r, c.id)
+		g.hint = nil
+		g.keys = t
+		g.localLimit = perWindow(r.Threshold*r.LocalShare, r.StatInterval)
+		g.keyed, _ = bound.(KeyedSource)
+		if g.keyed != nil {
+			g.keyHint, _ = bound.(KeyedRetryHinter)
+		}
+		if len(r.Keys) > 0 {
+			g.spec = make(map[string]globalKeySpec, len(r.Keys))
+			for _, kl := range r.Keys {
+				g.spec[kl.Key] = globalKeySpec{st: t.specific(kl.Key), threshold: kl.Threshold,
+					localLimit: perWindow(kl.Threshold*r.LocalShare, r.StatInterval)}
+			}
+		}
+		rr.keyedGlobal = true
+	case r.Behavior == GCRA:
+		cell := reuse(c.old.gcras, c.k, func() *gcra { return &gcra{} })
+		c.next.gcras[c.k] = cell
+		local := newGCRARule(cell, localShare(r))
+		g.gcra = &local
+	default:
+		g.local = reuse(c.old.locals, c.k, func() *window.Window {
+			n, interval := e.buckets(r.StatInterval), r.StatInterval
+			if r.SpanExact {
+				// The fallback is span-exact too.
+				n, interval = spanShape(e.spanBuckets, interval)
+			}
+			w, err := window.NewWindow(n, interval)
+			if err != nil {
+				panic(err) // validated
+			}
+			return w
+		})
+		c.next.locals[c.k] = g.local
+		g.localLimit = perWindow(r.Threshold*r.LocalShare, r.StatInterval)
+	}
+	rr.globals = append(rr.globals, g)
 }

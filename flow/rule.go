@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/leapflow/leapflow/internal/names"
@@ -491,4 +493,40 @@ func (r *Rule) validateKeyThreshold(i int, field string, t float64) error {
 		return r.errorf(i, field, t, "must be 0 or at least 0.001 (one request per 1000 s) for Throttle")
 	}
 	return nil
+}
+
+// String describes the rule in a few words, as the dashboard shows it:
+// "api: QPS 100/s Reject", "QPS 50/s Reject span-exact over 2s",
+// "Concurrency 8 in flight", "QPS 10/s Reject per key global". Each kind
+// says its part.
+func (r Rule) String() string {
+	var b strings.Builder
+	if r.ID != "" {
+		b.WriteString(r.ID + ": ")
+	}
+	b.WriteString(r.Metric.String() + " " + strconv.FormatFloat(r.Threshold, 'g', -1, 64))
+	b.WriteString(kindOf(&r).describe(&r))
+	return b.String()
+}
+
+// describeRate is a rate rule's part of its description: the behaviour
+// and what shapes it.
+func describeRate(r *Rule) string {
+	s := "/s " + r.Behavior.String()
+	if r.SpanExact {
+		s += " span-exact"
+	}
+	if r.StatInterval != 0 && r.StatInterval != DefaultStatInterval {
+		s += " over " + r.StatInterval.String()
+	}
+	if r.WarmUpPeriod != 0 {
+		s += " warming " + r.WarmUpPeriod.String()
+	}
+	if r.MaxQueueing != 0 {
+		s += " queueing " + r.MaxQueueing.String()
+	}
+	if r.Burst > 1 {
+		s += " burst " + strconv.Itoa(r.Burst)
+	}
+	return s
 }

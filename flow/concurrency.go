@@ -1,0 +1,40 @@
+package flow
+
+import "go.uber.org/atomic"
+
+// gate is a one-time barrier: open once done is set (the channel is closed
+// then, for those already waiting).
+type gate struct {
+	done atomic.Bool
+	ch   chan struct{}
+}
+
+func newGate() *gate { return &gate{ch: make(chan struct{})} }
+
+func (g *gate) open() {
+	g.done.Store(true)
+	close(g.ch)
+}
+
+// wait waits for the gate to open: the walk of one rule load, a pass over
+// the engine's slots, so it does not take the request's context.
+func (g *gate) wait() {
+	if !g.done.Load() {
+		<-g.ch
+	}
+}
+
+var concurrencyKind = kind{
+	name:     "concurrency",
+	is:       func(r *Rule) bool { return r.Metric == Concurrency },
+	compile:  compileConcurrency,
+	describe: func(*Rule) string { return " in flight" },
+}
+
+// compileConcurrency keeps the resource's smallest Concurrency limit.
+func compileConcurrency(c *compiling) {
+	limit := int64(c.r.Threshold) // at most MaxThreshold: no overflow
+	if rr := c.rr; rr.concLimit < 0 || limit < rr.concLimit {
+		rr.concLimit, rr.concBE = limit, newBlockError(c.r, ReasonConcurrency)
+	}
+}

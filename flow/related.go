@@ -1,0 +1,20 @@
+package flow
+
+import "github.com/leapflow/leapflow/stat"
+
+type relatedRule struct {
+	node      *stat.Node
+	threshold float64
+	be        *BlockError
+}
+
+var relatedKind = kind{
+	name:     "related",
+	is:       func(r *Rule) bool { return r.RelatedResource != "" },
+	compile:  compileRelated,
+	describe: func(r *Rule) string { return "/s " + r.Behavior.String() + " of " + r.RelatedResource },
+}
+
+func compileRelated(c *compiling) {
+	c.rr.related = append(c.rr.related, relatedRule{node: c.related, threshold: c.r.Threshold, be: newBlockError(c.r, ReasonFlow)})
+}

@@ -1,0 +1,243 @@
+package flow
+
+import (
+	"math"
+	"time"
+
+	"github.com/leapflow/leapflow/internal/window"
+	"github.com/leapflow/leapflow/metric"
+	"github.com/leapflow/leapflow/stat"
+)
+
+// windowGroup is every Reject and WarmUp rule that counts in one window:
+// they admit together, with one Admit at the smallest of their limits, so a
+// pass is counted once.
+type windowGroup struct {
+	w          *window.Window
+	intervalS  float64
+	static     int64 // smallest Reject limit; MaxInt64 if none
+	staticBE   *BlockError
+	borrowable bool // only Reject rules: priority requests may borrow
+	warm       []warmRule
+}
+
+// window returns the node window a rule with this interval counts in.
+func (e *Engine) window(n *stat.Node, interval time.Duration) *window.Window {
+	if interval == time.Second {
+		return second(n)
+	}
+	w, err := n.Window(interval, e.buckets(interval))
+	if err != nil {
+		panic(err) // a validated interval (whole ms, at most 1h) cannot fail
+	}
+	return in(w)
+}
+
+// spanWindow returns the node window span-exact rules with this interval
+// count in: n buckets of the interval (WithSpanBuckets) and one more, so
+// that an admission is checked against the last n+1 buckets (every span
+// of the interval lies within n+1 consecutive buckets).
+func (e *Engine) spanWindow(n *stat.Node, interval time.Duration) *window.Window {
+	k, span := spanShape(e.spanBuckets, interval)
+	w, err := n.Window(span, k)
+	if err != nil {
+		panic(err) // the interval divides into k buckets, so into k+1 of the same length
+	}
+	return in(w)
+}
+
+// spanShape is the shape of a span-exact window of interval with k
+// buckets (k divides 1 ms, so every whole-millisecond interval): k+1
+// buckets of interval/k.
+func spanShape(k int, interval time.Duration) (int, time.Duration) {
+	return k + 1, interval + interval/time.Duration(k)
+}
+
+// buckets is the bucket count for a window of interval: the engine's sample
+// count if it divides the interval, else 1.
+func (e *Engine) buckets(interval time.Duration) int {
+	if int64(interval)%int64(e.sampleCount) != 0 {
+		return 1
+	}
+	return e.sampleCount
+}
+
+// group returns the group of window w, adding one if needed; the node's
+// second window goes first.
+func (rr *resourceRules) group(w *window.Window, interval time.Duration) *windowGroup {
+	for i := range rr.groups {
+		if rr.groups[i].w == w {
+			return &rr.groups[i]
+		}
+	}
+	rr.groups = append(rr.groups, windowGroup{w: w, intervalS: interval.Seconds(), static: math.MaxInt64, borrowable: true})
+	return &rr.groups[len(rr.groups)-1]
+}
+
+// limit is the group's limit at now, and the error of the rule that sets
+// it.
+func (g *windowGroup) limit(now int64, node *stat.Node) (int64, *BlockError) {
+	limit, be := g.static, g.staticBE
+	for _, wr := range g.warm {
+		if l := int64(wr.w.rate(now, node) * g.intervalS); l < limit {
+			limit, be = l, wr.be
+		}
+	}
+	return limit, be
+}
+
+// borrowedAt is an admission borrowed from window w's bucket starting at
+// start.
+type borrowedAt struct {
+	w     *window.Window
+	start int64
+}
+
+func (b borrowedAt) holds(t int64) bool { return t >= b.start && t < b.start+b.w.BucketLen() }
+
+func (h *held) addRes(r window.Reservation) {
+	if h.nres < len(h.res) {
+		h.res[h.nres] = r
+	} else {
+		h.more = append(h.more, r)
+	}
+	h.nres++
+}
+
+func (h *held) addBorrow(b borrowedAt) {
+	if h.nbor < len(h.bor) {
+		h.bor[h.nbor] = b
+	} else {
+		h.bmore = append(h.bmore, b)
+	}
+	h.nbor++
+}
+
+// reservations yields the window admissions the request holds.
+func (h *held) reservations(yield func(*window.Reservation) bool) {
+	for i := range min(h.nres, len(h.res)) {
+		if !yield(&h.res[i]) {
+			return
+		}
+	}
+	for i := range h.more {
+		if !yield(&h.more[i]) {
+			return
+		}
+	}
+}
+
+// borrows yields the admissions the request borrowed from later buckets.
+func (h *held) borrows(yield func(borrowedAt) bool) {
+	for i := range min(h.nbor, len(h.bor)) {
+		if !yield(h.bor[i]) {
+			return
+		}
+	}
+	for _, b := range h.bmore {
+		if !yield(b) {
+			return
+		}
+	}
+}
+
+// releaseWindows gives back what the request's window groups took
+// (admissions and borrows of n) and forgets them.
+func (h *held) releaseWindows(n int64) {
+	for r := range h.reservations {
+		r.Cancel()
+	}
+	for b := range h.borrows {
+		b.w.Unborrow(b.start, n)
+	}
+	h.nres, h.more, h.nbor, h.bmore = 0, h.more[:0], 0, h.bmore[:0]
+}
+
+// borrowedFrom reports whether one of the request's borrows is from w.
+func (h *held) borrowedFrom(w *window.Window) bool {
+	for b := range h.borrows {
+		if b.w == w {
+			return true
+		}
+	}
+	return false
+}
+
+// seedWindows gives each window the new rule set counts in and the old
+// one did not (a span-exact rule's, or one of another StatInterval, made
+// now or idle until now) what its resource passed over the window's span,
+// as one pass count in its newest bucket, and what the old rules' windows
+// admitted ahead for requests still waiting, in the buckets those land
+// in: a reload that adds or tightens such a rule must not admit the
+// window's whole threshold again on top of what the resource just passed
+// or is about to. It errs towards strictness: the count covers whole
+// seconds back and is held for the window's span from now, and a waiter
+// borrowed from two old windows counts twice. It runs once the new rules
+// are out, so a request they admitted meanwhile is counted twice rather
+// than missed; what can slip past is what leases granted in those
+// microseconds admit (see metric's leases).
+func (e *Engine) seedWindows(old, next *ruleSet) {
+	now := e.now()
+	for name, rr := range next.byResource {
+		was := old.byResource[name]
+		for i := range rr.groups {
+			w := rr.groups[i].w
+			if w == second(rr.node) || (was != nil && was.countsIn(w)) {
+				continue
+			}
+			c := rr.node.PassedSince(now-int64(w.Interval()), now)
+			if was != nil {
+				for j := range was.groups {
+					was.groups[j].w.Borrows(func(start, n int64) {
+						if !w.Lend(start, n) {
+							c += n // its bucket is made, or taken: now
+						}
+					})
+				}
+			}
+			if c > 0 {
+				w.Add(now, metric.Pass, c)
+			}
+		}
+	}
+}
+
+// countsIn reports whether a group of rr counts in w.
+func (rr *resourceRules) countsIn(w *window.Window) bool {
+	for i := range rr.groups {
+		if rr.groups[i].w == w {
+			return true
+		}
+	}
+	return false
+}
+
+var windowKind = kind{
+	name:     "window",
+	is:       func(*Rule) bool { return true },
+	compile:  compileWindow,
+	describe: describeRate,
+}
+
+// windowGroupOf returns the group of the window rule r counts in, made if
+// needed.
+func (rr *resourceRules) windowGroupOf(e *Engine, r *Rule) *windowGroup {
+	w := e.window(rr.node, r.StatInterval)
+	if r.SpanExact {
+		w = e.spanWindow(rr.node, r.StatInterval)
+	}
+	if w == second(rr.node) {
+		rr.countsNode = true
+	}
+	return rr.group(w, r.StatInterval)
+}
+
+// compileWindow adds a Reject QPS rule to its window's group, whose static
+// limit is the smallest of its Reject rules'.
+func compileWindow(c *compiling) {
+	r := c.r
+	g := c.rr.windowGroupOf(c.e, r)
+	if limit := perWindow(r.Threshold, r.StatInterval); limit < g.static {
+		g.static, g.staticBE = limit, newBlockError(r, ReasonFlow)
+	}
+}
