@@ -2,12 +2,25 @@ GO ?= go
 # Root installs directly; anyone else goes through sudo.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: test deps vet fmt-check tidy-check bench screenshot
+.PHONY: test deps vet fmt-check tidy-check modules-check bench screenshot
+
+# MODULES are the repository's modules, the ones go.work uses: the root
+# (flow and what a user of flow gets with it) and one module per
+# integration that brings heavy dependencies (see docs/modules.md).
+# vet, tidy-check, test and bench run in each in turn and stop at the first
+# failure. vet and test run with GOWORK=off: each module is built from its
+# own go.mod (its replace directives point at its neighbours in this tree),
+# as its users build it.
+MODULES := . global grpcflow promflow dashboard bench examples
 
 # test is the one command CI runs (.ci/run): it installs what the tests
-# need, runs the static checks, then every test with the race detector.
+# need, runs the static checks, then every test of every module with the
+# race detector.
 test: deps vet fmt-check tidy-check
-	$(GO) test -race -count=1 ./...
+	@for m in $(MODULES); do \
+		echo "go test -race -count=1 ./... in $$m"; \
+		(cd $$m && GOWORK=off $(GO) test -race -count=1 ./...) || exit 1; \
+	done
 
 # deps installs from Debian's packages what the tests need when missing:
 # redis-server (and redis-cli), whose real servers the global package's
@@ -26,19 +39,36 @@ deps:
 	@chromium --version 2>/dev/null || command -v chromium
 
 vet:
-	$(GO) vet ./...
+	@for m in $(MODULES); do \
+		echo "go vet ./... in $$m"; \
+		(cd $$m && GOWORK=off $(GO) vet ./...) || exit 1; \
+	done
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 
-# tidy-check fails when go.mod or go.sum is not what go mod tidy makes.
-tidy-check:
-	$(GO) mod tidy -diff
+# tidy-check fails when a module's go.mod or go.sum is not what go mod tidy
+# makes (tidy ignores go.work), or when MODULES misses a go.mod in the tree.
+tidy-check: modules-check
+	@for m in $(MODULES); do \
+		echo "go mod tidy -diff in $$m"; \
+		(cd $$m && $(GO) mod tidy -diff) || exit 1; \
+	done
 
-# bench runs the benchmarks of every package, 5 times each, for benchstat.
+# modules-check fails when the go.mod files in the tree are not those of
+# MODULES.
+modules-check:
+	@have=$$(find . -name go.mod -not -path '*/.*' | sed 's#/go.mod$$##' | sort); \
+	want=$$(for m in $(MODULES); do echo $$m; done | sed 's#^\([^.]\)#./\1#' | sort); \
+	if [ "$$have" != "$$want" ]; then echo "MODULES is not the tree's modules:"; echo "tree: $$have"; echo "MODULES: $$want"; exit 1; fi
+
+# bench runs the benchmarks of every package of every module, 5 times
+# each, for benchstat.
 bench: deps
-	$(GO) test -run '^$$' -bench . -benchmem -benchtime 200ms -count 5 ./...
+	@for m in $(MODULES); do \
+		(cd $$m && $(GO) test -run '^$$' -bench . -benchmem -benchtime 200ms -count 5 ./...) || exit 1; \
+	done
 
 # screenshot regenerates docs/dashboard.png from the dashboard demo.
 screenshot: deps

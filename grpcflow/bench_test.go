@@ -8,7 +8,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/leapflow/leapflow/flow"
-	"github.com/leapflow/leapflow/internal/echo"
+	"github.com/leapflow/leapflow/grpcflow/grpcflowtest"
 )
 
 // BenchmarkUnaryServer is a trivial handler called in process, with and
@@ -19,14 +19,14 @@ func BenchmarkUnaryServer(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := e.LoadRules([]flow.Rule{{Resource: echo.Say, Threshold: 1e12}, {Resource: echo.Chat, Threshold: 0.001, StatInterval: time.Hour}}); err != nil {
+	if err := e.LoadRules([]flow.Rule{{Resource: grpcflowtest.Say, Threshold: 1e12}, {Resource: grpcflowtest.Chat, Threshold: 0.001, StatInterval: time.Hour}}); err != nil {
 		b.Fatal(err)
 	}
 	l := New(e)
 	handler := func(context.Context, any) (any, error) { return nil, nil }
 	ctx := context.Background()
-	say := &grpc.UnaryServerInfo{FullMethod: echo.Say}
-	blocked := &grpc.UnaryServerInfo{FullMethod: echo.Chat}
+	say := &grpc.UnaryServerInfo{FullMethod: grpcflowtest.Say}
+	blocked := &grpc.UnaryServerInfo{FullMethod: grpcflowtest.Chat}
 	b.Run("plain", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
@@ -66,12 +66,12 @@ func TestUnaryServerAllocations(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := e.LoadRules([]flow.Rule{{Resource: echo.Say, Threshold: 1e12}}); err != nil {
+	if err := e.LoadRules([]flow.Rule{{Resource: grpcflowtest.Say, Threshold: 1e12}}); err != nil {
 		t.Fatal(err)
 	}
 	l := New(e)
 	handler := func(context.Context, any) (any, error) { return nil, nil }
-	info := &grpc.UnaryServerInfo{FullMethod: echo.Say}
+	info := &grpc.UnaryServerInfo{FullMethod: grpcflowtest.Say}
 	if n := testing.AllocsPerRun(200, func() { _, _ = l.UnaryServer(context.Background(), nil, info, handler) }); n != 0 {
 		t.Fatalf("%v allocations per call", n)
 	}

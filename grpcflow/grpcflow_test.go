@@ -20,7 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/leapflow/leapflow/flow"
-	"github.com/leapflow/leapflow/internal/echo"
+	"github.com/leapflow/leapflow/grpcflow/grpcflowtest"
 	"github.com/leapflow/leapflow/stat/stattest"
 )
 
@@ -48,7 +48,7 @@ func serve(t *testing.T, l *Limiter, fail func(string) error, dial ...grpc.DialO
 		sopts = append(sopts, grpc.UnaryInterceptor(l.UnaryServer), grpc.StreamInterceptor(l.StreamServer))
 	}
 	srv := grpc.NewServer(sopts...)
-	echo.Register(srv, &echo.Server{Fail: fail})
+	grpcflowtest.Register(srv, &grpcflowtest.Server{Fail: fail})
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	go func() { _ = srv.Serve(lis) }()
@@ -60,7 +60,7 @@ func serve(t *testing.T, l *Limiter, fail func(string) error, dial ...grpc.DialO
 }
 
 func say(ctx context.Context, conn *grpc.ClientConn, msg string) error {
-	return conn.Invoke(ctx, echo.Say, wrapperspb.String(msg), new(wrapperspb.StringValue))
+	return conn.Invoke(ctx, grpcflowtest.Say, wrapperspb.String(msg), new(wrapperspb.StringValue))
 }
 
 func detailInfo(t *testing.T, err error) *errdetails.ErrorInfo {
@@ -79,7 +79,7 @@ func detailInfo(t *testing.T, err error) *errdetails.ErrorInfo {
 // fake clock) and the ErrorInfo naming the rule and quota.
 func TestBlockedCallGetsRetryInfo(t *testing.T) {
 	clock := stattest.NewClock(0)
-	eng := engine(t, clock, flow.Rule{ID: "say", Resource: echo.Say, Threshold: 2})
+	eng := engine(t, clock, flow.Rule{ID: "say", Resource: grpcflowtest.Say, Threshold: 2})
 	conn := serve(t, New(eng), nil)
 	ctx := context.Background()
 	clock.Set(100 * ms)
@@ -95,9 +95,9 @@ func TestBlockedCallGetsRetryInfo(t *testing.T) {
 	ei := detailInfo(t, err)
 	assert.Equal(t, Domain, ei.Domain)
 	assert.Equal(t, ReasonRateLimited, ei.Reason)
-	assert.Equal(t, map[string]string{"resource": echo.Say, "rule": "say", "reason": "flow", "quota": "2", "window": "1s"}, ei.Metadata)
+	assert.Equal(t, map[string]string{"resource": grpcflowtest.Say, "rule": "say", "reason": "flow", "quota": "2", "window": "1s"}, ei.Metadata)
 
-	snap, _ := eng.Snapshot(echo.Say)
+	snap, _ := eng.Snapshot(grpcflowtest.Say)
 	assert.Equal(t, int64(2), snap.MinutePass)
 	assert.Equal(t, int64(1), snap.MinuteBlock)
 
@@ -114,7 +114,7 @@ func TestResourceNaming(t *testing.T) {
 	conn := serve(t, New(eng, WithResource(func(context.Context, string) string { return "echo" })), nil)
 	require.NoError(t, say(context.Background(), conn, "a"))
 	assert.Equal(t, codes.ResourceExhausted, status.Code(say(context.Background(), conn, "b")))
-	_, ok := eng.Snapshot(echo.Say)
+	_, ok := eng.Snapshot(grpcflowtest.Say)
 	assert.False(t, ok, "no resource under the method's own name")
 }
 
@@ -122,7 +122,7 @@ func TestResourceNaming(t *testing.T) {
 // own quota; calls without one share the no-key entry; a call with an
 // overlong key (which the engine refuses) goes under the no-key entry.
 func TestPerKeyFromMetadata(t *testing.T) {
-	eng := engine(t, stattest.NewClock(0), flow.Rule{Resource: echo.Say, Threshold: 2, PerKey: true})
+	eng := engine(t, stattest.NewClock(0), flow.Rule{Resource: grpcflowtest.Say, Threshold: 2, PerKey: true})
 	conn := serve(t, New(eng, WithKey(MetadataKey("X-API-Key"))), nil)
 	as := func(key string) context.Context {
 		return metadata.AppendToOutgoingContext(context.Background(), "x-api-key", key)
@@ -142,14 +142,14 @@ func TestPerKeyFromMetadata(t *testing.T) {
 	}
 	assert.Equal(t, codes.ResourceExhausted, status.Code(say(as(string(long)), conn, "overlong")),
 		"a key the engine refuses puts the call under the full no-key entry, not a fresh key of its own")
-	snap, _ := eng.Snapshot(echo.Say)
+	snap, _ := eng.Snapshot(grpcflowtest.Say)
 	assert.Equal(t, int64(4), snap.Keyless)
 }
 
 // TestPeerKey: PeerKey names a loopback caller by its address; a caller
 // with no IP peer has no key.
 func TestPeerKey(t *testing.T) {
-	eng := engine(t, stattest.NewClock(0), flow.Rule{Resource: echo.Say, Threshold: 1, PerKey: true})
+	eng := engine(t, stattest.NewClock(0), flow.Rule{Resource: grpcflowtest.Say, Threshold: 1, PerKey: true})
 	seen := make(chan string, 2)
 	key := PeerKey()
 	l := New(eng, WithKey(func(ctx context.Context, m string) string {
@@ -162,7 +162,7 @@ func TestPeerKey(t *testing.T) {
 	assert.Equal(t, codes.ResourceExhausted, status.Code(say(context.Background(), conn, "b")))
 	assert.Equal(t, "127.0.0.1", <-seen)
 	assert.Equal(t, "127.0.0.1", <-seen)
-	assert.Equal(t, "", key(context.Background(), echo.Say))
+	assert.Equal(t, "", key(context.Background(), grpcflowtest.Say))
 }
 
 // TestExceptionsByCode: handler errors count as exceptions by the
@@ -191,7 +191,7 @@ func TestExceptionsByCode(t *testing.T) {
 		}
 	}
 	assert.Equal(t, 5, exceptions, "Unknown, Internal, Unavailable, DataLoss, DeadlineExceeded")
-	snap, _ := eng.Snapshot(echo.Say)
+	snap, _ := eng.Snapshot(grpcflowtest.Say)
 	assert.Equal(t, int64(17), snap.MinutePass)
 	assert.Equal(t, int64(5), snap.MinuteErrors)
 
@@ -199,7 +199,7 @@ func TestExceptionsByCode(t *testing.T) {
 	conn = serve(t, New(mine, WithExceptions(func(err error) bool { return status.Code(err) == codes.NotFound })), fail)
 	_ = say(context.Background(), conn, strconv.Itoa(int(codes.Internal)))
 	_ = say(context.Background(), conn, strconv.Itoa(int(codes.NotFound)))
-	snap, _ = mine.Snapshot(echo.Say)
+	snap, _ = mine.Snapshot(grpcflowtest.Say)
 	assert.Equal(t, int64(1), snap.MinuteErrors, "only NotFound")
 }
 
@@ -209,21 +209,21 @@ func TestExceptionsByCode(t *testing.T) {
 func TestPanicCountsAndGoesOn(t *testing.T) {
 	eng := engine(t, nil)
 	l := New(eng)
-	info := &grpc.UnaryServerInfo{FullMethod: echo.Say}
+	info := &grpc.UnaryServerInfo{FullMethod: grpcflowtest.Say}
 	v := func() (v any) {
 		defer func() { v = recover() }()
 		_, _ = l.UnaryServer(context.Background(), nil, info, func(context.Context, any) (any, error) { panic("boom") })
 		return nil
 	}()
 	assert.Equal(t, "boom", v)
-	sinfo := &grpc.StreamServerInfo{FullMethod: echo.Chat}
+	sinfo := &grpc.StreamServerInfo{FullMethod: grpcflowtest.Chat}
 	v = func() (v any) {
 		defer func() { v = recover() }()
 		_ = l.StreamServer(nil, fakeStream{}, sinfo, func(any, grpc.ServerStream) error { panic("stream boom") })
 		return nil
 	}()
 	assert.Equal(t, "stream boom", v)
-	for _, res := range []string{echo.Say, echo.Chat} {
+	for _, res := range []string{grpcflowtest.Say, grpcflowtest.Chat} {
 		snap, _ := eng.Snapshot(res)
 		assert.Equal(t, int64(1), snap.MinuteErrors, res)
 		assert.Zero(t, snap.Inflight, res)
@@ -238,16 +238,16 @@ func (fakeStream) Context() context.Context { return context.Background() }
 // Concurrency rule counts open streams; the block reaches the client at
 // its first read; a stream's handler error counts as an exception.
 func TestServerStreams(t *testing.T) {
-	eng := engine(t, nil, flow.Rule{Resource: echo.Chat, Metric: flow.Concurrency, Threshold: 1})
+	eng := engine(t, nil, flow.Rule{Resource: grpcflowtest.Chat, Metric: flow.Concurrency, Threshold: 1})
 	conn := serve(t, New(eng), nil)
 	ctx := context.Background()
-	first, err := conn.NewStream(ctx, &echo.ChatDesc, echo.Chat)
+	first, err := conn.NewStream(ctx, &grpcflowtest.ChatDesc, grpcflowtest.Chat)
 	require.NoError(t, err)
 	require.NoError(t, first.SendMsg(wrapperspb.String("hi")))
 	got := new(wrapperspb.StringValue)
 	require.NoError(t, first.RecvMsg(got), "the first stream is open")
 
-	second, err := conn.NewStream(ctx, &echo.ChatDesc, echo.Chat)
+	second, err := conn.NewStream(ctx, &grpcflowtest.ChatDesc, grpcflowtest.Chat)
 	require.NoError(t, err)
 	err = second.RecvMsg(got)
 	require.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
@@ -258,18 +258,18 @@ func TestServerStreams(t *testing.T) {
 	require.NoError(t, first.SendMsg(wrapperspb.String("fail")))
 	assert.Equal(t, codes.Internal, status.Code(first.RecvMsg(got)))
 	require.Eventually(t, func() bool {
-		snap, _ := eng.Snapshot(echo.Chat)
+		snap, _ := eng.Snapshot(grpcflowtest.Chat)
 		return snap.Inflight == 0
 	}, 2*time.Second, 5*time.Millisecond)
 
-	third, err := conn.NewStream(ctx, &echo.ChatDesc, echo.Chat)
+	third, err := conn.NewStream(ctx, &grpcflowtest.ChatDesc, grpcflowtest.Chat)
 	require.NoError(t, err)
 	require.NoError(t, third.SendMsg(wrapperspb.String("again")))
 	require.NoError(t, third.RecvMsg(got), "room again once the first ended")
 	require.NoError(t, third.CloseSend())
 	assert.ErrorIs(t, third.RecvMsg(got), io.EOF)
 	require.Eventually(t, func() bool {
-		snap, _ := eng.Snapshot(echo.Chat)
+		snap, _ := eng.Snapshot(grpcflowtest.Chat)
 		return snap.Inflight == 0 && snap.MinutePass == 2 && snap.MinuteErrors == 1 && snap.MinuteBlock == 1
 	}, 2*time.Second, 5*time.Millisecond)
 }
@@ -281,8 +281,8 @@ func TestClientInterceptors(t *testing.T) {
 	clock := stattest.NewClock(0)
 	server := engine(t, nil)
 	client := engine(t, clock,
-		flow.Rule{Resource: echo.Say, Threshold: 1},
-		flow.Rule{Resource: echo.Count, Metric: flow.Concurrency, Threshold: 1},
+		flow.Rule{Resource: grpcflowtest.Say, Threshold: 1},
+		flow.Rule{Resource: grpcflowtest.Count, Metric: flow.Concurrency, Threshold: 1},
 	)
 	l := New(client)
 	conn := serve(t, New(server), func(msg string) error {
@@ -301,13 +301,13 @@ func TestClientInterceptors(t *testing.T) {
 	assert.Equal(t, time.Second, d)
 	clock.Set(time.Second)
 	assert.Equal(t, codes.Unavailable, status.Code(say(ctx, conn, "fail")))
-	srv, _ := server.Snapshot(echo.Say)
+	srv, _ := server.Snapshot(grpcflowtest.Say)
 	assert.Equal(t, int64(2), srv.MinutePass, "the refused call never reached the server")
-	cl, _ := client.Snapshot(echo.Say)
+	cl, _ := client.Snapshot(grpcflowtest.Say)
 	assert.Equal(t, int64(1), cl.MinuteErrors, "Unavailable counts on the client too")
 
 	count := func(ctx context.Context, n int) (grpc.ClientStream, error) {
-		s, err := conn.NewStream(ctx, &echo.CountDesc, echo.Count)
+		s, err := conn.NewStream(ctx, &grpcflowtest.CountDesc, grpcflowtest.Count)
 		if err != nil {
 			return nil, err
 		}
@@ -325,7 +325,7 @@ func TestClientInterceptors(t *testing.T) {
 		require.NoError(t, first.RecvMsg(got))
 	}
 	require.ErrorIs(t, first.RecvMsg(got), io.EOF)
-	inflight := func() int64 { s, _ := client.Snapshot(echo.Count); return s.Inflight }
+	inflight := func() int64 { s, _ := client.Snapshot(grpcflowtest.Count); return s.Inflight }
 	require.Eventually(t, func() bool { return inflight() == 0 }, 2*time.Second, 5*time.Millisecond,
 		"read to the end, the stream let go of its admission")
 
@@ -343,16 +343,16 @@ func TestClientInterceptors(t *testing.T) {
 // TestClientStreamMadeByNoOne: when an interceptor further down fails a
 // stream before gRPC makes it, the admission is released all the same.
 func TestClientStreamMadeByNoOne(t *testing.T) {
-	eng := engine(t, nil, flow.Rule{Resource: echo.Count, Metric: flow.Concurrency, Threshold: 1})
+	eng := engine(t, nil, flow.Rule{Resource: grpcflowtest.Count, Metric: flow.Concurrency, Threshold: 1})
 	l := New(eng)
 	refuse := func(context.Context, *grpc.StreamDesc, *grpc.ClientConn, string, ...grpc.CallOption) (grpc.ClientStream, error) {
 		return nil, status.Error(codes.Unavailable, "refused below")
 	}
 	for range 3 {
-		_, err := l.StreamClient(context.Background(), &echo.CountDesc, nil, echo.Count, refuse)
+		_, err := l.StreamClient(context.Background(), &grpcflowtest.CountDesc, nil, grpcflowtest.Count, refuse)
 		assert.Equal(t, codes.Unavailable, status.Code(err))
 	}
-	snap, _ := eng.Snapshot(echo.Count)
+	snap, _ := eng.Snapshot(grpcflowtest.Count)
 	assert.Zero(t, snap.Inflight)
 	assert.Equal(t, int64(3), snap.MinutePass)
 	assert.Equal(t, int64(3), snap.MinuteErrors)
@@ -361,7 +361,7 @@ func TestClientStreamMadeByNoOne(t *testing.T) {
 // TestQueuedCallEndsWithItsContext: a throttled call whose deadline passes
 // while it waits fails with DeadlineExceeded, counted as failed closed.
 func TestQueuedCallEndsWithItsContext(t *testing.T) {
-	eng := engine(t, nil, flow.Rule{Resource: echo.Say, Threshold: 1, Behavior: flow.Throttle, MaxQueueing: 10 * time.Second})
+	eng := engine(t, nil, flow.Rule{Resource: grpcflowtest.Say, Threshold: 1, Behavior: flow.Throttle, MaxQueueing: 10 * time.Second})
 	l := New(eng)
 	conn := serve(t, l, nil)
 	require.NoError(t, say(context.Background(), conn, "first"))
@@ -397,14 +397,14 @@ func TestFailOpenWhenTheRegistryIsFull(t *testing.T) {
 // TestBlockStatusReplaced: WithBlockStatus replaces the status; a nil one
 // falls back to BlockStatus.
 func TestBlockStatusReplaced(t *testing.T) {
-	eng := engine(t, stattest.NewClock(0), flow.Rule{Resource: echo.Say, Threshold: 0})
+	eng := engine(t, stattest.NewClock(0), flow.Rule{Resource: grpcflowtest.Say, Threshold: 0})
 	var told Blocked
 	conn := serve(t, New(eng, WithBlockStatus(func(_ context.Context, b Blocked) *status.Status {
 		told = b
 		return status.New(codes.Unavailable, "later")
 	})), nil)
 	assert.Equal(t, codes.Unavailable, status.Code(say(context.Background(), conn, "x")))
-	assert.Equal(t, echo.Say, told.Resource)
+	assert.Equal(t, grpcflowtest.Say, told.Resource)
 	assert.Equal(t, int64(0), told.Quota)
 
 	conn = serve(t, New(eng, WithBlockStatus(func(context.Context, Blocked) *status.Status { return nil })), nil)

@@ -22,7 +22,7 @@ import (
 
 	"github.com/leapflow/leapflow/flow"
 	"github.com/leapflow/leapflow/grpcflow"
-	"github.com/leapflow/leapflow/internal/echo"
+	"github.com/leapflow/leapflow/grpcflow/grpcflowtest"
 	"github.com/leapflow/leapflow/internal/examplerun"
 )
 
@@ -30,8 +30,8 @@ func main() { examplerun.Main("127.0.0.1:50051", run) }
 
 // rules are the service's limits, on the full method names.
 var rules = []flow.Rule{
-	{ID: "say-per-key", Resource: echo.Say, Threshold: 3, PerKey: true},
-	{ID: "chats", Resource: echo.Chat, Metric: flow.Concurrency, Threshold: 2},
+	{ID: "say-per-key", Resource: grpcflowtest.Say, Threshold: 3, PerKey: true},
+	{ID: "chats", Resource: grpcflowtest.Chat, Metric: flow.Concurrency, Threshold: 2},
 }
 
 // run serves until ctx ends, after showing a few calls on out.
@@ -45,7 +45,7 @@ func run(ctx context.Context, addr string, out io.Writer) error {
 	}
 	l := grpcflow.New(eng, grpcflow.WithKey(grpcflow.MetadataKey("x-api-key")))
 	srv := grpc.NewServer(grpc.UnaryInterceptor(l.UnaryServer), grpc.StreamInterceptor(l.StreamServer))
-	echo.Register(srv, &echo.Server{})
+	grpcflowtest.Register(srv, &grpcflowtest.Server{})
 
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -53,7 +53,7 @@ func run(ctx context.Context, addr string, out io.Writer) error {
 	}
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(lis) }()
-	fmt.Fprintf(out, "listening on %s (service leapflow.echo.Echo)\n", lis.Addr())
+	fmt.Fprintf(out, "listening on %s (service leapflow.grpcflowtest.Echo)\n", lis.Addr())
 
 	if err := demo(ctx, lis.Addr().String(), out); err != nil {
 		srv.Stop()
@@ -80,7 +80,7 @@ func demo(ctx context.Context, addr string, out io.Writer) error {
 	defer conn.Close()
 	say := func(key string, i int) {
 		kctx := metadata.AppendToOutgoingContext(ctx, "x-api-key", key)
-		err := conn.Invoke(kctx, echo.Say, wrapperspb.String("hi"), new(wrapperspb.StringValue))
+		err := conn.Invoke(kctx, grpcflowtest.Say, wrapperspb.String("hi"), new(wrapperspb.StringValue))
 		line := fmt.Sprintf("Say #%d as %s -> %s", i, key, status.Code(err))
 		if d, ok := grpcflow.RetryDelay(err); ok {
 			line += fmt.Sprintf(" (retry in %v)", d.Round(time.Millisecond))
@@ -95,7 +95,7 @@ func demo(ctx context.Context, addr string, out io.Writer) error {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel() // ends the streams
 	for i := 1; i <= 3; i++ {
-		s, err := conn.NewStream(sctx, &echo.ChatDesc, echo.Chat)
+		s, err := conn.NewStream(sctx, &grpcflowtest.ChatDesc, grpcflowtest.Chat)
 		if err == nil {
 			err = s.SendMsg(wrapperspb.String("hello"))
 		}

@@ -1,8 +1,9 @@
-// Package echo is a small gRPC service written without generated code, for
-// grpcflow's tests and examples: Say answers one message (unary), Chat
+// Package grpcflowtest has helpers for testing code that uses grpcflow (like
+// stat/stattest for flow): an echo gRPC service for tests and examples,
+// written without generated code. Say answers one message (unary), Chat
 // answers each message of a stream (bidirectional), and Count sends n
 // messages (server streaming). Messages are wrapperspb.StringValue.
-package echo
+package grpcflowtest
 
 import (
 	"context"

@@ -1,0 +1,20 @@
+module github.com/leapflow/leapflow/global
+
+go 1.26.0
+
+replace github.com/leapflow/leapflow => ../
+
+require (
+	github.com/leapflow/leapflow v0.0.0-00010101000000-000000000000
+	github.com/maypok86/otter/v2 v2.4.0
+	github.com/redis/go-redis/v9 v9.23.0
+	github.com/stretchr/testify v1.12.1
+	go.uber.org/atomic v1.12.0
+	go.uber.org/goleak v1.3.0
+)
+
+require (
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	go.yaml.in/yaml/v3 v3.0.5 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+)
