@@ -278,9 +278,9 @@ func (e *Engine) acquire(ctx context.Context, g *globalRule, q *request) (ok boo
 }
 
 var globalKind = kind{
-	name:     "global",
-	is:       func(r *Rule) bool { return r.Global },
-	compile:  compileGlobal,
+	name:    "global",
+	is:      func(r *Rule) bool { return r.Global },
+	compile: compileGlobal,
 	describe: func(r *Rule) string {
 		if r.PerKey {
 			return describeRate(r) + " per key global"

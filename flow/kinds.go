@@ -61,9 +61,9 @@ func compileGCRA(c *compiling) {
 }
 
 var perKeyKind = kind{
-	name:     "per-key",
-	is:       func(r *Rule) bool { return r.PerKey && !r.Global },
-	compile:  func(c *compiling) { c.e.addKeyed(c.next, c.old, c.rr, c.r, c.id) },
+	name:    "per-key",
+	is:      func(r *Rule) bool { return r.PerKey && !r.Global },
+	compile: func(c *compiling) { c.e.addKeyed(c.next, c.old, c.rr, c.r, c.id) },
 	describe: func(r *Rule) string {
 		if r.Metric == Concurrency {
 			return " in flight per key"
