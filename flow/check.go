@@ -135,35 +135,24 @@ type held struct {
 	keys  [maxKeyRules]keyHeld
 }
 
+// release gives back everything the request took from rr's rules: each
+// kind gives back what it holds.
 func (e *Engine) release(rr *resourceRules, h *held, n int64) {
 	if h.conc {
 		rr.node.ReleaseConcurrency(n)
 	}
 	h.releaseWindows(n)
-	for i := range rr.paced {
-		rr.paced[i].p.giveBack(h.paced[i])
+	if len(rr.paced) > 0 {
+		rr.releasePaced(h)
 	}
-	for i := range rr.gcras {
-		if h.gcra[i] != 0 {
-			rr.gcras[i].give(n, h.gcra[i])
-		}
+	if len(rr.gcras) > 0 {
+		rr.releaseGCRAs(h, n)
 	}
-	for i := range rr.globals {
-		// What a source admitted is not given back (it may have been
-		// counted across instances); a local fallback's admission is.
-		h.gres[i].Cancel()
-		if h.ggcra[i] != 0 {
-			rr.globals[i].gcra.give(n, h.ggcra[i])
-		}
-		if st := h.gkeys[i].st; st != nil {
-			undoBucket(st, h.gkeys[i].b, n)
-		}
+	if len(rr.globals) > 0 {
+		rr.releaseGlobals(h, n)
 	}
-	if h.kc != nil {
-		rr.keyConc.t.release(h.kc, n)
-	}
-	for i := range rr.keyed {
-		rr.keyed[i].undo(h.keys[i], n)
+	if h.kc != nil || len(rr.keyed) > 0 {
+		rr.releaseKeyed(h, n)
 	}
 }
 
@@ -192,118 +181,61 @@ func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now int64, q *req
 	return e.finish(set, rr, &h, p, now, wait, false, q)
 }
 
-// take runs every rule of a resource: concurrency, global, windows,
-// related resources, then pacing, and aligns what they took to one
-// instant. It returns the instant's start (now, moved to a newer bucket a
-// window counted it in) and how long after it the request goes, or, when
-// a rule blocks it, the blocked Entry and error with everything given
-// back.
+// refusal is what the rule that refused a request says: its error, the
+// value it saw (Entry.Seen) and when to retry.
+type refusal struct {
+	be   *BlockError
+	seen float64
+	rm   room
+}
+
+// take runs every rule of a resource, kind by kind: per-key concurrency,
+// concurrency, global, windows, per-key rates, GCRA, related resources,
+// then pacing, and aligns what they took to one instant. It returns the
+// instant's start (now, moved to a newer bucket a window counted it in)
+// and how long after it the request goes, or, when a rule blocks it, the
+// blocked Entry and error with everything given back.
 func (e *Engine) take(rr *resourceRules, h *held, p int, now int64, q *request) (int64, int64, Entry, error) {
-	node := rr.node
-	n := q.n
 	if rr.hasKeyed() {
-		keyless(node, q)
-	}
-	if rr.keyConc.t != nil {
-		st, seen, ok := rr.keyConc.acquire(q)
-		if !ok {
-			return blockTake(e, rr, h, p, now, n, rr.keyConc.blockError(q), float64(seen), unknownRoom)
-		}
-		h.kc = st
-	}
-	if rr.concLimit >= 0 {
-		if g := rr.counting; g != nil {
-			g.wait() // the rule is new: until what is in flight is counted
-		}
-		seen, ok := node.AcquireConcurrency(n, rr.concLimit)
-		if !ok {
-			return blockTake(e, rr, h, p, now, n, rr.concBE, float64(seen), unknownRoom)
-		}
-		h.conc = true
-		// The second's most in flight (stat.Second.MaxConcurrency): one
-		// load of the bucket's maximum, a store only when it rises.
-		second(node).RecordConcurrency(now, seen)
-	}
-	for i := range rr.globals {
-		g := &rr.globals[i]
-		if be, refused := e.global(rr.node, g, h, i, p, now, q); be != nil {
-			rm := unknownRoom
-			if refused && rr.rules == 1 {
-				rm = g.room(q)
-			}
-			return blockTake(e, rr, h, p, now, n, be, 0, rm)
-		}
+		keyless(rr.node, q)
 	}
 	var wait int64
-	for i := range rr.groups {
-		g := &rr.groups[i]
-		limit, be := g.limit(now, node)
-		r, ok := g.w.AdmitOn(p, now, n, limit)
-		if ok {
-			h.addRes(r)
-			now = max(now, r.Start())
-			continue
-		}
-		if q.wait > 0 && g.borrowable {
-			if s, _, ok := g.w.BorrowAt(now, n, limit, time.Duration(q.wait)); ok {
-				// Counted as Pass and OccupiedPass when its bucket
-				// starts; given back if the request is not admitted. It
-				// waits from its own now (behind the newest bucket, the
-				// borrow's wait ran from that bucket), so that it is
-				// admitted at the bucket's start.
-				h.addBorrow(borrowedAt{g.w, s})
-				wait = max(wait, s-now)
-				continue
-			}
-		}
-		rm := unknownRoom
-		if len(g.warm) == 0 {
-			rm = roomOf(g.w.RoomIn(now, n, limit))
-		}
-		return blockTake(e, rr, h, p, now, n, be, float64(r.Seen()), rm)
+	var rf refusal
+	ok := true
+	if rr.keyConc.t != nil {
+		rf, ok = rr.takeKeyConcurrency(h, q)
 	}
-	for i := range rr.keyed {
-		kr := &rr.keyed[i]
-		d, seen, rm, ok := kr.admit(q, now, &h.keys[i])
-		if !ok {
-			return blockTake(e, rr, h, p, now, n, kr.blockError(q), seen, rm)
-		}
-		if kr.t.kind == keyWindow {
-			now = max(now, h.keys[i].b*kr.t.bucketLen)
-		}
-		wait = max(wait, d)
+	if ok && rr.concLimit >= 0 {
+		rf, ok = rr.takeConcurrency(h, now, q.n)
 	}
-	for i := range rr.gcras {
-		gr := &rr.gcras[i]
-		d, tok, ok, rm := gr.take(now, n, q.wait)
-		if !ok {
-			return blockTake(e, rr, h, p, now, n, gr.be, 0, rm)
-		}
-		h.gcra[i] = tok
-		wait = max(wait, d)
+	if ok && len(rr.globals) > 0 {
+		rf, ok = e.takeGlobals(rr, h, p, now, q)
 	}
-	for _, rel := range rr.related {
-		if seen := rel.node.Rate(now, metric.Pass); seen+float64(n) > rel.threshold {
-			return blockTake(e, rr, h, p, now, n, rel.be, seen, unknownRoom)
-		}
+	if ok && len(rr.groups) > 0 {
+		now, wait, rf, ok = rr.takeWindows(h, p, now, q)
 	}
-	for i := range rr.paced {
-		pr := &rr.paced[i]
-		rate := pr.pace(now, node)
-		ph, d, ok := pr.p.reserve(now, n, rate, q.wait)
-		if !ok {
-			return blockTake(e, rr, h, p, now, n, pr.be, rate, paceRoom(d, max(pr.p.maxQueue, q.wait)))
-		}
-		h.paced[i] = ph
-		wait = max(wait, d)
+	if ok && len(rr.keyed) > 0 {
+		now, wait, rf, ok = rr.takeKeyed(h, now, wait, q)
+	}
+	if ok && len(rr.gcras) > 0 {
+		wait, rf, ok = rr.takeGCRAs(h, now, wait, q)
+	}
+	if ok && len(rr.related) > 0 {
+		rf, ok = rr.takeRelated(now, q.n)
+	}
+	if ok && len(rr.paced) > 0 {
+		wait, rf, ok = rr.takePaced(h, now, wait, q)
+	}
+	if !ok {
+		return blockTake(e, rr, h, p, now, q.n, rf)
 	}
 	if t := now + wait; (wait > 0 && rr.rateRules > 1) || !h.holds(rr, t) {
 		// Every rule counts the request at the instant it goes: the
 		// latest any of them asked for, or the newest bucket another
 		// window already has.
-		t, be, seen, ok := e.align(rr, h, p, now, t, q)
+		t, rf, ok := e.align(rr, h, p, now, t, q)
 		if !ok {
-			return blockTake(e, rr, h, p, now, n, be, seen, unknownRoom)
+			return blockTake(e, rr, h, p, now, q.n, rf)
 		}
 		wait = t - now
 	}
@@ -311,8 +243,8 @@ func (e *Engine) take(rr *resourceRules, h *held, p int, now int64, q *request) 
 }
 
 // blockTake is block for take's results.
-func blockTake(e *Engine, rr *resourceRules, h *held, p int, now, n int64, be *BlockError, seen float64, rm room) (int64, int64, Entry, error) {
-	en, err := e.block(rr, h, p, now, n, be, seen, rm)
+func blockTake(e *Engine, rr *resourceRules, h *held, p int, now, n int64, rf refusal) (int64, int64, Entry, error) {
+	en, err := e.block(rr, h, p, now, n, rf.be, rf.seen, rf.rm)
 	return 0, 0, en, err
 }
 
@@ -389,22 +321,7 @@ func (e *Engine) finish(set *ruleSet, rr *resourceRules, h *held, p int, now, wa
 // was ahead of the request's clock counted it there, and a later rule
 // may have moved its instant past an earlier window's bucket).
 func (h *held) holds(rr *resourceRules, t int64) bool {
-	for r := range h.reservations {
-		if !r.Holds(t) {
-			return false
-		}
-	}
-	for b := range h.borrows {
-		if !b.holds(t) {
-			return false
-		}
-	}
-	for i := range rr.keyed {
-		if kr := &rr.keyed[i]; kr.t.kind == keyWindow && h.keys[i].st != nil && t/kr.t.bucketLen != h.keys[i].b {
-			return false
-		}
-	}
-	return true
+	return h.windowsHold(t) && (len(rr.keyed) == 0 || h.keyedHold(rr, t))
 }
 
 // maxAlign bounds align's rounds: each moves the instant to a newer
@@ -423,75 +340,33 @@ const maxAlign = 4
 // bucket is past t, t moves there and they align again. If any rule
 // cannot, the request is blocked by it (nothing was waited for yet). It
 // returns the instant.
-func (e *Engine) align(rr *resourceRules, h *held, p int, now, t int64, q *request) (int64, *BlockError, float64, bool) {
-	n, node := q.n, rr.node
+func (e *Engine) align(rr *resourceRules, h *held, p int, now, t int64, q *request) (int64, refusal, bool) {
+	n := q.n
 	for range maxAlign {
 		h.releaseWindows(n)
-		later := t
-		for i := range rr.groups {
-			g := &rr.groups[i]
-			limit, be := g.limit(now, node)
-			r, s, borrowed, ok := g.w.AdmitAt(p, now, t, n, limit)
-			switch {
-			case !ok:
-				return t, be, float64(r.Seen()), false
-			case borrowed:
-				h.addBorrow(borrowedAt{g.w, s})
-			default:
-				h.addRes(r)
-				later = max(later, r.Start())
-			}
+		later, rf, ok := rr.alignWindows(h, p, now, t, n)
+		if ok && len(rr.keyed) > 0 {
+			rf, ok = rr.alignKeyed(h, t, q)
 		}
-		for i := range rr.keyed {
-			kr := &rr.keyed[i]
-			if kr.t.kind == keyWindow {
-				if h.keys[i].st != nil && t/kr.t.bucketLen != h.keys[i].b {
-					// A key's window cannot count ahead of its newest
-					// bucket.
-					return t, kr.blockError(q), 0, false
-				}
-				continue
-			}
-			kr.undo(h.keys[i], n)
-			h.keys[i] = keyHeld{}
-			if _, seen, _, ok := kr.admitAt(q, t, &h.keys[i]); !ok {
-				return t, kr.blockError(q), seen, false
-			}
+		if ok && len(rr.gcras) > 0 {
+			rf, ok = rr.alignGCRAs(h, t, n)
 		}
-		for i := range rr.gcras {
-			gr := &rr.gcras[i]
-			if h.gcra[i] != 0 {
-				gr.give(n, h.gcra[i])
-				h.gcra[i] = 0
-			}
-			_, tok, ok, _ := gr.take(t, n, 0)
-			if !ok {
-				return t, gr.be, 0, false
-			}
-			h.gcra[i] = tok
+		if ok && len(rr.paced) > 0 {
+			rf, ok = rr.alignPaced(h, now, t, n)
 		}
-		for i := range rr.paced {
-			pr := &rr.paced[i]
-			pr.p.giveBack(h.paced[i])
-			h.paced[i] = paceHeld{}
-			rate := pr.pace(now, node)
-			// A slot at t itself: no queue past it.
-			ph, _, ok := reservePace(&pr.p.latest, 0, t, n, rate)
-			if !ok {
-				return t, pr.be, rate, false
-			}
-			h.paced[i] = ph
+		if !ok {
+			return t, rf, false
 		}
 		if later == t && h.holds(rr, t) {
-			return t, nil, 0, true
+			return t, refusal{}, true
 		}
 		t = later
 	}
-	var be *BlockError
+	var rf refusal
 	if len(rr.groups) > 0 {
-		_, be = rr.groups[0].limit(now, node)
+		_, rf.be = rr.groups[0].limit(now, rr.node)
 	}
-	return t, be, 0, false
+	return t, rf, false
 }
 
 // wait runs the engine's sleep, turning a panic in it into an error.

@@ -344,3 +344,34 @@ func compileGlobal(c *compiling) {
 	}
 	rr.globals = append(rr.globals, g)
 }
+
+// takeGlobals asks each Global rule's source (or its fallback) for the
+// request.
+func (e *Engine) takeGlobals(rr *resourceRules, h *held, p int, now int64, q *request) (refusal, bool) {
+	for i := range rr.globals {
+		g := &rr.globals[i]
+		if be, refused := e.global(rr.node, g, h, i, p, now, q); be != nil {
+			rm := unknownRoom
+			if refused && rr.rules == 1 {
+				rm = g.room(q)
+			}
+			return refusal{be, 0, rm}, false
+		}
+	}
+	return refusal{}, true
+}
+
+// releaseGlobals gives back what the Global rules' local fallbacks
+// admitted. What a source admitted is not given back (it may have been
+// counted across instances).
+func (rr *resourceRules) releaseGlobals(h *held, n int64) {
+	for i := range rr.globals {
+		h.gres[i].Cancel()
+		if h.ggcra[i] != 0 {
+			rr.globals[i].gcra.give(n, h.ggcra[i])
+		}
+		if st := h.gkeys[i].st; st != nil {
+			undoBucket(st, h.gkeys[i].b, n)
+		}
+	}
+}

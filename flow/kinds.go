@@ -78,3 +78,115 @@ var dryRunKind = kind{
 	compile:  func(c *compiling) { c.e.addShadow(c.next, c.old, c.rr, c.r, c.k) },
 	describe: func(r *Rule) string { return describeRate(r) + " (dry run)" },
 }
+
+// takeGCRAs takes the request's tokens from each GCRA rule, ahead within
+// its wait.
+func (rr *resourceRules) takeGCRAs(h *held, now, wait int64, q *request) (int64, refusal, bool) {
+	for i := range rr.gcras {
+		gr := &rr.gcras[i]
+		d, tok, ok, rm := gr.take(now, q.n, q.wait)
+		if !ok {
+			return wait, refusal{gr.be, 0, rm}, false
+		}
+		h.gcra[i] = tok
+		wait = max(wait, d)
+	}
+	return wait, refusal{}, true
+}
+
+// releaseGCRAs gives back the tokens the request took (see gcraRule.give).
+func (rr *resourceRules) releaseGCRAs(h *held, n int64) {
+	for i := range rr.gcras {
+		if h.gcra[i] != 0 {
+			rr.gcras[i].give(n, h.gcra[i])
+		}
+	}
+}
+
+// alignGCRAs takes each GCRA rule's tokens again at t.
+func (rr *resourceRules) alignGCRAs(h *held, t, n int64) (refusal, bool) {
+	for i := range rr.gcras {
+		gr := &rr.gcras[i]
+		if h.gcra[i] != 0 {
+			gr.give(n, h.gcra[i])
+			h.gcra[i] = 0
+		}
+		_, tok, ok, _ := gr.take(t, n, 0)
+		if !ok {
+			return refusal{gr.be, 0, unknownRoom}, false
+		}
+		h.gcra[i] = tok
+	}
+	return refusal{}, true
+}
+
+// takeKeyConcurrency counts the request in flight under its key of the
+// PerKey Concurrency rule.
+func (rr *resourceRules) takeKeyConcurrency(h *held, q *request) (refusal, bool) {
+	st, seen, ok := rr.keyConc.acquire(q)
+	if !ok {
+		return refusal{rr.keyConc.blockError(q), float64(seen), unknownRoom}, false
+	}
+	h.kc = st
+	return refusal{}, true
+}
+
+// takeKeyed admits the request under its key of each PerKey rate rule;
+// a key's window moves now to its newest bucket.
+func (rr *resourceRules) takeKeyed(h *held, now, wait int64, q *request) (int64, int64, refusal, bool) {
+	for i := range rr.keyed {
+		kr := &rr.keyed[i]
+		d, seen, rm, ok := kr.admit(q, now, &h.keys[i])
+		if !ok {
+			return now, wait, refusal{kr.blockError(q), seen, rm}, false
+		}
+		if kr.t.kind == keyWindow {
+			now = max(now, h.keys[i].b*kr.t.bucketLen)
+		}
+		wait = max(wait, d)
+	}
+	return now, wait, refusal{}, true
+}
+
+// releaseKeyed gives back what the request took under its keys.
+func (rr *resourceRules) releaseKeyed(h *held, n int64) {
+	if h.kc != nil {
+		rr.keyConc.t.release(h.kc, n)
+	}
+	for i := range rr.keyed {
+		rr.keyed[i].undo(h.keys[i], n)
+	}
+}
+
+// keyedHold reports whether every key window of the request counts it at
+// instant t.
+func (h *held) keyedHold(rr *resourceRules, t int64) bool {
+	for i := range rr.keyed {
+		if kr := &rr.keyed[i]; kr.t.kind == keyWindow && h.keys[i].st != nil && t/kr.t.bucketLen != h.keys[i].b {
+			return false
+		}
+	}
+	return true
+}
+
+// alignKeyed checks that each key window holds t already (it cannot count
+// ahead of its newest bucket) and takes each key's Throttle slot again at
+// t.
+func (rr *resourceRules) alignKeyed(h *held, t int64, q *request) (refusal, bool) {
+	n := q.n
+	for i := range rr.keyed {
+		kr := &rr.keyed[i]
+		if kr.t.kind == keyWindow {
+			if h.keys[i].st != nil && t/kr.t.bucketLen != h.keys[i].b {
+				return refusal{kr.blockError(q), 0, unknownRoom}, false
+			}
+			continue
+		}
+		kr.undo(h.keys[i], n)
+		h.keys[i] = keyHeld{}
+		if _, seen, _, ok := kr.admitAt(q, t, &h.keys[i]); !ok {
+			return refusal{kr.blockError(q), seen, unknownRoom}, false
+		}
+	}
+	return refusal{}, true
+}

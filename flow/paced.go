@@ -37,3 +37,43 @@ func compilePaced(c *compiling) {
 	}
 	c.rr.paced = append(c.rr.paced, pr)
 }
+
+// takePaced reserves the request's slot on each Throttle rule's timeline,
+// queueing it up to the longer of the rule's MaxQueueing and its own wait.
+func (rr *resourceRules) takePaced(h *held, now, wait int64, q *request) (int64, refusal, bool) {
+	for i := range rr.paced {
+		pr := &rr.paced[i]
+		rate := pr.pace(now, rr.node)
+		ph, d, ok := pr.p.reserve(now, q.n, rate, q.wait)
+		if !ok {
+			return wait, refusal{pr.be, rate, paceRoom(d, max(pr.p.maxQueue, q.wait))}, false
+		}
+		h.paced[i] = ph
+		wait = max(wait, d)
+	}
+	return wait, refusal{}, true
+}
+
+// releasePaced gives back the request's slots (see pacer.giveBack).
+func (rr *resourceRules) releasePaced(h *held) {
+	for i := range rr.paced {
+		rr.paced[i].p.giveBack(h.paced[i])
+	}
+}
+
+// alignPaced takes each Throttle rule's slot again at t itself (no queue
+// past it).
+func (rr *resourceRules) alignPaced(h *held, now, t, n int64) (refusal, bool) {
+	for i := range rr.paced {
+		pr := &rr.paced[i]
+		pr.p.giveBack(h.paced[i])
+		h.paced[i] = paceHeld{}
+		rate := pr.pace(now, rr.node)
+		ph, _, ok := reservePace(&pr.p.latest, 0, t, n, rate)
+		if !ok {
+			return refusal{pr.be, rate, unknownRoom}, false
+		}
+		h.paced[i] = ph
+	}
+	return refusal{}, true
+}

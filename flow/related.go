@@ -1,6 +1,9 @@
 package flow
 
-import "github.com/leapflow/leapflow/stat"
+import (
+	"github.com/leapflow/leapflow/metric"
+	"github.com/leapflow/leapflow/stat"
+)
 
 type relatedRule struct {
 	node      *stat.Node
@@ -17,4 +20,15 @@ var relatedKind = kind{
 
 func compileRelated(c *compiling) {
 	c.rr.related = append(c.rr.related, relatedRule{node: c.related, threshold: c.r.Threshold, be: newBlockError(c.r, ReasonFlow)})
+}
+
+// takeRelated refuses the request while a related resource's pass rate
+// is over its rule's threshold.
+func (rr *resourceRules) takeRelated(now, n int64) (refusal, bool) {
+	for _, rel := range rr.related {
+		if seen := rel.node.Rate(now, metric.Pass); seen+float64(n) > rel.threshold {
+			return refusal{rel.be, seen, unknownRoom}, false
+		}
+	}
+	return refusal{}, true
 }

@@ -241,3 +241,78 @@ func compileWindow(c *compiling) {
 		g.static, g.staticBE = limit, newBlockError(r, ReasonFlow)
 	}
 }
+
+// takeWindows admits the request in each window group at now (moved to a
+// newer bucket a window counted it in), or borrows a later bucket within
+// its wait where the group allows; it returns the moved now and the wait.
+func (rr *resourceRules) takeWindows(h *held, p int, now int64, q *request) (int64, int64, refusal, bool) {
+	var wait int64
+	n := q.n
+	for i := range rr.groups {
+		g := &rr.groups[i]
+		limit, be := g.limit(now, rr.node)
+		r, ok := g.w.AdmitOn(p, now, n, limit)
+		if ok {
+			h.addRes(r)
+			now = max(now, r.Start())
+			continue
+		}
+		if q.wait > 0 && g.borrowable {
+			if s, _, ok := g.w.BorrowAt(now, n, limit, time.Duration(q.wait)); ok {
+				// Counted as Pass and OccupiedPass when its bucket
+				// starts; given back if the request is not admitted. It
+				// waits from its own now (behind the newest bucket, the
+				// borrow's wait ran from that bucket), so that it is
+				// admitted at the bucket's start.
+				h.addBorrow(borrowedAt{g.w, s})
+				wait = max(wait, s-now)
+				continue
+			}
+		}
+		rm := unknownRoom
+		if len(g.warm) == 0 {
+			rm = roomOf(g.w.RoomIn(now, n, limit))
+		}
+		return now, wait, refusal{be, float64(r.Seen()), rm}, false
+	}
+	return now, wait, refusal{}, true
+}
+
+// windowsHold reports whether every window admission and borrow of the
+// request counts it at instant t.
+func (h *held) windowsHold(t int64) bool {
+	for r := range h.reservations {
+		if !r.Holds(t) {
+			return false
+		}
+	}
+	for b := range h.borrows {
+		if !b.holds(t) {
+			return false
+		}
+	}
+	return true
+}
+
+// alignWindows admits the request again in each group's bucket holding t
+// (now's, or a borrow of that later bucket), after align gave back what
+// the groups took. It returns the latest bucket start a group counted it
+// in, past t when a window's newest bucket is.
+func (rr *resourceRules) alignWindows(h *held, p int, now, t, n int64) (int64, refusal, bool) {
+	later := t
+	for i := range rr.groups {
+		g := &rr.groups[i]
+		limit, be := g.limit(now, rr.node)
+		r, s, borrowed, ok := g.w.AdmitAt(p, now, t, n, limit)
+		switch {
+		case !ok:
+			return t, refusal{be, float64(r.Seen()), unknownRoom}, false
+		case borrowed:
+			h.addBorrow(borrowedAt{g.w, s})
+		default:
+			h.addRes(r)
+			later = max(later, r.Start())
+		}
+	}
+	return later, refusal{}, true
+}
