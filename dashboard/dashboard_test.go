@@ -85,7 +85,7 @@ func TestTickAndHistory(t *testing.T) {
 	assert.Equal(t, int64(2), api.Success)
 	assert.Equal(t, "api-limit: QPS 2/s Reject", api.Rules)
 	assert.Equal(t, "quiet", tick.Rows[1].Resource)
-	assert.Equal(t, "Concurrency 3", tick.Rows[1].Rules)
+	assert.Equal(t, "Concurrency 3 in flight", tick.Rows[1].Rules)
 
 	_, body = get(t, srv.URL+"/api/history?resource=api")
 	var pts []Point

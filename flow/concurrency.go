@@ -27,6 +27,7 @@ func (g *gate) wait() {
 var concurrencyKind = kind{
 	name:     "concurrency",
 	is:       func(r *Rule) bool { return r.Metric == Concurrency },
+	validate: validateConcurrency,
 	compile:  compileConcurrency,
 	describe: func(*Rule) string { return " in flight" },
 }
@@ -55,4 +56,20 @@ func (rr *resourceRules) takeConcurrency(h *held, now, n int64) (refusal, bool) 
 	// of the bucket's maximum, a store only when it rises.
 	second(node).RecordConcurrency(now, seen)
 	return refusal{}, true
+}
+
+// validateConcurrency checks what a Concurrency rule may combine with.
+func validateConcurrency(r *Rule, i int) error {
+	if r.Metric != Concurrency {
+		return nil
+	}
+	switch {
+	case r.Behavior != Reject:
+		return r.errorf(i, "Behavior", r.Behavior, "must be Reject for a Concurrency rule")
+	case r.StatInterval != 0:
+		return r.errorf(i, "StatInterval", r.StatInterval, "must be 0 for a Concurrency rule")
+	case r.Global:
+		return r.errorf(i, "Global", r.Global, "is not supported for Concurrency rules")
+	}
+	return nil
 }

@@ -278,9 +278,10 @@ func (e *Engine) acquire(ctx context.Context, g *globalRule, q *request) (ok boo
 }
 
 var globalKind = kind{
-	name:    "global",
-	is:      func(r *Rule) bool { return r.Global },
-	compile: compileGlobal,
+	name:     "global",
+	is:       func(r *Rule) bool { return r.Global },
+	validate: validateGlobal,
+	compile:  compileGlobal,
 	describe: func(r *Rule) string {
 		if r.PerKey {
 			return describeRate(r) + " per key global"
@@ -374,4 +375,18 @@ func (rr *resourceRules) releaseGlobals(h *held, n int64) {
 			undoBucket(st, h.gkeys[i].b, n)
 		}
 	}
+}
+
+// validateGlobal checks what a Global rule's source and fallback need.
+func validateGlobal(r *Rule, i int) error {
+	if !r.Global {
+		return nil
+	}
+	switch {
+	case r.Fallback == FallbackLocal && (math.IsNaN(r.LocalShare) || r.LocalShare <= 0 || r.LocalShare > 1):
+		return r.errorf(i, "LocalShare", r.LocalShare, "must be in (0, 1]")
+	case r.Behavior != Reject && r.Behavior != GCRA:
+		return r.errorf(i, "Behavior", r.Behavior, "must be Reject or GCRA for a Global rule")
+	}
+	return nil
 }

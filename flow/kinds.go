@@ -1,5 +1,7 @@
 package flow
 
+import "fmt"
+
 // A rule kind is everything the engine does with one kind of rule, in one
 // file of its own: validate, compile, take (admit or refuse), give back,
 // what it holds, retake after a wait (align), and describe. The steps that
@@ -48,6 +50,7 @@ func kindOf(r *Rule) *kind {
 var gcraKind = kind{
 	name:     "gcra",
 	is:       func(r *Rule) bool { return r.Behavior == GCRA },
+	validate: validateGCRA,
 	compile:  compileGCRA,
 	describe: describeRate,
 }
@@ -61,9 +64,10 @@ func compileGCRA(c *compiling) {
 }
 
 var perKeyKind = kind{
-	name:    "per-key",
-	is:      func(r *Rule) bool { return r.PerKey && !r.Global },
-	compile: func(c *compiling) { c.e.addKeyed(c.next, c.old, c.rr, c.r, c.id) },
+	name:     "per-key",
+	is:       func(r *Rule) bool { return r.PerKey && !r.Global },
+	validate: validatePerKeyKind,
+	compile:  func(c *compiling) { c.e.addKeyed(c.next, c.old, c.rr, c.r, c.id) },
 	describe: func(r *Rule) string {
 		if r.Metric == Concurrency {
 			return " in flight per key"
@@ -75,6 +79,7 @@ var perKeyKind = kind{
 var dryRunKind = kind{
 	name:     "dry run",
 	is:       func(r *Rule) bool { return r.DryRun },
+	validate: validateDryRun,
 	compile:  func(c *compiling) { c.e.addShadow(c.next, c.old, c.rr, c.r, c.k) },
 	describe: func(r *Rule) string { return describeRate(r) + " (dry run)" },
 }
@@ -189,4 +194,47 @@ func (rr *resourceRules) alignKeyed(h *held, t int64, q *request) (refusal, bool
 		}
 	}
 	return refusal{}, true
+}
+
+// validateGCRA checks Burst on every rule, and what a GCRA rule needs.
+func validateGCRA(r *Rule, i int) error {
+	bad := func(field string, value any, reason string) error { return r.errorf(i, field, value, reason) }
+	if r.Behavior != GCRA {
+		if r.Burst != 0 {
+			return bad("Burst", r.Burst, "is for GCRA rules (leave it zero otherwise)")
+		}
+		return nil
+	}
+	switch {
+	case r.Burst < 1 || r.Burst > MaxBurst:
+		return bad("Burst", r.Burst, fmt.Sprintf("must be in [1, %d]", MaxBurst))
+	case r.PerKey || r.RelatedResource != "" || r.DryRun:
+		return bad("Behavior", r.Behavior, "GCRA is for plain local or Global rules (not PerKey, related or DryRun)")
+	case r.Threshold > 0 && r.Threshold < minPacedRate:
+		return bad("Threshold", r.Threshold, "must be 0 or at least 0.001 (one request per 1000 s) for GCRA")
+	case r.StatInterval != DefaultStatInterval:
+		return bad("StatInterval", r.StatInterval, "must be 1s (or left zero) for GCRA rules, which have no window")
+	case r.Threshold > 0 && float64(r.Burst)/r.Threshold > maxGCRARefill.Seconds():
+		return bad("Burst", r.Burst, fmt.Sprintf("takes %.4g s to refill at Threshold %g, more than a GCRA rule allows (%v)", float64(r.Burst)/r.Threshold, r.Threshold, maxGCRARefill))
+	case r.Global && r.Fallback == FallbackLocal && r.Threshold > 0 && r.Threshold*r.LocalShare < minPacedRate:
+		return bad("LocalShare", r.LocalShare, fmt.Sprintf("leaves a local rate of %g/s, below 0.001 (one request per 1000 s), for a GCRA rule of Threshold %g", r.Threshold*r.LocalShare, r.Threshold))
+	}
+	return nil
+}
+
+// validatePerKeyKind checks what a PerKey rule adds.
+func validatePerKeyKind(r *Rule, i int) error {
+	if !r.PerKey {
+		return nil
+	}
+	return r.validatePerKey(i)
+}
+
+// validateDryRun checks that a dry-run rule is one the shadow window can
+// run.
+func validateDryRun(r *Rule, i int) error {
+	if r.DryRun && (r.Metric != QPS || r.Behavior != Reject || r.PerKey || r.Global || r.RelatedResource != "") {
+		return r.errorf(i, "DryRun", r.DryRun, "is for QPS rules with Behavior Reject on their own resource's rate (not PerKey, Global or related)")
+	}
+	return nil
 }

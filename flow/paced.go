@@ -20,6 +20,7 @@ func (pr *pacedRule) pace(now int64, node *stat.Node) float64 {
 var pacedKind = kind{
 	name:     "paced",
 	is:       func(r *Rule) bool { return r.Behavior == Throttle || r.Behavior == WarmUpThrottle },
+	validate: validatePaced,
 	compile:  compilePaced,
 	describe: describeRate,
 }
@@ -76,4 +77,19 @@ func (rr *resourceRules) alignPaced(h *held, now, t, n int64) (refusal, bool) {
 		h.paced[i] = ph
 	}
 	return refusal{}, true
+}
+
+// validatePaced checks a Throttle or WarmUpThrottle rule's rate, which
+// has no window.
+func validatePaced(r *Rule, i int) error {
+	if r.Behavior != Throttle && r.Behavior != WarmUpThrottle {
+		return nil
+	}
+	if r.Threshold > 0 && r.Threshold < minPacedRate {
+		return r.errorf(i, "Threshold", r.Threshold, "must be 0 or at least 0.001 (one request per 1000 s) for "+r.Behavior.String())
+	}
+	if r.Metric == QPS {
+		return r.oneSecond(i, r.Behavior.String()+" rules")
+	}
+	return nil
 }

@@ -14,6 +14,7 @@ type relatedRule struct {
 var relatedKind = kind{
 	name:     "related",
 	is:       func(r *Rule) bool { return r.RelatedResource != "" },
+	validate: validateRelated,
 	compile:  compileRelated,
 	describe: func(r *Rule) string { return "/s " + r.Behavior.String() + " of " + r.RelatedResource },
 }
@@ -31,4 +32,21 @@ func (rr *resourceRules) takeRelated(now, n int64) (refusal, bool) {
 		}
 	}
 	return refusal{}, true
+}
+
+// validateRelated checks a related-resource rule: a QPS Reject rule over
+// the other resource's second window.
+func validateRelated(r *Rule, i int) error {
+	if r.RelatedResource == "" {
+		return nil
+	}
+	switch {
+	case r.RelatedResource == r.Resource:
+		return r.errorf(i, "RelatedResource", r.RelatedResource, "must differ from Resource")
+	case r.Global:
+		return r.errorf(i, "RelatedResource", r.RelatedResource, "cannot be combined with Global")
+	case r.Metric != QPS || r.Behavior != Reject:
+		return r.errorf(i, "RelatedResource", r.RelatedResource, "needs a QPS rule with Behavior Reject")
+	}
+	return r.oneSecond(i, "a related-resource rule")
 }

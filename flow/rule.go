@@ -325,7 +325,9 @@ func (r *Rule) errorf(i int, field string, value any, reason string, args ...any
 	return &RuleError{Rule: r.Name(), Index: i, Field: field, Value: value, Reason: reason}
 }
 
-// validate checks a rule with defaults applied.
+// validate checks a rule with defaults applied: the fields every rule
+// has, then each kind's (kinds), then that no field is set where it does
+// nothing.
 func (r *Rule) validate(i int) error {
 	bad := func(field string, value any, reason string) error { return r.errorf(i, field, value, reason) }
 	switch {
@@ -345,77 +347,33 @@ func (r *Rule) validate(i int) error {
 		return bad("Metric", r.Metric, "must be QPS or Concurrency")
 	case r.Behavior > GCRA:
 		return bad("Behavior", r.Behavior, "must be Reject, WarmUp, Throttle, WarmUpThrottle or GCRA")
-	case r.Behavior != GCRA && r.Burst != 0:
-		return bad("Burst", r.Burst, "is for GCRA rules (leave it zero otherwise)")
-	case r.Behavior == GCRA && (r.Burst < 1 || r.Burst > MaxBurst):
-		return bad("Burst", r.Burst, fmt.Sprintf("must be in [1, %d]", MaxBurst))
-	case r.Behavior == GCRA && (r.PerKey || r.RelatedResource != "" || r.DryRun):
-		return bad("Behavior", r.Behavior, "GCRA is for plain local or Global rules (not PerKey, related or DryRun)")
-	case r.Behavior == GCRA && r.Threshold > 0 && r.Threshold < minPacedRate:
-		return bad("Threshold", r.Threshold, "must be 0 or at least 0.001 (one request per 1000 s) for GCRA")
-	case r.Behavior == GCRA && r.StatInterval != DefaultStatInterval:
-		return bad("StatInterval", r.StatInterval, "must be 1s (or left zero) for GCRA rules, which have no window")
-	case r.Metric == Concurrency && r.Behavior != Reject:
-		return bad("Behavior", r.Behavior, "must be Reject for a Concurrency rule")
-	case r.Metric == Concurrency && r.StatInterval != 0:
-		return bad("StatInterval", r.StatInterval, "must be 0 for a Concurrency rule")
 	case r.Metric == QPS && (r.StatInterval < time.Millisecond || r.StatInterval%time.Millisecond != 0):
 		return bad("StatInterval", r.StatInterval, "must be a positive whole number of milliseconds")
 	case r.StatInterval > time.Hour:
 		return bad("StatInterval", r.StatInterval, "must be at most 1h")
 	case r.MaxQueueing < 0 || r.MaxQueueing > time.Hour:
 		return bad("MaxQueueing", r.MaxQueueing, "must be in [0, 1h]")
-	case (r.Behavior == Throttle || r.Behavior == WarmUpThrottle) && r.Threshold > 0 && r.Threshold < minPacedRate:
-		return bad("Threshold", r.Threshold, "must be 0 or at least 0.001 (one request per 1000 s) for "+r.Behavior.String())
-	case r.RelatedResource == r.Resource:
-		return bad("RelatedResource", r.RelatedResource, "must differ from Resource")
-	case r.Metric == Concurrency && r.Global:
-		return bad("Global", r.Global, "is not supported for Concurrency rules")
 	case r.Fallback > FallbackClosed:
 		return bad("Fallback", r.Fallback, "must be Local, Open or Closed")
-	case r.Global && r.Fallback == FallbackLocal && (math.IsNaN(r.LocalShare) || r.LocalShare <= 0 || r.LocalShare > 1):
-		return bad("LocalShare", r.LocalShare, "must be in (0, 1]")
-	case r.Global && r.RelatedResource != "":
-		return bad("RelatedResource", r.RelatedResource, "cannot be combined with Global")
-	case r.DryRun && (r.Metric != QPS || r.Behavior != Reject || r.PerKey || r.Global || r.RelatedResource != ""):
-		return bad("DryRun", r.DryRun, "is for QPS rules with Behavior Reject on their own resource's rate (not PerKey, Global or related)")
-	case r.SpanExact && (r.Metric != QPS || r.Behavior != Reject || r.PerKey || r.RelatedResource != "" || r.DryRun):
-		return bad("SpanExact", r.SpanExact, "is for QPS rules with Behavior Reject on their own resource's rate (not PerKey, related or DryRun)")
-	case r.Global && r.Behavior != Reject && r.Behavior != GCRA:
-		return bad("Behavior", r.Behavior, "must be Reject or GCRA for a Global rule")
-	case r.Behavior == GCRA && r.Threshold > 0 && float64(r.Burst)/r.Threshold > maxGCRARefill.Seconds():
-		return bad("Burst", r.Burst, fmt.Sprintf("takes %.4g s to refill at Threshold %g, more than a GCRA rule allows (%v)", float64(r.Burst)/r.Threshold, r.Threshold, maxGCRARefill))
-	case r.Global && r.Behavior == GCRA && r.Fallback == FallbackLocal && r.Threshold > 0 && r.Threshold*r.LocalShare < minPacedRate:
-		return bad("LocalShare", r.LocalShare, fmt.Sprintf("leaves a local rate of %g/s, below 0.001 (one request per 1000 s), for a GCRA rule of Threshold %g", r.Threshold*r.LocalShare, r.Threshold))
-	case r.RelatedResource != "" && (r.Metric != QPS || r.Behavior != Reject):
-		return bad("RelatedResource", r.RelatedResource, "needs a QPS rule with Behavior Reject")
-	case r.Metric == QPS && (r.Behavior == Throttle || r.Behavior == WarmUpThrottle || r.RelatedResource != "") && r.StatInterval != DefaultStatInterval:
-		// Pacing has no window, and a related rule reads the other
-		// resource's rate over its second window.
-		what := r.Behavior.String() + " rules"
-		if r.RelatedResource != "" {
-			what = "a related-resource rule"
-		}
-		return bad("StatInterval", r.StatInterval, "must be 1s (or left zero) for "+what)
 	}
-	if r.PerKey {
-		if err := r.validatePerKey(i); err != nil {
-			return err
-		}
-	}
-	if r.Behavior == WarmUp || r.Behavior == WarmUpThrottle {
-		switch {
-		case r.WarmUpPeriod <= 0:
-			return bad("WarmUpPeriod", r.WarmUpPeriod, "must be > 0 for "+r.Behavior.String())
-		case r.WarmUpPeriod > maxWarmUpPeriod:
-			return bad("WarmUpPeriod", r.WarmUpPeriod, "must be at most 24h")
-		case math.IsNaN(r.ColdFactor) || r.ColdFactor <= 1 || r.ColdFactor > maxColdFactor:
-			return bad("ColdFactor", r.ColdFactor, "must be > 1 and at most 1e6")
-		case warmUpTokens(r) > maxWarmUpTokens:
-			return bad("ColdFactor", r.ColdFactor, fmt.Sprintf("is too close to 1 for this WarmUpPeriod and Threshold: the warm-up model would hold %.3g tokens, more than %g", warmUpTokens(r), float64(maxWarmUpTokens)))
+	for _, k := range kinds {
+		if k.validate != nil {
+			if err := k.validate(r, i); err != nil {
+				return err
+			}
 		}
 	}
 	return r.validateUnused(i)
+}
+
+// oneSecond is the check of the kinds that have no window of their own
+// (pacing, GCRA) or read another's second window (related): StatInterval
+// must be left at its default.
+func (r *Rule) oneSecond(i int, what string) error {
+	if r.StatInterval != DefaultStatInterval {
+		return r.errorf(i, "StatInterval", r.StatInterval, "must be 1s (or left zero) for "+what)
+	}
+	return nil
 }
 
 // validateUnused refuses a value in a field that does nothing for the

@@ -1,5 +1,10 @@
 package flow
 
+import (
+	"fmt"
+	"math"
+)
+
 type warmRule struct {
 	w  *warmUp
 	be *BlockError
@@ -8,6 +13,7 @@ type warmRule struct {
 var warmUpKind = kind{
 	name:     "warm-up",
 	is:       func(r *Rule) bool { return r.Behavior == WarmUp },
+	validate: validateWarmUp,
 	compile:  compileWarmUp,
 	describe: describeRate,
 }
@@ -21,4 +27,23 @@ func compileWarmUp(c *compiling) {
 	c.next.warm[c.k] = wu
 	g.warm = append(g.warm, warmRule{w: wu, be: newBlockError(r, ReasonFlow)})
 	g.borrowable = false
+}
+
+// validateWarmUp checks the warm-up model of a WarmUp or WarmUpThrottle
+// rule.
+func validateWarmUp(r *Rule, i int) error {
+	if r.Behavior != WarmUp && r.Behavior != WarmUpThrottle {
+		return nil
+	}
+	switch {
+	case r.WarmUpPeriod <= 0:
+		return r.errorf(i, "WarmUpPeriod", r.WarmUpPeriod, "must be > 0 for "+r.Behavior.String())
+	case r.WarmUpPeriod > maxWarmUpPeriod:
+		return r.errorf(i, "WarmUpPeriod", r.WarmUpPeriod, "must be at most 24h")
+	case math.IsNaN(r.ColdFactor) || r.ColdFactor <= 1 || r.ColdFactor > maxColdFactor:
+		return r.errorf(i, "ColdFactor", r.ColdFactor, "must be > 1 and at most 1e6")
+	case warmUpTokens(r) > maxWarmUpTokens:
+		return r.errorf(i, "ColdFactor", r.ColdFactor, fmt.Sprintf("is too close to 1 for this WarmUpPeriod and Threshold: the warm-up model would hold %.3g tokens, more than %g", warmUpTokens(r), float64(maxWarmUpTokens)))
+	}
+	return nil
 }

@@ -215,6 +215,7 @@ func (rr *resourceRules) countsIn(w *window.Window) bool {
 var windowKind = kind{
 	name:     "window",
 	is:       func(*Rule) bool { return true },
+	validate: validateSpanExact,
 	compile:  compileWindow,
 	describe: describeRate,
 }
@@ -315,4 +316,13 @@ func (rr *resourceRules) alignWindows(h *held, p int, now, t, n int64) (int64, r
 		}
 	}
 	return later, refusal{}, true
+}
+
+// validateSpanExact checks that a span-exact rule is one the span-exact
+// window can run.
+func validateSpanExact(r *Rule, i int) error {
+	if r.SpanExact && (r.Metric != QPS || r.Behavior != Reject || r.PerKey || r.RelatedResource != "" || r.DryRun) {
+		return r.errorf(i, "SpanExact", r.SpanExact, "is for QPS rules with Behavior Reject on their own resource's rate (not PerKey, related or DryRun)")
+	}
+	return nil
 }
