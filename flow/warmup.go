@@ -3,6 +3,7 @@ package flow
 import (
 	"fmt"
 	"math"
+	"time"
 )
 
 type warmRule struct {
@@ -47,3 +48,17 @@ func validateWarmUp(r *Rule, i int) error {
 	}
 	return nil
 }
+
+// warmUpTokens is the most tokens the warm-up model of r holds (see
+// newWarmUp).
+func warmUpTokens(r *Rule) float64 {
+	p := r.WarmUpPeriod.Seconds()
+	return p*r.Threshold/(r.ColdFactor-1) + 2*p*r.Threshold/(1+r.ColdFactor)
+}
+
+// Warm-up bounds keep the token counts of the warm-up model within range.
+const (
+	maxWarmUpPeriod = 24 * time.Hour
+	maxColdFactor   = 1e6
+	maxWarmUpTokens = 1e15
+)

@@ -6,6 +6,91 @@ import "fmt"
 // encoding.TextMarshaler, so rules read and write as text in JSON and
 // YAML; unmarshalling an unknown name is an error listing the valid ones.
 
+// Metric is what a rule limits.
+type Metric uint8
+
+const (
+	// QPS limits admissions per second, counted in a sliding window.
+	QPS Metric = iota
+	// Concurrency limits requests in flight (entered, not yet exited).
+	Concurrency
+)
+
+func (m Metric) String() string {
+	switch m {
+	case QPS:
+		return "QPS"
+	case Concurrency:
+		return "Concurrency"
+	}
+	return fmt.Sprintf("Metric(%d)", uint8(m))
+}
+
+// Behavior is what a QPS rule does with traffic over its threshold.
+type Behavior uint8
+
+const (
+	// Reject fails fast: a request that would take the window over the
+	// threshold is blocked at once.
+	Reject Behavior = iota
+	// WarmUp starts a cold resource at Threshold/ColdFactor and raises the
+	// limit to Threshold over WarmUpPeriod of sustained load.
+	WarmUp
+	// Throttle spaces requests evenly at 1/Threshold, queueing each for at
+	// most MaxQueueing.
+	Throttle
+	// WarmUpThrottle spaces requests evenly at the warming-up rate.
+	WarmUpThrottle
+	// GCRA is a token bucket (x/time/rate's model): Burst tokens, refilled
+	// at Threshold per second; a request of n takes n or is refused at
+	// once. It is one word of state, the theoretical arrival time of the
+	// next request, moved by compare-and-swap (the generic cell rate
+	// algorithm), exact at any concurrency. A Global GCRA rule keeps that
+	// time in the shared store instead (see Rule.Global).
+	GCRA
+)
+
+func (b Behavior) String() string {
+	switch b {
+	case Reject:
+		return "Reject"
+	case WarmUp:
+		return "WarmUp"
+	case Throttle:
+		return "Throttle"
+	case WarmUpThrottle:
+		return "WarmUpThrottle"
+	case GCRA:
+		return "GCRA"
+	}
+	return fmt.Sprintf("Behavior(%d)", uint8(b))
+}
+
+// Fallback is what a global rule does when its TokenSource fails.
+type Fallback uint8
+
+const (
+	// FallbackLocal checks the rule locally against LocalShare of its
+	// threshold.
+	FallbackLocal Fallback = iota
+	// FallbackOpen admits.
+	FallbackOpen
+	// FallbackClosed blocks.
+	FallbackClosed
+)
+
+func (f Fallback) String() string {
+	switch f {
+	case FallbackLocal:
+		return "Local"
+	case FallbackOpen:
+		return "Open"
+	case FallbackClosed:
+		return "Closed"
+	}
+	return fmt.Sprintf("Fallback(%d)", uint8(f))
+}
+
 var (
 	metricNames   = []Metric{QPS, Concurrency}
 	behaviorNames = []Behavior{Reject, WarmUp, Throttle, WarmUpThrottle, GCRA}
