@@ -55,17 +55,20 @@ func (l *lease) take(now, n int64) bool {
 }
 
 // install makes extra tokens of decision d spendable until their server
-// bucket ends, timed from the middle of the call's round trip (when, on
-// paths as fast each way, the server read its clock): no later than a
-// direct answer counted at the end of the bucket would arrive. Tokens of the bucket the current lease is in join it. The
+// bucket ends, timed from when the call was sent: the server read its
+// clock after that, so the lease never outlives its bucket, however the
+// round trip splits between its legs (a loaded machine can take far
+// longer to schedule the reply than the request took to arrive; timing
+// from the middle let leases be spent up to half a round trip late). It
+// costs the lease that much of its life. Tokens of the bucket the current
+// lease is in join it. The
 // batch doubles when a whole lease was spent within one bucket and halves
 // when a bucket ended with most of one unspent. It returns false, and
 // installs nothing, when the bucket ends before they could be spent (the
 // call came in its last moments).
 func (s *Source) install(l *limit, slot *paddedLease, d decision, extra, sent int64) bool {
 	now := s.opts.Clock.Now()
-	read := sent + (now-sent)/2
-	deadline := read + int64(d.BucketStart.Add(d.BucketLen).Sub(d.ServerTime)) - int64(s.opts.ClockSlack)
+	deadline := sent + int64(d.BucketStart.Add(d.BucketLen).Sub(d.ServerTime)) - int64(s.opts.ClockSlack)
 	if deadline <= now {
 		return false
 	}

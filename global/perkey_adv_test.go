@@ -424,7 +424,10 @@ func TestKeyedGlobalColdKeysOutageAndBack(t *testing.T) {
 	srv := redistest.Start(t)
 	px := redistest.StartProxy(t, srv.Addr(), 10*time.Millisecond)
 	var served atomic.Int64
-	src := newSource(t, px.Client(), Options{Timeout: 100 * time.Millisecond, CallTimeout: 300 * time.Millisecond,
+	// Timeouts far above the proxy's 10 ms, so that a round trip the
+	// scheduler delays on a loaded machine is not a late request (refused,
+	// as documented): the cut below is detected by connection errors.
+	src := newSource(t, px.Client(), Options{Timeout: time.Second, CallTimeout: 2 * time.Second,
 		MaxBackoff: 400 * time.Millisecond, OnAdmit: func(time.Time, int64) { served.Inc() }})
 	eng, err := flow.New(flow.WithTokenSource(src))
 	require.NoError(t, err)
