@@ -178,4 +178,16 @@
 // as x/time/rate's cancel restores only what later reservations did not
 // take). WarmUp rules, PerKey windows and Global rules do not make a
 // request wait.
+//
+// # Where things live
+//
+// engine.go, entry.go, reserve.go, options.go and errors.go are the API;
+// check.go runs a request through a resource's rules, kind by kind;
+// kinds.go lists the rule kinds, each in a file of its own (window.go,
+// warmup.go, paced.go, gcra.go, concurrency.go, related.go, global.go,
+// keyrule.go, dryrun.go) with its validation, compilation and per-request
+// steps. The algorithms that need no Engine are internal packages with
+// tests of their own (internal/gcra, pace, warmup, keytable); the windows
+// flow counts in are internal/window's. docs/architecture.md walks one
+// admitted and one refused request through the files.
 package flow
