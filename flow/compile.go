@@ -7,6 +7,7 @@ import (
 
 	"go.uber.org/atomic"
 
+	"github.com/leapflow/leapflow/internal/gcra"
 	"github.com/leapflow/leapflow/metric"
 	"github.com/leapflow/leapflow/stat"
 )
@@ -26,7 +27,7 @@ type ruleSet struct {
 	shadows map[ruleKey]*shadow
 	// gcras holds GCRA rules' arrival times (for a Global GCRA rule, its
 	// local fallback's).
-	gcras map[ruleKey]*gcra
+	gcras map[ruleKey]*gcra.Cell
 }
 
 // ruleKey identifies a rule's state across reloads: the rule (every field
@@ -210,7 +211,7 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stat.Node, bounds []Bound
 		locals:     map[ruleKey]*metric.Window{},
 		tables:     map[tableID]*keyTable{},
 		shadows:    map[ruleKey]*shadow{},
-		gcras:      map[ruleKey]*gcra{},
+		gcras:      map[ruleKey]*gcra.Cell{},
 	}
 	copies := map[string]int{}
 	tableCopies := map[tableID]int{}
@@ -299,7 +300,7 @@ func (e *Engine) add(next, old *ruleSet, r *Rule, k ruleKey, id tableID, nodes m
 		rr.globals = append(rr.globals, g)
 		rr.keyedGlobal = true
 	case r.Global && r.Behavior == GCRA:
-		g := reuse(old.gcras, k, func() *gcra { return &gcra{} })
+		g := reuse(old.gcras, k, func() *gcra.Cell { return &gcra.Cell{} })
 		next.gcras[k] = g
 		local := newGCRARule(g, localShare(r))
 		hint, _ := bound.(RetryHinter)
@@ -338,7 +339,7 @@ func (e *Engine) add(next, old *ruleSet, r *Rule, k ruleKey, id tableID, nodes m
 			beLocal:    newBlockError(r, ReasonFlow),
 		})
 	case r.Behavior == GCRA:
-		g := reuse(old.gcras, k, func() *gcra { return &gcra{} })
+		g := reuse(old.gcras, k, func() *gcra.Cell { return &gcra.Cell{} })
 		next.gcras[k] = g
 		rr.gcras = append(rr.gcras, newGCRARule(g, r))
 	case r.Behavior == Throttle || r.Behavior == WarmUpThrottle:
