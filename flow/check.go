@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/leapflow/leapflow/internal/pace"
 	"github.com/leapflow/leapflow/internal/proto"
 	"github.com/leapflow/leapflow/metric"
 	"github.com/leapflow/leapflow/stat"
@@ -125,8 +126,8 @@ type held struct {
 	nbor  int
 	bor   [2]borrowedAt // admissions borrowed from later buckets (WithWait)
 	bmore []borrowedAt
-	paced [maxPacedRules]paceHeld // slots, by index into rr.paced
-	gcra  [maxGCRARules]int64     // arrival times set (0: none), by index into rr.gcras
+	paced [maxPacedRules]pace.Held // slots, by index into rr.paced
+	gcra  [maxGCRARules]int64      // arrival times set (0: none), by index into rr.gcras
 	gres  [maxGlobalRules]metric.Reservation
 	ggcra [maxGlobalRules]int64   // set by Global GCRA rules' local fallbacks
 	gkeys [maxGlobalRules]keyHeld // PerKey global rules' local fallbacks
@@ -205,7 +206,7 @@ func (e *Engine) release(rr *resourceRules, h *held, n int64) {
 	}
 	h.releaseWindows(n)
 	for i := range rr.paced {
-		rr.paced[i].p.giveBack(h.paced[i])
+		rr.paced[i].p.GiveBack(h.paced[i])
 	}
 	for i := range rr.gcras {
 		if h.gcra[i] != 0 {
@@ -354,9 +355,10 @@ func (e *Engine) take(rr *resourceRules, h *held, p int, now int64, q *request) 
 	for i := range rr.paced {
 		pr := &rr.paced[i]
 		rate := pr.pace(now, node)
-		ph, d, ok := pr.p.reserve(now, n, rate, q.wait)
+		queue := max(pr.p.MaxQueue(), q.wait)
+		ph, d, ok := pr.p.Reserve(now, n, rate, queue)
 		if !ok {
-			return blockTake(e, rr, h, p, now, n, pr.be, rate, paceRoom(d, max(pr.p.maxQueue, q.wait)))
+			return blockTake(e, rr, h, p, now, n, pr.be, rate, paceRoom(d, queue))
 		}
 		h.paced[i] = ph
 		wait = max(wait, d)
@@ -568,11 +570,11 @@ func (e *Engine) align(rr *resourceRules, h *held, p int, now, t int64, q *reque
 		}
 		for i := range rr.paced {
 			pr := &rr.paced[i]
-			pr.p.giveBack(h.paced[i])
-			h.paced[i] = paceHeld{}
+			pr.p.GiveBack(h.paced[i])
+			h.paced[i] = pace.Held{}
 			rate := pr.pace(now, node)
 			// A slot at t itself: no queue past it.
-			ph, _, ok := reservePace(&pr.p.latest, 0, t, n, rate)
+			ph, _, ok := pr.p.Reserve(t, n, rate, 0)
 			if !ok {
 				return t, pr.be, rate, false
 			}

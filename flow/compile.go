@@ -8,6 +8,7 @@ import (
 	"go.uber.org/atomic"
 
 	"github.com/leapflow/leapflow/internal/gcra"
+	"github.com/leapflow/leapflow/internal/pace"
 	"github.com/leapflow/leapflow/metric"
 	"github.com/leapflow/leapflow/stat"
 )
@@ -19,7 +20,7 @@ type ruleSet struct {
 	// states holds shaping state by rule, so a reload that keeps a rule
 	// keeps its warm-up tokens and throttle timeline.
 	warm   map[ruleKey]*warmUp
-	pacers map[ruleKey]*pacer
+	pacers map[ruleKey]*pace.Pacer
 	locals map[ruleKey]*metric.Window
 	// tables holds per-key rules' keys, kept across reloads.
 	tables map[tableID]*keyTable
@@ -116,7 +117,7 @@ type warmRule struct {
 }
 
 type pacedRule struct {
-	p    *pacer
+	p    *pace.Pacer
 	rate float64 // Throttle
 	warm *warmUp // WarmUpThrottle
 	be   *BlockError
@@ -207,7 +208,7 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stat.Node, bounds []Bound
 		rules:      norm,
 		byResource: map[string]*resourceRules{},
 		warm:       map[ruleKey]*warmUp{},
-		pacers:     map[ruleKey]*pacer{},
+		pacers:     map[ruleKey]*pace.Pacer{},
 		locals:     map[ruleKey]*metric.Window{},
 		tables:     map[tableID]*keyTable{},
 		shadows:    map[ruleKey]*shadow{},
@@ -343,7 +344,7 @@ func (e *Engine) add(next, old *ruleSet, r *Rule, k ruleKey, id tableID, nodes m
 		next.gcras[k] = g
 		rr.gcras = append(rr.gcras, newGCRARule(g, r))
 	case r.Behavior == Throttle || r.Behavior == WarmUpThrottle:
-		p := reuse(old.pacers, k, func() *pacer { return newPacer(r.MaxQueueing) })
+		p := reuse(old.pacers, k, func() *pace.Pacer { return pace.New(r.MaxQueueing) })
 		next.pacers[k] = p
 		pr := pacedRule{p: p, rate: r.Threshold, be: newBlockError(r, ReasonQueue)}
 		if r.Behavior == WarmUpThrottle {
