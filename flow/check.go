@@ -455,7 +455,10 @@ func (e *Engine) finish(set *ruleSet, rr *resourceRules, h *held, p int, now, wa
 func (g *windowGroup) limit(now int64, node *stat.Node) (int64, *BlockError) {
 	limit, be := g.static, g.staticBE
 	for _, wr := range g.warm {
-		if l := int64(wr.w.rate(now, node) * g.intervalS); l < limit {
+		// The closure lives on the stack (Rate keeps no reference to it);
+		// only the goroutine that syncs a new second calls it.
+		rate := wr.w.Rate(now, func() int64 { return node.PreviousSecond(now, metric.Pass) })
+		if l := int64(rate * g.intervalS); l < limit {
 			limit, be = l, wr.be
 		}
 	}
@@ -465,7 +468,7 @@ func (g *windowGroup) limit(now int64, node *stat.Node) (int64, *BlockError) {
 // pace is the paced rule's rate at now.
 func (pr *pacedRule) pace(now int64, node *stat.Node) float64 {
 	if pr.warm != nil {
-		return pr.warm.rate(now, node)
+		return pr.warm.Rate(now, func() int64 { return node.PreviousSecond(now, metric.Pass) })
 	}
 	return pr.rate
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/leapflow/leapflow/internal/gcra"
 	"github.com/leapflow/leapflow/internal/pace"
+	"github.com/leapflow/leapflow/internal/warmup"
 	"github.com/leapflow/leapflow/metric"
 	"github.com/leapflow/leapflow/stat"
 )
@@ -19,7 +20,7 @@ type ruleSet struct {
 	byResource map[string]*resourceRules
 	// states holds shaping state by rule, so a reload that keeps a rule
 	// keeps its warm-up tokens and throttle timeline.
-	warm   map[ruleKey]*warmUp
+	warm   map[ruleKey]*warmup.Bucket
 	pacers map[ruleKey]*pace.Pacer
 	locals map[ruleKey]*metric.Window
 	// tables holds per-key rules' keys, kept across reloads.
@@ -112,14 +113,14 @@ type windowGroup struct {
 }
 
 type warmRule struct {
-	w  *warmUp
+	w  *warmup.Bucket
 	be *BlockError
 }
 
 type pacedRule struct {
 	p    *pace.Pacer
-	rate float64 // Throttle
-	warm *warmUp // WarmUpThrottle
+	rate float64        // Throttle
+	warm *warmup.Bucket // WarmUpThrottle
 	be   *BlockError
 }
 
@@ -207,7 +208,7 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stat.Node, bounds []Bound
 	next := &ruleSet{
 		rules:      norm,
 		byResource: map[string]*resourceRules{},
-		warm:       map[ruleKey]*warmUp{},
+		warm:       map[ruleKey]*warmup.Bucket{},
 		pacers:     map[ruleKey]*pace.Pacer{},
 		locals:     map[ruleKey]*metric.Window{},
 		tables:     map[tableID]*keyTable{},
@@ -348,7 +349,7 @@ func (e *Engine) add(next, old *ruleSet, r *Rule, k ruleKey, id tableID, nodes m
 		next.pacers[k] = p
 		pr := pacedRule{p: p, rate: r.Threshold, be: newBlockError(r, ReasonQueue)}
 		if r.Behavior == WarmUpThrottle {
-			pr.warm = reuse(old.warm, k, func() *warmUp { return newWarmUp(r) })
+			pr.warm = reuse(old.warm, k, func() *warmup.Bucket { return newWarmUp(r) })
 			next.warm[k] = pr.warm
 		}
 		rr.paced = append(rr.paced, pr)
@@ -362,7 +363,7 @@ func (e *Engine) add(next, old *ruleSet, r *Rule, k ruleKey, id tableID, nodes m
 			rr.countsNode = true
 		}
 		if r.Behavior == WarmUp {
-			wu := reuse(old.warm, k, func() *warmUp { return newWarmUp(r) })
+			wu := reuse(old.warm, k, func() *warmup.Bucket { return newWarmUp(r) })
 			next.warm[k] = wu
 			g.warm = append(g.warm, warmRule{w: wu, be: newBlockError(r, ReasonFlow)})
 			g.borrowable = false

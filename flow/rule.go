@@ -240,7 +240,7 @@ const (
 )
 
 // warmUpTokens is the most tokens the warm-up model of r holds (see
-// newWarmUp).
+// warmup.New).
 func warmUpTokens(r *Rule) float64 {
 	p := r.WarmUpPeriod.Seconds()
 	return p*r.Threshold/(r.ColdFactor-1) + 2*p*r.Threshold/(1+r.ColdFactor)
