@@ -3,8 +3,8 @@
 // sustained rate, so that taking tokens is one compare-and-swap.
 //
 // Package flow's GCRA rules (Behavior GCRA, and a Global GCRA rule's local
-// fallback) are a Cell, kept across reloads, and a Limit, made from the
-// rule. Times are int64 nanoseconds of the caller's clock, passed in, so
+// fallback) are a Cell, kept across reloads, and a Limiter on it, made
+// from the rule. Times are int64 nanoseconds of the caller's clock, passed in, so
 // tests drive it with plain numbers.
 package gcra
 
@@ -21,19 +21,23 @@ import (
 // first use.
 type Cell struct{ tat atomic.Int64 }
 
-// Limit is a rate and burst: every token costs interval ns, and the
-// bucket holds tolerance ns of them (burst x interval).
-type Limit struct {
+// Limiter takes tokens from a Cell at a rate and burst: every token costs
+// interval ns, and the bucket holds tolerance ns of them (burst x
+// interval). A rule set makes one per rule over the rule's Cell, which
+// outlives it; the cell pointer comes first so that a Limiter at the
+// start of its holder's struct is passed as the holder's own pointer.
+type Limiter struct {
+	c                   *Cell
 	interval, tolerance int64
 	burst               int64
 	off                 bool // a rate of 0: refuses everything
 }
 
-// NewLimit returns the limit of perSecond tokens a second and a bucket of
-// burst tokens. perSecond is at most 1e12 (a token costs whole
+// New returns the limiter of perSecond tokens a second and a bucket of
+// burst tokens on cell c. perSecond is at most 1e12 (a token costs whole
 // nanoseconds, at least 1); 0 (or less) refuses everything.
-func NewLimit(perSecond float64, burst int64) Limit {
-	l := Limit{burst: burst, off: perSecond <= 0}
+func New(c *Cell, perSecond float64, burst int64) Limiter {
+	l := Limiter{c: c, burst: burst, off: perSecond <= 0}
 	if !l.off {
 		l.interval = max(int64(math.Round(1e9/perSecond)), 1)
 		l.tolerance = l.interval * l.burst
@@ -41,25 +45,25 @@ func NewLimit(perSecond float64, burst int64) Limit {
 	return l
 }
 
-// Take takes n tokens from c at now if they are there within maxWait, and
+// Take takes n tokens at now if they are there within maxWait, and
 // returns how long the caller waits for them and the arrival time it set
 // (its token for Give). Refused, it reports when they would be there
 // (retry, -1 when never: a rate of 0 or more than burst) and how long
 // until the bucket is full again (reset, -1 when never). n times the
 // interval and maxWait must not overflow with now (flow validates both).
-func (l *Limit) Take(c *Cell, now, n, maxWait int64) (wait, tok int64, ok bool, retry, reset int64) {
+func (l *Limiter) Take(now, n, maxWait int64) (wait, tok int64, ok bool, retry, reset int64) {
 	if l.off || n > l.burst {
 		return 0, 0, false, -1, -1
 	}
 	cost := n * l.interval // at most 30 days in flow (validated): no overflow
 	for {
-		tat := c.tat.Load()
+		tat := l.c.tat.Load()
 		next := max(tat, now) + cost
 		over := next - now - l.tolerance // maxWait <= flow's MaxWait: no overflow
 		if over > maxWait {
 			return 0, 0, false, over, max(tat-now, 0)
 		}
-		if c.tat.CompareAndSwap(tat, next) {
+		if l.c.tat.CompareAndSwap(tat, next) {
 			return max(over, 0), next, true, 0, 0
 		}
 		// Another request moved the arrival time: take from where it is.
@@ -72,4 +76,4 @@ func (l *Limit) Take(c *Cell, now, n, maxWait int64) (wait, tok int64, ok bool, 
 // took tokens after them, they stay spent: moving the arrival time back
 // under that request's would hand its tokens out a second time (two
 // requests on one slot), so the cancelled request errs towards blocking.
-func (l *Limit) Give(c *Cell, n, tok int64) { c.tat.CompareAndSwap(tok, tok-n*l.interval) }
+func (l *Limiter) Give(n, tok int64) { l.c.tat.CompareAndSwap(tok, tok-n*l.interval) }

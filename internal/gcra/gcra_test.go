@@ -19,11 +19,11 @@ type step struct {
 	retry, reset    int64 // when refused
 }
 
-// run takes every step in order on one cell and checks each result.
-func run(t *testing.T, l Limit, c *Cell, steps []step) {
+// run takes every step in order on l and checks each result.
+func run(t *testing.T, l *Limiter, steps []step) {
 	t.Helper()
 	for i, s := range steps {
-		wait, tok, ok, retry, reset := l.Take(c, s.now, s.n, s.maxWait)
+		wait, tok, ok, retry, reset := l.Take(s.now, s.n, s.maxWait)
 		if ok != s.ok {
 			t.Fatalf("step %d: Take(now %d, n %d, maxWait %d) ok = %v want %v", i, s.now, s.n, s.maxWait, ok, s.ok)
 		}
@@ -39,9 +39,9 @@ func run(t *testing.T, l Limit, c *Cell, steps []step) {
 // at once, then one per interval; a refusal says when the tokens would be
 // there and when the bucket is full again.
 func TestBurstThenOneTokenPerInterval(t *testing.T) {
-	l := NewLimit(10, 3) // 100 ms a token, 300 ms of tolerance
 	var c Cell
-	run(t, l, &c, []step{
+	l := New(&c, 10, 3) // 100 ms a token, 300 ms of tolerance
+	run(t, &l, []step{
 		{now: 1000 * ms, n: 1, ok: true, tok: 1100 * ms},
 		{now: 1000 * ms, n: 1, ok: true, tok: 1200 * ms},
 		{now: 1000 * ms, n: 1, ok: true, tok: 1300 * ms},
@@ -56,9 +56,9 @@ func TestBurstThenOneTokenPerInterval(t *testing.T) {
 // TestWaitWithinMaxWait: an empty bucket admits a request that can wait
 // for its tokens, tells it how long, and queues the next one behind it.
 func TestWaitWithinMaxWait(t *testing.T) {
-	l := NewLimit(10, 1)
 	var c Cell
-	run(t, l, &c, []step{
+	l := New(&c, 10, 1)
+	run(t, &l, []step{
 		{now: 1000 * ms, n: 1, ok: true, tok: 1100 * ms},
 		{now: 1000 * ms, n: 1, maxWait: 99 * ms, retry: 100 * ms, reset: 100 * ms},
 		{now: 1000 * ms, n: 1, maxWait: 100 * ms, ok: true, wait: 100 * ms, tok: 1200 * ms},
@@ -68,12 +68,26 @@ func TestWaitWithinMaxWait(t *testing.T) {
 	})
 }
 
+// TestANewLimiterKeepsTheCell: a limiter made over a cell another
+// limiter emptied (a reload that keeps the rule) starts from its arrival
+// time, not from a full bucket.
+func TestANewLimiterKeepsTheCell(t *testing.T) {
+	var c Cell
+	l := New(&c, 10, 3)
+	run(t, &l, []step{{now: 1000 * ms, n: 3, ok: true, tok: 1300 * ms}})
+	l = New(&c, 20, 3) // 50 ms a token, 150 ms of tolerance
+	run(t, &l, []step{
+		{now: 1000 * ms, n: 1, retry: 200 * ms, reset: 300 * ms},
+		{now: 1200 * ms, n: 1, ok: true, tok: 1350 * ms},
+	})
+}
+
 // TestMoreThanBurstNeverPasses: a batch larger than the bucket is refused
 // whatever the wait, and told never (-1).
 func TestMoreThanBurstNeverPasses(t *testing.T) {
-	l := NewLimit(10, 3)
 	var c Cell
-	run(t, l, &c, []step{
+	l := New(&c, 10, 3)
+	run(t, &l, []step{
 		{now: 5000 * ms, n: 4, maxWait: 1 << 40, retry: -1, reset: -1},
 		{now: 5000 * ms, n: 3, ok: true, tok: 5300 * ms},
 	})
@@ -82,9 +96,9 @@ func TestMoreThanBurstNeverPasses(t *testing.T) {
 // TestOffRefusesEverything: a rate of 0 refuses even a full bucket's
 // first token, and never tells a time.
 func TestOffRefusesEverything(t *testing.T) {
-	l := NewLimit(0, 5)
 	var c Cell
-	run(t, l, &c, []step{
+	l := New(&c, 0, 5)
+	run(t, &l, []step{
 		{now: 0, n: 1, retry: -1, reset: -1},
 		{now: 1 << 50, n: 1, maxWait: 1 << 40, retry: -1, reset: -1},
 	})
@@ -94,24 +108,24 @@ func TestOffRefusesEverything(t *testing.T) {
 // nanoseconds, never to a free token.
 func TestATokenCostsAtLeastOneNanosecond(t *testing.T) {
 	for _, rate := range []float64{1e9, 2e9, 1e12, 1e15} {
-		l := NewLimit(rate, 1)
 		var c Cell
-		run(t, l, &c, []step{
+		l := New(&c, rate, 1)
+		run(t, &l, []step{
 			{now: 7, n: 1, ok: true, tok: 8},
 			{now: 7, n: 1, retry: 1, reset: 1},
 		})
 	}
-	l := NewLimit(3, 1) // 333333333.3 ns: rounded
 	var c Cell
-	run(t, l, &c, []step{{now: 0, n: 1, ok: true, tok: 333333333}})
+	l := New(&c, 3, 1) // 333333333.3 ns: rounded
+	run(t, &l, []step{{now: 0, n: 1, ok: true, tok: 333333333}})
 }
 
 // TestTimeGoingBackwardsHandsOutNoMore: a now behind the arrival time
 // only pushes the next token further away.
 func TestTimeGoingBackwardsHandsOutNoMore(t *testing.T) {
-	l := NewLimit(10, 2)
 	var c Cell
-	run(t, l, &c, []step{
+	l := New(&c, 10, 2)
+	run(t, &l, []step{
 		{now: 1000 * ms, n: 2, ok: true, tok: 1200 * ms},
 		{now: 900 * ms, n: 1, retry: 200 * ms, reset: 300 * ms},
 		{now: 1000 * ms, n: 1, retry: 100 * ms, reset: 200 * ms},
@@ -122,27 +136,27 @@ func TestTimeGoingBackwardsHandsOutNoMore(t *testing.T) {
 // no later request took any; after one did, they stay spent, so no slot
 // is handed out twice.
 func TestGiveOnlyWhileLatest(t *testing.T) {
-	l := NewLimit(10, 2)
 	var c Cell
+	l := New(&c, 10, 2)
 	const now = 1000 * ms
-	_, a, ok, _, _ := l.Take(&c, now, 1, 0)
+	_, a, ok, _, _ := l.Take(now, 1, 0)
 	if !ok {
 		t.Fatal("a full bucket refused its first token")
 	}
-	l.Give(&c, 1, a)
-	if _, again, _, _, _ := l.Take(&c, now, 1, 0); again != a {
+	l.Give(1, a)
+	if _, again, _, _, _ := l.Take(now, 1, 0); again != a {
 		t.Fatalf("Take after Give: tok = %d want %d (the token given back)", again, a)
 	}
-	_, b, ok, _, _ := l.Take(&c, now, 1, 0)
+	_, b, ok, _, _ := l.Take(now, 1, 0)
 	if !ok {
 		t.Fatal("the second token of a burst of 2 was refused")
 	}
-	l.Give(&c, 1, a) // b took after a: a stays spent
-	if _, _, ok, retry, _ := l.Take(&c, now, 1, 0); ok || retry != 100*ms {
+	l.Give(1, a) // b took after a: a stays spent
+	if _, _, ok, retry, _ := l.Take(now, 1, 0); ok || retry != 100*ms {
 		t.Fatalf("Take after a stale Give: ok = %v, retry = %d want false, %d", ok, retry, 100*ms)
 	}
-	l.Give(&c, 1, b) // b is the latest: back
-	if _, again, ok, _, _ := l.Take(&c, now, 1, 0); !ok || again != b {
+	l.Give(1, b) // b is the latest: back
+	if _, again, ok, _, _ := l.Take(now, 1, 0); !ok || again != b {
 		t.Fatalf("Take after Give of the latest: (tok, ok) = (%d, %v) want (%d, true)", again, ok, b)
 	}
 }
@@ -152,8 +166,8 @@ func TestGiveOnlyWhileLatest(t *testing.T) {
 // burst + rate x span.
 func TestHammerNeverHandsOutMoreThanBurstPlusRate(t *testing.T) {
 	const burst, interval = 5, int64(1000) // 1e6 tokens a second
-	l := NewLimit(1e6, burst)
 	var c Cell
+	l := New(&c, 1e6, burst)
 	var clock atomic.Int64
 	goroutines, ops := 16, 4000
 	if testing.Short() {
@@ -168,7 +182,7 @@ func TestHammerNeverHandsOutMoreThanBurstPlusRate(t *testing.T) {
 			var mine []int64
 			for range ops {
 				now := clock.Add(rng.Int64N(interval / 8))
-				if _, _, ok, _, _ := l.Take(&c, now, 1, 0); ok {
+				if _, _, ok, _, _ := l.Take(now, 1, 0); ok {
 					mine = append(mine, now)
 				}
 			}
@@ -201,14 +215,14 @@ func TestHammerNeverHandsOutMoreThanBurstPlusRate(t *testing.T) {
 
 // TestTakeAndGiveAllocateNothing: the hot path is allocation-free.
 func TestTakeAndGiveAllocateNothing(t *testing.T) {
-	l := NewLimit(1e6, 10)
 	var c Cell
+	l := New(&c, 1e6, 10)
 	now := int64(0)
 	allocs := testing.AllocsPerRun(1000, func() {
 		now += 500
-		_, tok, ok, _, _ := l.Take(&c, now, 1, 0)
+		_, tok, ok, _, _ := l.Take(now, 1, 0)
 		if ok && now%1000 == 0 {
-			l.Give(&c, 1, tok)
+			l.Give(1, tok)
 		}
 	})
 	if allocs != 0 {
@@ -218,12 +232,12 @@ func TestTakeAndGiveAllocateNothing(t *testing.T) {
 
 // BenchmarkTake is the take path, half admitted and half refused.
 func BenchmarkTake(b *testing.B) {
-	l := NewLimit(1e6, 10) // 1000 ns a token
 	var c Cell
+	l := New(&c, 1e6, 10) // 1000 ns a token
 	now := int64(0)
 	b.ReportAllocs()
 	for b.Loop() {
 		now += 500
-		l.Take(&c, now, 1, 0)
+		l.Take(now, 1, 0)
 	}
 }
