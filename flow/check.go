@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/leapflow/leapflow/internal/pace"
 	"github.com/leapflow/leapflow/internal/window"
 
 	"github.com/leapflow/leapflow/metric"
@@ -126,8 +127,8 @@ type held struct {
 	nbor  int
 	bor   [2]borrowedAt // admissions borrowed from later buckets (WithWait)
 	bmore []borrowedAt
-	paced [maxPacedRules]paceHeld // slots, by index into rr.paced
-	gcra  [maxGCRARules]int64     // arrival times set (0: none), by index into rr.gcras
+	paced [maxPacedRules]pace.Held // slots, by index into rr.paced
+	gcra  [maxGCRARules]int64      // arrival times set (0: none), by index into rr.gcras
 	gres  [maxGlobalRules]window.Reservation
 	ggcra [maxGlobalRules]int64   // set by Global GCRA rules' local fallbacks
 	gkeys [maxGlobalRules]keyHeld // PerKey global rules' local fallbacks

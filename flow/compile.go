@@ -5,6 +5,9 @@ import (
 	"math"
 	"time"
 
+	"github.com/leapflow/leapflow/internal/gcra"
+	"github.com/leapflow/leapflow/internal/pace"
+	"github.com/leapflow/leapflow/internal/warmup"
 	"github.com/leapflow/leapflow/internal/window"
 
 	"github.com/leapflow/leapflow/metric"
@@ -17,8 +20,8 @@ type ruleSet struct {
 	byResource map[string]*resourceRules
 	// states holds shaping state by rule, so a reload that keeps a rule
 	// keeps its warm-up tokens and throttle timeline.
-	warm   map[ruleKey]*warmUp
-	pacers map[ruleKey]*pacer
+	warm   map[ruleKey]*warmup.Bucket
+	pacers map[ruleKey]*pace.Pacer
 	locals map[ruleKey]*window.Window
 	// tables holds per-key rules' keys, kept across reloads.
 	tables map[tableID]*keyTable
@@ -26,7 +29,7 @@ type ruleSet struct {
 	shadows map[ruleKey]*shadow
 	// gcras holds GCRA rules' arrival times (for a Global GCRA rule, its
 	// local fallback's).
-	gcras map[ruleKey]*gcra
+	gcras map[ruleKey]*gcra.Cell
 }
 
 // ruleKey identifies a rule's state across reloads: the rule (every field
@@ -125,12 +128,12 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stat.Node, bounds []Bound
 	next := &ruleSet{
 		rules:      norm,
 		byResource: map[string]*resourceRules{},
-		warm:       map[ruleKey]*warmUp{},
-		pacers:     map[ruleKey]*pacer{},
+		warm:       map[ruleKey]*warmup.Bucket{},
+		pacers:     map[ruleKey]*pace.Pacer{},
 		locals:     map[ruleKey]*window.Window{},
 		tables:     map[tableID]*keyTable{},
 		shadows:    map[ruleKey]*shadow{},
-		gcras:      map[ruleKey]*gcra{},
+		gcras:      map[ruleKey]*gcra.Cell{},
 	}
 	copies := map[string]int{}
 	tableCopies := map[tableID]int{}

@@ -1,34 +1,22 @@
 package flow
 
 import (
-	"math"
+	"fmt"
 
-	"go.uber.org/atomic"
+	"github.com/leapflow/leapflow/internal/gcra"
 )
 
-// gcra is a GCRA rule's state, kept across reloads that keep the rule: the
-// theoretical arrival time (engine ns) of the next request at the
-// sustained rate. The bucket is full when it is at or before now.
-type gcra struct{ tat atomic.Int64 }
-
-// gcraRule is a GCRA rule in a rule set: every token costs interval ns,
-// and the bucket holds tolerance ns of them (Burst x interval).
+// gcraRule is a GCRA rule in a rule set: a limiter on its bucket (which
+// is kept across reloads; see package gcra). The limiter comes first, so
+// take passes the rule's own pointer on.
 type gcraRule struct {
-	g                   *gcra
-	interval, tolerance int64
-	burst               int64
-	off                 bool // Threshold 0: refuses everything
-	be                  *BlockError
+	l  gcra.Limiter
+	be *BlockError
 }
 
-func newGCRARule(g *gcra, r *Rule) gcraRule {
-	gr := gcraRule{g: g, burst: int64(r.Burst), be: newBlockError(r, ReasonFlow), off: r.Threshold == 0}
-	if !gr.off {
-		// Whole nanoseconds per token: at most 1e12/s, so at least 1 ns.
-		gr.interval = max(int64(math.Round(1e9/r.Threshold)), 1)
-		gr.tolerance = gr.interval * gr.burst
-	}
-	return gr
+// newGCRARule is r's rule on bucket c: Threshold 0 refuses everything.
+func newGCRARule(c *gcra.Cell, r *Rule) gcraRule {
+	return gcraRule{l: gcra.New(c, r.Threshold, int64(r.Burst)), be: newBlockError(r, ReasonFlow)}
 }
 
 // take takes n tokens at now if they are there within maxWait, and
@@ -37,27 +25,93 @@ func newGCRARule(g *gcra, r *Rule) gcraRule {
 // wait, -1 when never: more than Burst) and how long until the bucket is
 // full again.
 func (r *gcraRule) take(now, n, maxWait int64) (wait, tok int64, ok bool, rm room) {
-	if r.off || n > r.burst {
-		return 0, 0, false, unknownRoom
-	}
-	cost := n * r.interval // at most 30 days (validated): no overflow
-	for {
-		tat := r.g.tat.Load()
-		next := max(tat, now) + cost
-		over := next - now - r.tolerance // maxWait <= MaxWait: no overflow
-		if over > maxWait {
-			return 0, 0, false, room{over, max(tat-now, 0)}
+	wait, tok, ok, rm.retry, rm.reset = r.l.Take(now, n, maxWait)
+	return
+}
+
+// give gives back n tokens that take took, setting arrival time tok, if
+// no request has taken tokens since (see gcra.Limiter.Give).
+func (r *gcraRule) give(n, tok int64) { r.l.Give(n, tok) }
+
+var gcraKind = kind{
+	name:     "gcra",
+	is:       func(r *Rule) bool { return r.Behavior == GCRA },
+	validate: validateGCRA,
+	compile:  compileGCRA,
+	describe: describeRate,
+}
+
+// compileGCRA adds a local GCRA rule: its cell kept across reloads that
+// keep the rule.
+func compileGCRA(c *compiling) {
+	g := reuse(c.old.gcras, c.k, func() *gcra.Cell { return &gcra.Cell{} })
+	c.next.gcras[c.k] = g
+	c.rr.gcras = append(c.rr.gcras, newGCRARule(g, c.r))
+}
+
+// validateGCRA checks Burst on every rule, and what a GCRA rule needs.
+func validateGCRA(r *Rule, i int) error {
+	bad := func(field string, value any, reason string) error { return r.errorf(i, field, value, reason) }
+	if r.Behavior != GCRA {
+		if r.Burst != 0 {
+			return bad("Burst", r.Burst, "is for GCRA rules (leave it zero otherwise)")
 		}
-		if r.g.tat.CompareAndSwap(tat, next) {
-			return max(over, 0), next, true, room{}
+		return nil
+	}
+	switch {
+	case r.Burst < 1 || r.Burst > MaxBurst:
+		return bad("Burst", r.Burst, fmt.Sprintf("must be in [1, %d]", MaxBurst))
+	case r.PerKey || r.RelatedResource != "" || r.DryRun:
+		return bad("Behavior", r.Behavior, "GCRA is for plain local or Global rules (not PerKey, related or DryRun)")
+	case r.Threshold > 0 && r.Threshold < minPacedRate:
+		return bad("Threshold", r.Threshold, "must be 0 or at least 0.001 (one request per 1000 s) for GCRA")
+	case r.StatInterval != DefaultStatInterval:
+		return bad("StatInterval", r.StatInterval, "must be 1s (or left zero) for GCRA rules, which have no window")
+	case r.Threshold > 0 && float64(r.Burst)/r.Threshold > maxGCRARefill.Seconds():
+		return bad("Burst", r.Burst, fmt.Sprintf("takes %.4g s to refill at Threshold %g, more than a GCRA rule allows (%v)", float64(r.Burst)/r.Threshold, r.Threshold, maxGCRARefill))
+	case r.Global && r.Fallback == FallbackLocal && r.Threshold > 0 && r.Threshold*r.LocalShare < minPacedRate:
+		return bad("LocalShare", r.LocalShare, fmt.Sprintf("leaves a local rate of %g/s, below 0.001 (one request per 1000 s), for a GCRA rule of Threshold %g", r.Threshold*r.LocalShare, r.Threshold))
+	}
+	return nil
+}
+
+// takeGCRAs takes the request's tokens from each GCRA rule, ahead within
+// its wait.
+func (rr *resourceRules) takeGCRAs(h *held, now, wait int64, q *request) (int64, refusal, bool) {
+	for i := range rr.gcras {
+		gr := &rr.gcras[i]
+		d, tok, ok, rm := gr.take(now, q.n, q.wait)
+		if !ok {
+			return wait, refusal{gr.be, 0, rm}, false
+		}
+		h.gcra[i] = tok
+		wait = max(wait, d)
+	}
+	return wait, refusal{}, true
+}
+
+// releaseGCRAs gives back the tokens the request took (see gcraRule.give).
+func (rr *resourceRules) releaseGCRAs(h *held, n int64) {
+	for i := range rr.gcras {
+		if h.gcra[i] != 0 {
+			rr.gcras[i].give(n, h.gcra[i])
 		}
 	}
 }
 
-// give gives back n tokens that take took, setting arrival time tok (the
-// request was not admitted in the end), if no request has taken tokens
-// since: the arrival time moves back by their cost. Once another request
-// took tokens after them, they stay spent: moving the arrival time back
-// under that request's would hand its tokens out a second time (two
-// requests on one slot), so the cancelled request errs towards blocking.
-func (r *gcraRule) give(n, tok int64) { r.g.tat.CompareAndSwap(tok, tok-n*r.interval) }
+// alignGCRAs takes each GCRA rule's tokens again at t.
+func (rr *resourceRules) alignGCRAs(h *held, t, n int64) (refusal, bool) {
+	for i := range rr.gcras {
+		gr := &rr.gcras[i]
+		if h.gcra[i] != 0 {
+			gr.give(n, h.gcra[i])
+			h.gcra[i] = 0
+		}
+		_, tok, ok, _ := gr.take(t, n, 0)
+		if !ok {
+			return refusal{gr.be, 0, unknownRoom}, false
+		}
+		h.gcra[i] = tok
+	}
+	return refusal{}, true
+}

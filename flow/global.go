@@ -6,6 +6,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/leapflow/leapflow/internal/gcra"
 	"github.com/leapflow/leapflow/internal/window"
 	"github.com/leapflow/leapflow/stat"
 )
@@ -323,7 +324,7 @@ func compileGlobal(c *compiling) {
 		}
 		rr.keyedGlobal = true
 	case r.Behavior == GCRA:
-		cell := reuse(c.old.gcras, c.k, func() *gcra { return &gcra{} })
+		cell := reuse(c.old.gcras, c.k, func() *gcra.Cell { return &gcra.Cell{} })
 		c.next.gcras[c.k] = cell
 		local := newGCRARule(cell, localShare(r))
 		g.gcra = &local

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/leapflow/leapflow/internal/pace"
 	"github.com/leapflow/leapflow/stat"
 )
 
@@ -60,7 +61,7 @@ type keyHeld struct {
 	st *keyState
 	b  int64 // keyWindow: the bucket counted in; keyPace: the cost
 	// slot is a keyPace rule's slot on the key's timeline (see
-	// giveBackPace).
+	// pace.GiveBack).
 	slot int64
 }
 
@@ -175,15 +176,15 @@ func (kr *keyRule) admitQueue(q *request, now int64, held *keyHeld, maxQueue int
 	for {
 		st, limit, rate := kr.state(q.key, q.hasKey)
 		if kr.t.kind == keyPace {
-			ph, d, ok := reservePace(&st.head, maxQueue, now, q.n, rate)
+			ph, d, ok := pace.Reserve(&st.head, maxQueue, now, q.n, rate)
 			if !ok {
 				return 0, rate, paceRoom(d, maxQueue), false
 			}
 			if st.dead.Load() {
-				giveBackPace(&st.head, ph)
+				pace.GiveBack(&st.head, ph)
 				continue
 			}
-			*held = keyHeld{st: st, b: ph.cost, slot: ph.slot}
+			*held = keyHeld{st: st, b: ph.Cost, slot: ph.Slot}
 			return d, 0, room{}, true
 		}
 		b, s, ok, dead := kr.t.admitWindow(st, now, q.n, limit)
@@ -204,7 +205,7 @@ func (kr *keyRule) undo(h keyHeld, n int64) {
 		return
 	}
 	if kr.t.kind == keyPace {
-		giveBackPace(&h.st.head, paceHeld{h.b, h.slot})
+		pace.GiveBack(&h.st.head, pace.Held{Cost: h.b, Slot: h.slot})
 		return
 	}
 	undoBucket(h.st, h.b, n)

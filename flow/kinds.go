@@ -1,7 +1,5 @@
 package flow
 
-import "fmt"
-
 // A rule kind is everything the engine does with one kind of rule, in one
 // file of its own: validate, compile, take (admit or refuse), give back,
 // what it holds, retake after a wait (align), and describe. The steps that
@@ -47,22 +45,6 @@ func kindOf(r *Rule) *kind {
 	panic("flow: no kind takes the rule") // windowKind takes every rule
 }
 
-var gcraKind = kind{
-	name:     "gcra",
-	is:       func(r *Rule) bool { return r.Behavior == GCRA },
-	validate: validateGCRA,
-	compile:  compileGCRA,
-	describe: describeRate,
-}
-
-// compileGCRA adds a local GCRA rule: its cell kept across reloads that
-// keep the rule.
-func compileGCRA(c *compiling) {
-	g := reuse(c.old.gcras, c.k, func() *gcra { return &gcra{} })
-	c.next.gcras[c.k] = g
-	c.rr.gcras = append(c.rr.gcras, newGCRARule(g, c.r))
-}
-
 var perKeyKind = kind{
 	name:     "per-key",
 	is:       func(r *Rule) bool { return r.PerKey && !r.Global },
@@ -82,47 +64,6 @@ var dryRunKind = kind{
 	validate: validateDryRun,
 	compile:  func(c *compiling) { c.e.addShadow(c.next, c.old, c.rr, c.r, c.k) },
 	describe: func(r *Rule) string { return describeRate(r) + " (dry run)" },
-}
-
-// takeGCRAs takes the request's tokens from each GCRA rule, ahead within
-// its wait.
-func (rr *resourceRules) takeGCRAs(h *held, now, wait int64, q *request) (int64, refusal, bool) {
-	for i := range rr.gcras {
-		gr := &rr.gcras[i]
-		d, tok, ok, rm := gr.take(now, q.n, q.wait)
-		if !ok {
-			return wait, refusal{gr.be, 0, rm}, false
-		}
-		h.gcra[i] = tok
-		wait = max(wait, d)
-	}
-	return wait, refusal{}, true
-}
-
-// releaseGCRAs gives back the tokens the request took (see gcraRule.give).
-func (rr *resourceRules) releaseGCRAs(h *held, n int64) {
-	for i := range rr.gcras {
-		if h.gcra[i] != 0 {
-			rr.gcras[i].give(n, h.gcra[i])
-		}
-	}
-}
-
-// alignGCRAs takes each GCRA rule's tokens again at t.
-func (rr *resourceRules) alignGCRAs(h *held, t, n int64) (refusal, bool) {
-	for i := range rr.gcras {
-		gr := &rr.gcras[i]
-		if h.gcra[i] != 0 {
-			gr.give(n, h.gcra[i])
-			h.gcra[i] = 0
-		}
-		_, tok, ok, _ := gr.take(t, n, 0)
-		if !ok {
-			return refusal{gr.be, 0, unknownRoom}, false
-		}
-		h.gcra[i] = tok
-	}
-	return refusal{}, true
 }
 
 // takeKeyConcurrency counts the request in flight under its key of the
@@ -194,32 +135,6 @@ func (rr *resourceRules) alignKeyed(h *held, t int64, q *request) (refusal, bool
 		}
 	}
 	return refusal{}, true
-}
-
-// validateGCRA checks Burst on every rule, and what a GCRA rule needs.
-func validateGCRA(r *Rule, i int) error {
-	bad := func(field string, value any, reason string) error { return r.errorf(i, field, value, reason) }
-	if r.Behavior != GCRA {
-		if r.Burst != 0 {
-			return bad("Burst", r.Burst, "is for GCRA rules (leave it zero otherwise)")
-		}
-		return nil
-	}
-	switch {
-	case r.Burst < 1 || r.Burst > MaxBurst:
-		return bad("Burst", r.Burst, fmt.Sprintf("must be in [1, %d]", MaxBurst))
-	case r.PerKey || r.RelatedResource != "" || r.DryRun:
-		return bad("Behavior", r.Behavior, "GCRA is for plain local or Global rules (not PerKey, related or DryRun)")
-	case r.Threshold > 0 && r.Threshold < minPacedRate:
-		return bad("Threshold", r.Threshold, "must be 0 or at least 0.001 (one request per 1000 s) for GCRA")
-	case r.StatInterval != DefaultStatInterval:
-		return bad("StatInterval", r.StatInterval, "must be 1s (or left zero) for GCRA rules, which have no window")
-	case r.Threshold > 0 && float64(r.Burst)/r.Threshold > maxGCRARefill.Seconds():
-		return bad("Burst", r.Burst, fmt.Sprintf("takes %.4g s to refill at Threshold %g, more than a GCRA rule allows (%v)", float64(r.Burst)/r.Threshold, r.Threshold, maxGCRARefill))
-	case r.Global && r.Fallback == FallbackLocal && r.Threshold > 0 && r.Threshold*r.LocalShare < minPacedRate:
-		return bad("LocalShare", r.LocalShare, fmt.Sprintf("leaves a local rate of %g/s, below 0.001 (one request per 1000 s), for a GCRA rule of Threshold %g", r.Threshold*r.LocalShare, r.Threshold))
-	}
-	return nil
 }
 
 // validatePerKeyKind checks what a PerKey rule adds.

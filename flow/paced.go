@@ -1,18 +1,23 @@
 package flow
 
-import "github.com/leapflow/leapflow/stat"
+import (
+	"github.com/leapflow/leapflow/internal/pace"
+	"github.com/leapflow/leapflow/internal/warmup"
+	"github.com/leapflow/leapflow/metric"
+	"github.com/leapflow/leapflow/stat"
+)
 
 type pacedRule struct {
-	p    *pacer
-	rate float64 // Throttle
-	warm *warmUp // WarmUpThrottle
+	p    *pace.Pacer
+	rate float64        // Throttle
+	warm *warmup.Bucket // WarmUpThrottle
 	be   *BlockError
 }
 
 // pace is the paced rule's rate at now.
 func (pr *pacedRule) pace(now int64, node *stat.Node) float64 {
 	if pr.warm != nil {
-		return pr.warm.rate(now, node)
+		return pr.warm.Rate(now, func() int64 { return node.PreviousSecond(now, metric.Pass) })
 	}
 	return pr.rate
 }
@@ -29,11 +34,11 @@ var pacedKind = kind{
 // warm-up model) kept across reloads that keep the rule.
 func compilePaced(c *compiling) {
 	r := c.r
-	p := reuse(c.old.pacers, c.k, func() *pacer { return newPacer(r.MaxQueueing) })
+	p := reuse(c.old.pacers, c.k, func() *pace.Pacer { return pace.New(r.MaxQueueing) })
 	c.next.pacers[c.k] = p
 	pr := pacedRule{p: p, rate: r.Threshold, be: newBlockError(r, ReasonQueue)}
 	if r.Behavior == WarmUpThrottle {
-		pr.warm = reuse(c.old.warm, c.k, func() *warmUp { return newWarmUp(r) })
+		pr.warm = reuse(c.old.warm, c.k, func() *warmup.Bucket { return newWarmUp(r) })
 		c.next.warm[c.k] = pr.warm
 	}
 	c.rr.paced = append(c.rr.paced, pr)
@@ -45,9 +50,10 @@ func (rr *resourceRules) takePaced(h *held, now, wait int64, q *request) (int64,
 	for i := range rr.paced {
 		pr := &rr.paced[i]
 		rate := pr.pace(now, rr.node)
-		ph, d, ok := pr.p.reserve(now, q.n, rate, q.wait)
+		queue := max(pr.p.MaxQueue(), q.wait)
+		ph, d, ok := pr.p.Reserve(now, q.n, rate, queue)
 		if !ok {
-			return wait, refusal{pr.be, rate, paceRoom(d, max(pr.p.maxQueue, q.wait))}, false
+			return wait, refusal{pr.be, rate, paceRoom(d, queue)}, false
 		}
 		h.paced[i] = ph
 		wait = max(wait, d)
@@ -58,7 +64,7 @@ func (rr *resourceRules) takePaced(h *held, now, wait int64, q *request) (int64,
 // releasePaced gives back the request's slots (see pacer.giveBack).
 func (rr *resourceRules) releasePaced(h *held) {
 	for i := range rr.paced {
-		rr.paced[i].p.giveBack(h.paced[i])
+		rr.paced[i].p.GiveBack(h.paced[i])
 	}
 }
 
@@ -67,10 +73,10 @@ func (rr *resourceRules) releasePaced(h *held) {
 func (rr *resourceRules) alignPaced(h *held, now, t, n int64) (refusal, bool) {
 	for i := range rr.paced {
 		pr := &rr.paced[i]
-		pr.p.giveBack(h.paced[i])
-		h.paced[i] = paceHeld{}
+		pr.p.GiveBack(h.paced[i])
+		h.paced[i] = pace.Held{}
 		rate := pr.pace(now, rr.node)
-		ph, _, ok := reservePace(&pr.p.latest, 0, t, n, rate)
+		ph, _, ok := pr.p.Reserve(t, n, rate, 0)
 		if !ok {
 			return refusal{pr.be, rate, unknownRoom}, false
 		}
@@ -92,4 +98,13 @@ func validatePaced(r *Rule, i int) error {
 		return r.oneSecond(i, r.Behavior.String()+" rules")
 	}
 	return nil
+}
+
+// paceRoom is what a request a pacer refused with wait d is told: it may
+// come back once its slot is within the queue.
+func paceRoom(d, maxQueue int64) room {
+	if d < 0 {
+		return unknownRoom
+	}
+	return room{d - maxQueue, -1}
 }

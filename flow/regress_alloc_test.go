@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+
+	"github.com/leapflow/leapflow/stat/stattest"
 )
 
 // TestRegressAllocsSpanExactAndWaits: Entry/Exit on span-exact rules (pass and
@@ -73,6 +75,36 @@ func TestRegressAllocsSpanExactAndWaits(t *testing.T) {
 			if tc.opts != nil {
 				assert.GreaterOrEqual(t, waits-before, 500, "the requests measured waited")
 			}
+		})
+	}
+}
+
+// TestRegressAllocsWarmUp: Entry/Exit on WarmUp and WarmUpThrottle rules
+// allocate nothing, passed or refused: the warm-up bucket reads the
+// previous second's passes through a closure that stays on the stack.
+func TestRegressAllocsWarmUp(t *testing.T) {
+	for _, r := range []Rule{
+		{Resource: "api", Threshold: 300, Behavior: WarmUp, WarmUpPeriod: 10 * time.Second},
+		{Resource: "api", Threshold: 300, Behavior: WarmUpThrottle, WarmUpPeriod: 10 * time.Second, MaxQueueing: time.Millisecond},
+	} {
+		t.Run(r.Behavior.String(), func(t *testing.T) {
+			clock := stattest.NewClock(0)
+			e, _ := newEngine(t, clock)
+			load(t, e, r)
+			passed := 0
+			f := func() {
+				en, err := e.Entry("api")
+				if err == nil {
+					passed++
+					en.Exit(nil)
+				}
+			}
+			clock.Set(time.Second)
+			for range 100 {
+				f()
+			}
+			assert.Zero(t, testing.AllocsPerRun(500, f), "within a second")
+			assert.Positive(t, passed)
 		})
 	}
 }

@@ -4,10 +4,12 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/leapflow/leapflow/internal/warmup"
 )
 
 type warmRule struct {
-	w  *warmUp
+	w  *warmup.Bucket
 	be *BlockError
 }
 
@@ -24,7 +26,7 @@ var warmUpKind = kind{
 func compileWarmUp(c *compiling) {
 	r := c.r
 	g := c.rr.windowGroupOf(c.e, r)
-	wu := reuse(c.old.warm, c.k, func() *warmUp { return newWarmUp(r) })
+	wu := reuse(c.old.warm, c.k, func() *warmup.Bucket { return newWarmUp(r) })
 	c.next.warm[c.k] = wu
 	g.warm = append(g.warm, warmRule{w: wu, be: newBlockError(r, ReasonFlow)})
 	g.borrowable = false
@@ -50,7 +52,7 @@ func validateWarmUp(r *Rule, i int) error {
 }
 
 // warmUpTokens is the most tokens the warm-up model of r holds (see
-// newWarmUp).
+// warmup.New).
 func warmUpTokens(r *Rule) float64 {
 	p := r.WarmUpPeriod.Seconds()
 	return p*r.Threshold/(r.ColdFactor-1) + 2*p*r.Threshold/(1+r.ColdFactor)
@@ -62,3 +64,8 @@ const (
 	maxColdFactor   = 1e6
 	maxWarmUpTokens = 1e15
 )
+
+// newWarmUp is the warm-up bucket of a WarmUp or WarmUpThrottle rule.
+func newWarmUp(r *Rule) *warmup.Bucket {
+	return warmup.New(r.Threshold, r.ColdFactor, r.WarmUpPeriod)
+}

@@ -79,7 +79,10 @@ func (rr *resourceRules) group(w *window.Window, interval time.Duration) *window
 func (g *windowGroup) limit(now int64, node *stat.Node) (int64, *BlockError) {
 	limit, be := g.static, g.staticBE
 	for _, wr := range g.warm {
-		if l := int64(wr.w.rate(now, node) * g.intervalS); l < limit {
+		// The closure lives on the stack (Rate keeps no reference to it);
+		// only the goroutine that syncs a new second calls it.
+		rate := wr.w.Rate(now, func() int64 { return node.PreviousSecond(now, metric.Pass) })
+		if l := int64(rate * g.intervalS); l < limit {
 			limit, be = l, wr.be
 		}
 	}

@@ -1,0 +1,79 @@
+// Package gcra is the generic cell rate algorithm: a token bucket kept as
+// one number, the theoretical arrival time of the next request at the
+// sustained rate, so that taking tokens is one compare-and-swap.
+//
+// Package flow's GCRA rules (Behavior GCRA, and a Global GCRA rule's local
+// fallback) are a Cell, kept across reloads, and a Limiter on it, made
+// from the rule. Times are int64 nanoseconds of the caller's clock, passed in, so
+// tests drive it with plain numbers.
+package gcra
+
+import (
+	"math"
+
+	"go.uber.org/atomic"
+)
+
+// Cell is a bucket's state: the theoretical arrival time (ns) of the next
+// request at the sustained rate. The bucket is full when it is at or
+// before now; the zero Cell is full at any now >= 0. A Cell is safe for
+// simultaneous use by multiple goroutines and must not be copied after
+// first use.
+type Cell struct{ tat atomic.Int64 }
+
+// Limiter takes tokens from a Cell at a rate and burst: every token costs
+// interval ns, and the bucket holds tolerance ns of them (burst x
+// interval). A rule set makes one per rule over the rule's Cell, which
+// outlives it; the cell pointer comes first so that a Limiter at the
+// start of its holder's struct is passed as the holder's own pointer.
+type Limiter struct {
+	c                   *Cell
+	interval, tolerance int64
+	burst               int64
+	off                 bool // a rate of 0: refuses everything
+}
+
+// New returns the limiter of perSecond tokens a second and a bucket of
+// burst tokens on cell c. perSecond is at most 1e12 (a token costs whole
+// nanoseconds, at least 1); 0 (or less) refuses everything.
+func New(c *Cell, perSecond float64, burst int64) Limiter {
+	l := Limiter{c: c, burst: burst, off: perSecond <= 0}
+	if !l.off {
+		l.interval = max(int64(math.Round(1e9/perSecond)), 1)
+		l.tolerance = l.interval * l.burst
+	}
+	return l
+}
+
+// Take takes n tokens at now if they are there within maxWait, and
+// returns how long the caller waits for them and the arrival time it set
+// (its token for Give). Refused, it reports when they would be there
+// (retry, -1 when never: a rate of 0 or more than burst) and how long
+// until the bucket is full again (reset, -1 when never). n times the
+// interval and maxWait must not overflow with now (flow validates both).
+func (l *Limiter) Take(now, n, maxWait int64) (wait, tok int64, ok bool, retry, reset int64) {
+	if l.off || n > l.burst {
+		return 0, 0, false, -1, -1
+	}
+	cost := n * l.interval // at most 30 days in flow (validated): no overflow
+	for {
+		tat := l.c.tat.Load()
+		next := max(tat, now) + cost
+		over := next - now - l.tolerance // maxWait <= flow's MaxWait: no overflow
+		if over > maxWait {
+			return 0, 0, false, over, max(tat-now, 0)
+		}
+		if l.c.tat.CompareAndSwap(tat, next) {
+			return max(over, 0), next, true, 0, 0
+		}
+		// Another request moved the arrival time: take from where it is.
+	}
+}
+
+// Give gives back n tokens that Take took, setting arrival time tok (the
+// request was not admitted in the end), if no request has taken tokens
+// since: the arrival time moves back by their cost. Once another request
+// took tokens after them, they stay spent: moving the arrival time back
+// under that request's would hand its tokens out a second time (two
+// requests on one slot), so the cancelled request errs towards blocking.
+func (l *Limiter) Give(n, tok int64) { l.c.tat.CompareAndSwap(tok, tok-n*l.interval) }
