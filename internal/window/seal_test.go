@@ -9,7 +9,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/atomic"
-
 )
 
 func TestLoadAndSealedAcrossTheRange(t *testing.T) {
