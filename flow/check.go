@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/leapflow/leapflow/internal/keytable"
 	"github.com/leapflow/leapflow/internal/proto"
 	"github.com/leapflow/leapflow/metric"
 	"github.com/leapflow/leapflow/stat"
@@ -82,7 +83,7 @@ func (e *Engine) enter(set *ruleSet, rr *resourceRules, node *stat.Node, opts []
 			return blocked(seen, rm), kr.blockError(&q)
 		}
 		// A now behind the key's newest bucket was counted in it.
-		return e.admitted(set, node, p, max(now, kh.b*kr.t.bucketLen), n, false, nil, nil), nil
+		return e.admitted(set, node, p, max(now, kh.b*kr.t.BucketLen()), n, false, nil, nil), nil
 	}
 	return e.check(set, rr, p, now, &q)
 }
@@ -90,7 +91,7 @@ func (e *Engine) enter(set *ruleSet, rr *resourceRules, node *stat.Node, opts []
 // admitted records an admission in a slot and returns its Entry; counted
 // says whether a concurrency rule counted it, kc is the key state a PerKey
 // Concurrency rule counted it in (Exit releases both).
-func (e *Engine) admitted(set *ruleSet, node *stat.Node, p int, start, n int64, counted bool, kc *keyState, kt *keyTable) Entry {
+func (e *Engine) admitted(set *ruleSet, node *stat.Node, p int, start, n int64, counted bool, kc *keytable.State, kt *keytable.Table) Entry {
 	sl, w := e.slots.claim(p, node, n, counted, kc, kt)
 	if !counted && e.rules.Load() != set {
 		// Rules were loaded since this request read them: if they add a
@@ -130,7 +131,7 @@ type held struct {
 	gres  [maxGlobalRules]metric.Reservation
 	ggcra [maxGlobalRules]int64   // set by Global GCRA rules' local fallbacks
 	gkeys [maxGlobalRules]keyHeld // PerKey global rules' local fallbacks
-	kc    *keyState               // counted by the PerKey Concurrency rule
+	kc    *keytable.State         // counted by the PerKey Concurrency rule
 	keys  [maxKeyRules]keyHeld
 }
 
@@ -220,11 +221,11 @@ func (e *Engine) release(rr *resourceRules, h *held, n int64) {
 			rr.globals[i].gcra.give(n, h.ggcra[i])
 		}
 		if st := h.gkeys[i].st; st != nil {
-			undoBucket(st, h.gkeys[i].b, n)
+			st.Undo(h.gkeys[i].b, n)
 		}
 	}
 	if h.kc != nil {
-		rr.keyConc.t.release(h.kc, n)
+		rr.keyConc.t.Release(h.kc, n)
 	}
 	for i := range rr.keyed {
 		rr.keyed[i].undo(h.keys[i], n)
@@ -332,8 +333,8 @@ func (e *Engine) take(rr *resourceRules, h *held, p int, now int64, q *request) 
 		if !ok {
 			return blockTake(e, rr, h, p, now, n, kr.blockError(q), seen, rm)
 		}
-		if kr.t.kind == keyWindow {
-			now = max(now, h.keys[i].b*kr.t.bucketLen)
+		if kr.t.Kind() == keytable.Window {
+			now = max(now, h.keys[i].b*kr.t.BucketLen())
 		}
 		wait = max(wait, d)
 	}
@@ -484,7 +485,7 @@ func (h *held) holds(rr *resourceRules, t int64) bool {
 		}
 	}
 	for i := range rr.keyed {
-		if kr := &rr.keyed[i]; kr.t.kind == keyWindow && h.keys[i].st != nil && t/kr.t.bucketLen != h.keys[i].b {
+		if kr := &rr.keyed[i]; kr.t.Kind() == keytable.Window && h.keys[i].st != nil && t/kr.t.BucketLen() != h.keys[i].b {
 			return false
 		}
 	}
@@ -540,8 +541,8 @@ func (e *Engine) align(rr *resourceRules, h *held, p int, now, t int64, q *reque
 		}
 		for i := range rr.keyed {
 			kr := &rr.keyed[i]
-			if kr.t.kind == keyWindow {
-				if h.keys[i].st != nil && t/kr.t.bucketLen != h.keys[i].b {
+			if kr.t.Kind() == keytable.Window {
+				if h.keys[i].st != nil && t/kr.t.BucketLen() != h.keys[i].b {
 					// A key's window cannot count ahead of its newest
 					// bucket.
 					return t, kr.blockError(q), 0, false
@@ -631,14 +632,14 @@ func (e *Engine) global(node *stat.Node, g *globalRule, h *held, i, p int, now i
 		// Per key, at LocalShare of the threshold.
 		_, limit, spec := g.keyLimits(q)
 		for {
-			st := g.keys.noKey
+			st := g.keys.NoKey()
 			switch {
 			case spec != nil:
 				st = spec
 			case q.hasKey:
-				st = g.keys.get(q.key)
+				st = g.keys.Get(q.key)
 			}
-			b, _, ok, dead := g.keys.admitWindow(st, now, n, limit)
+			b, _, ok, dead := g.keys.Admit(st, now, n, limit)
 			if dead {
 				continue
 			}

@@ -7,6 +7,7 @@ import (
 
 	"go.uber.org/atomic"
 
+	"github.com/leapflow/leapflow/internal/keytable"
 	"github.com/leapflow/leapflow/metric"
 	"github.com/leapflow/leapflow/stat"
 )
@@ -21,7 +22,7 @@ type ruleSet struct {
 	pacers map[ruleKey]*pacer
 	locals map[ruleKey]*metric.Window
 	// tables holds per-key rules' keys, kept across reloads.
-	tables map[tableID]*keyTable
+	tables map[tableID]*keytable.Table
 	// shadows holds dry-run rules' windows and counts.
 	shadows map[ruleKey]*shadow
 	// gcras holds GCRA rules' arrival times (for a Global GCRA rule, its
@@ -137,7 +138,7 @@ type globalRule struct {
 	keyHint KeyedRetryHinter
 	// keys is a PerKey rule's local fallback, per key (nil otherwise);
 	// spec the keys it lists in Keys, with their thresholds.
-	keys       *keyTable
+	keys       *keytable.Table
 	spec       map[string]globalKeySpec
 	fallback   Fallback
 	local      *metric.Window
@@ -152,7 +153,7 @@ type globalRule struct {
 // globalKeySpec is a key a PerKey global rule lists in Keys: its own
 // threshold, and its local fallback's state and limit.
 type globalKeySpec struct {
-	st         *keyState
+	st         *keytable.State
 	threshold  float64
 	localLimit int64
 }
@@ -160,7 +161,7 @@ type globalKeySpec struct {
 // keyLimits returns the threshold and local fallback limit of the
 // request's key under a PerKey global rule, and the listed key's state
 // (nil: look it up).
-func (g *globalRule) keyLimits(q *request) (float64, int64, *keyState) {
+func (g *globalRule) keyLimits(q *request) (float64, int64, *keytable.State) {
 	if q.hasKey && g.spec != nil {
 		if s, ok := g.spec[q.key]; ok {
 			return s.threshold, s.localLimit, s.st
@@ -208,7 +209,7 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stat.Node, bounds []Bound
 		warm:       map[ruleKey]*warmUp{},
 		pacers:     map[ruleKey]*pacer{},
 		locals:     map[ruleKey]*metric.Window{},
-		tables:     map[tableID]*keyTable{},
+		tables:     map[tableID]*keytable.Table{},
 		shadows:    map[ruleKey]*shadow{},
 		gcras:      map[ruleKey]*gcra{},
 	}
@@ -251,7 +252,7 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stat.Node, bounds []Bound
 			rr.singleApart = !rr.countsNode
 		}
 		if len(rr.groups) == 0 && rr.concLimit < 0 && len(rr.globals) == 0 && len(rr.related) == 0 && len(rr.paced) == 0 &&
-			rr.keyConc.t == nil && len(rr.keyed) == 1 && rr.keyed[0].t.kind == keyWindow && len(rr.shadows) == 0 && len(rr.gcras) == 0 {
+			rr.keyConc.t == nil && len(rr.keyed) == 1 && rr.keyed[0].t.Kind() == keytable.Window && len(rr.shadows) == 0 && len(rr.gcras) == 0 {
 			rr.singleKey = &rr.keyed[0]
 		}
 		if len(rr.gcras) == 1 && rr.rules == 1 && len(rr.shadows) == 0 {
@@ -292,7 +293,7 @@ func (e *Engine) add(next, old *ruleSet, r *Rule, k ruleKey, id tableID, nodes m
 		if len(r.Keys) > 0 {
 			g.spec = make(map[string]globalKeySpec, len(r.Keys))
 			for _, kl := range r.Keys {
-				g.spec[kl.Key] = globalKeySpec{st: t.specific(kl.Key), threshold: kl.Threshold,
+				g.spec[kl.Key] = globalKeySpec{st: t.Specific(kl.Key), threshold: kl.Threshold,
 					localLimit: perWindow(kl.Threshold*r.LocalShare, r.StatInterval)}
 			}
 		}

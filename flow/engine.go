@@ -5,6 +5,7 @@ import (
 
 	"go.uber.org/atomic"
 
+	"github.com/leapflow/leapflow/internal/keytable"
 	"github.com/leapflow/leapflow/internal/names"
 	"github.com/leapflow/leapflow/internal/proto"
 	"github.com/leapflow/leapflow/metric"
@@ -72,7 +73,7 @@ func New(opts ...Option) (*Engine, error) {
 		return nil, err // validated above: cannot happen
 	}
 	e.registry = reg
-	e.rules.Store(&ruleSet{byResource: map[string]*resourceRules{}, tables: map[tableID]*keyTable{}})
+	e.rules.Store(&ruleSet{byResource: map[string]*resourceRules{}, tables: map[tableID]*keytable.Table{}})
 	return e, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/leapflow/leapflow/internal/keytable"
 	"github.com/leapflow/leapflow/stat"
 )
 
@@ -36,10 +37,10 @@ type tableID struct {
 
 // keyRule is a compiled PerKey rule.
 type keyRule struct {
-	t        *keyTable
-	limit    int64   // keyWindow: per window; keyConc: in flight
-	rate     float64 // keyPace
-	maxQueue int64   // keyPace
+	t        *keytable.Table
+	limit    int64   // Window: per window; Conc: in flight
+	rate     float64 // Pace
+	maxQueue int64   // Pace
 	// spec holds the keys listed in the rule's Keys; nil when none.
 	spec map[string]keySpec
 	be   *BlockError
@@ -48,7 +49,7 @@ type keyRule struct {
 // keySpec is a listed key: its state, kept apart from the table (never
 // evicted), its own threshold and the error that says so.
 type keySpec struct {
-	st    *keyState
+	st    *keytable.State
 	limit int64
 	rate  float64
 	be    *BlockError
@@ -57,9 +58,9 @@ type keySpec struct {
 // keyHeld is what a request took from a key, to give back if a later
 // check blocks it.
 type keyHeld struct {
-	st *keyState
-	b  int64 // keyWindow: the bucket counted in; keyPace: the cost
-	// slot is a keyPace rule's slot on the key's timeline (see
+	st *keytable.State
+	b  int64 // Window: the bucket counted in; Pace: the cost
+	// slot is a Pace rule's slot on the key's timeline (see
 	// giveBackPace).
 	slot int64
 }
@@ -73,19 +74,19 @@ func (e *Engine) addKeyed(next, old *ruleSet, rr *resourceRules, r *Rule, id tab
 	t := e.keyTable(next, old, rr, r, id)
 	kr := keyRule{t: t, be: newBlockError(r, ReasonFlow)}
 	limitOf := func(threshold float64) (int64, float64) {
-		switch t.kind {
-		case keyConc:
+		switch t.Kind() {
+		case keytable.Conc:
 			return int64(threshold), 0
-		case keyPace:
+		case keytable.Pace:
 			return 0, threshold
 		}
 		return perWindow(threshold, r.StatInterval), 0
 	}
 	kr.limit, kr.rate = limitOf(r.Threshold)
-	switch t.kind {
-	case keyConc:
+	switch t.Kind() {
+	case keytable.Conc:
 		kr.be = newBlockError(r, ReasonConcurrency)
-	case keyPace:
+	case keytable.Pace:
 		kr.maxQueue = int64(r.MaxQueueing)
 		kr.be = newBlockError(r, ReasonQueue)
 	}
@@ -93,11 +94,11 @@ func (e *Engine) addKeyed(next, old *ruleSet, rr *resourceRules, r *Rule, id tab
 		kr.spec = make(map[string]keySpec, len(r.Keys))
 		for _, kl := range r.Keys {
 			limit, rate := limitOf(kl.Threshold)
-			kr.spec[kl.Key] = keySpec{st: t.specific(kl.Key), limit: limit, rate: rate,
+			kr.spec[kl.Key] = keySpec{st: t.Specific(kl.Key), limit: limit, rate: rate,
 				be: newKeyBlockError(r, kr.be.Reason, kl.Threshold)}
 		}
 	}
-	if t.kind == keyConc {
+	if t.Kind() == keytable.Conc {
 		rr.keyConc = kr
 	} else {
 		rr.keyed = append(rr.keyed, kr)
@@ -107,32 +108,53 @@ func (e *Engine) addKeyed(next, old *ruleSet, rr *resourceRules, r *Rule, id tab
 // keyTable returns the table of PerKey rule r in the set being built: the
 // old set's, moved to a new one if MaxKeys changed, with the keys r lists
 // in Keys kept apart and those it no longer lists put back.
-func (e *Engine) keyTable(next, old *ruleSet, rr *resourceRules, r *Rule, id tableID) *keyTable {
+func (e *Engine) keyTable(next, old *ruleSet, rr *resourceRules, r *Rule, id tableID) *keytable.Table {
 	t := old.tables[id]
-	if t == nil || t.capacity() != newKeyTableCap(r.MaxKeys) {
-		nt := newKeyTable(r, rr.node, e.now)
+	if t == nil || t.Capacity() != keytable.CapacityFor(r.MaxKeys) {
+		nt := keytable.New(keyTableConfig(r, e.now))
+		nt.CountEvictions(rr.node.AddKeyEviction) // before Migrate: it evicts too
 		if t != nil {
-			nt.migrate(t)
+			nt.Migrate(t)
 		}
 		t = nt
+	} else {
+		t.CountEvictions(rr.node.AddKeyEviction) // the resource's node may be new
 	}
-	t.node.Store(rr.node)
 	next.tables[id] = t
-	t.keepSpecific(r.Keys)
+	listed := make([]string, len(r.Keys))
+	for i, kl := range r.Keys {
+		listed[i] = kl.Key
+	}
+	t.KeepSpecific(listed)
 	return t
 }
 
+// keyTableConfig is the table of per-key rule r (valid, defaults in).
+func keyTableConfig(r *Rule, now func() int64) keytable.Config {
+	cfg := keytable.Config{MaxKeys: r.MaxKeys, Now: now}
+	switch {
+	case r.Metric == Concurrency:
+		cfg.Kind = keytable.Conc
+	case r.Behavior == Throttle:
+		cfg.Kind = keytable.Pace
+	default:
+		cfg.Kind = keytable.Window
+		cfg.Window = int64(r.StatInterval)
+	}
+	return cfg
+}
+
 // state returns the state and limits of the request's key.
-func (kr *keyRule) state(key string, hasKey bool) (*keyState, int64, float64) {
+func (kr *keyRule) state(key string, hasKey bool) (*keytable.State, int64, float64) {
 	if !hasKey {
-		return kr.t.noKey, kr.limit, kr.rate
+		return kr.t.NoKey(), kr.limit, kr.rate
 	}
 	if kr.spec != nil {
 		if s, ok := kr.spec[key]; ok {
 			return s.st, s.limit, s.rate
 		}
 	}
-	return kr.t.get(key), kr.limit, kr.rate
+	return kr.t.Get(key), kr.limit, kr.rate
 }
 
 // blockError is the error a request of key is blocked with: the rule's,
@@ -147,10 +169,10 @@ func (kr *keyRule) blockError(q *request) *BlockError {
 }
 
 // acquireKeyConc counts the request in its key's concurrency.
-func (kr *keyRule) acquire(q *request) (*keyState, int64, bool) {
+func (kr *keyRule) acquire(q *request) (*keytable.State, int64, bool) {
 	for {
 		st, limit, _ := kr.state(q.key, q.hasKey)
-		seen, ok, dead := acquireConc(st, q.n, limit)
+		seen, ok, dead := st.Acquire(q.n, limit)
 		if !dead {
 			return st, seen, ok
 		}
@@ -174,24 +196,25 @@ func (kr *keyRule) admitAt(q *request, t int64, held *keyHeld) (wait int64, seen
 func (kr *keyRule) admitQueue(q *request, now int64, held *keyHeld, maxQueue int64) (wait int64, seen float64, rm room, ok bool) {
 	for {
 		st, limit, rate := kr.state(q.key, q.hasKey)
-		if kr.t.kind == keyPace {
-			ph, d, ok := reservePace(&st.head, maxQueue, now, q.n, rate)
+		if kr.t.Kind() == keytable.Pace {
+			ph, d, ok := reservePace(st.Timeline(), maxQueue, now, q.n, rate)
 			if !ok {
 				return 0, rate, paceRoom(d, maxQueue), false
 			}
-			if st.dead.Load() {
-				giveBackPace(&st.head, ph)
+			if st.Dead() {
+				giveBackPace(st.Timeline(), ph)
 				continue
 			}
 			*held = keyHeld{st: st, b: ph.cost, slot: ph.slot}
 			return d, 0, room{}, true
 		}
-		b, s, ok, dead := kr.t.admitWindow(st, now, q.n, limit)
+		b, s, ok, dead := kr.t.Admit(st, now, q.n, limit)
 		if dead {
 			continue
 		}
 		if !ok {
-			return 0, float64(s), kr.t.roomIn(st, now, q.n, limit), false
+			retry, reset := kr.t.RoomIn(st, now, q.n, limit)
+			return 0, float64(s), room{retry, reset}, false
 		}
 		*held = keyHeld{st: st, b: b}
 		return 0, 0, room{}, true
@@ -203,11 +226,11 @@ func (kr *keyRule) undo(h keyHeld, n int64) {
 	if h.st == nil {
 		return
 	}
-	if kr.t.kind == keyPace {
-		giveBackPace(&h.st.head, paceHeld{h.b, h.slot})
+	if kr.t.Kind() == keytable.Pace {
+		giveBackPace(h.st.Timeline(), paceHeld{h.b, h.slot})
 		return
 	}
-	undoBucket(h.st, h.b, n)
+	h.st.Undo(h.b, n)
 }
 
 // checkKeyRules counts how many PerKey rules a rule set has per resource
