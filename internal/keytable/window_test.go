@@ -24,6 +24,39 @@ func windowState() (*Table, *State) {
 	return tbl, tbl.newState(ID{})
 }
 
+type admitStep struct {
+	now, n int64
+	want   bool
+}
+
+func runAdmitSteps(t *testing.T, tbl *Table, st *State, limit int64, steps []admitStep) {
+	t.Helper()
+	for i, s := range steps {
+		_, _, ok, dead := tbl.Admit(st, s.now, s.n, limit)
+		require.False(t, dead, "step %d", i)
+		if ok != s.want {
+			t.Fatalf("step %d: Admit(now %d, n %d) = %v want %v", i, s.now, s.n, ok, s.want)
+		}
+	}
+}
+
+func TestAdmitUpToLimitPerWindow(t *testing.T) {
+	tbl, st := windowState()
+	runAdmitSteps(t, tbl, st, 3, []admitStep{
+		{0, 1, true},
+		{100, 2, true},
+		{200, 1, false},  // the window holds 3
+		{250, 1, false},  // bucket 1: buckets 0..1 still hold 3
+		{999, 1, false},  // bucket 3: the last of bucket 0's window
+		{1000, 1, true},  // bucket 4: bucket 0 left the window
+		{1000, 2, true},  // 3 again
+		{1100, 1, false}, //
+		{500, 1, false},  // behind the newest bucket: counted there, full
+		{2250, 3, true},  // bucket 9: idle a whole window, empty
+		{2250, 4, false}, // more than the limit never fits
+	})
+}
+
 // TestAdmitLateClearOldKeepsNewerCounts (a bug an adversarial pass found,
 // fixed; the test keeps it fixed; it was flow's
 // TestKeyedClearOldDelayedErasesNewerBucket): Admit moves the head from h
@@ -88,12 +121,88 @@ func TestAdmitMatchesBucketOracle(t *testing.T) {
 				sum += counts[b-j]
 			}
 			want := sum+n <= limit
-			_, _, ok, dead := tbl.Admit(st, now, n, limit)
+			got, seen, ok, dead := tbl.Admit(st, now, n, limit)
 			require.False(t, dead)
 			require.Equal(t, want, ok, "seed %d at %d: window held %d, limit %d, n %d", seed, now, sum, limit, n)
 			if ok {
+				require.Equal(t, b, got, "seed %d at %d: the bucket counted in", seed, now)
 				counts[b] += n
+				sum += n
+			} else if n <= limit {
+				require.Equal(t, sum, seen, "seed %d at %d: the count a refusal saw", seed, now)
 			}
+			require.Equal(t, uint64(sum), st.sum(newest), "seed %d at %d: the window's sum", seed, now)
 		}
+	}
+}
+
+func TestUndoGivesBackToItsBucket(t *testing.T) {
+	tbl, st := windowState()
+	const limit = 3
+	b, _, ok, _ := tbl.Admit(st, 0, 3, limit)
+	require.True(t, ok)
+	runAdmitSteps(t, tbl, st, limit, []admitStep{{10, 1, false}})
+	st.Undo(b, 2)
+	runAdmitSteps(t, tbl, st, limit, []admitStep{{20, 2, true}, {30, 1, false}})
+}
+
+// TestUndoOfABucketPastTheWindowChangesNothing: a bucket's word reused by
+// a later bucket (Buckets later) is not the undo's to change.
+func TestUndoOfABucketPastTheWindowChangesNothing(t *testing.T) {
+	tbl, st := windowState()
+	const limit = 3
+	old, _, ok, _ := tbl.Admit(st, 0, 1, limit)
+	require.True(t, ok)
+	b, _, ok, _ := tbl.Admit(st, Buckets*testBucket, 3, limit)
+	require.True(t, ok)
+	require.Equal(t, slotOf(old), slotOf(b), "the same word")
+	st.Undo(old, 1)
+	runAdmitSteps(t, tbl, st, limit, []admitStep{{Buckets * testBucket, 1, false}})
+	assert.Equal(t, uint64(3), st.sum(b))
+}
+
+func TestRoomInSaysWhenTheOldestBucketsLeave(t *testing.T) {
+	tbl, st := windowState()
+	const limit = 4
+	retry, reset := tbl.RoomIn(st, 600, 1, limit)
+	assert.Equal(t, [2]int64{0, 0}, [2]int64{retry, reset}, "a window that never counted")
+	// 1 in bucket 0, 1 in bucket 1, 2 in bucket 2: full.
+	runAdmitSteps(t, tbl, st, limit, []admitStep{{0, 1, true}, {250, 1, true}, {500, 2, true}})
+	for _, c := range []struct{ now, n, retry, reset int64 }{
+		{600, 1, 400, 900},  // bucket 0 leaves at 1000
+		{600, 2, 650, 900},  // bucket 1 at 1250
+		{600, 3, 900, 900},  // bucket 2 at 1500, when the window empties
+		{600, 4, 900, 900},  //
+		{600, 5, -1, -1},    // over the limit: never
+		{1000, 1, 0, 1000},  // room now: bucket 0 left; reset from bucket 4, now's
+		{1300, 3, 200, 950}, // at 1300, only bucket 2's 2 remain
+		{9000, 4, 0, 1000},  // long after: room, and now's bucket's window
+	} {
+		retry, reset := tbl.RoomIn(st, c.now, c.n, limit)
+		assert.Equal(t, [2]int64{c.retry, c.reset}, [2]int64{retry, reset}, "RoomIn(now %d, n %d)", c.now, c.n)
+	}
+	// What RoomIn says is what Admit does.
+	runAdmitSteps(t, tbl, st, limit, []admitStep{{1249, 2, false}, {1250, 2, true}})
+}
+
+func TestAdmitOnAnEvictedStateCountsNothing(t *testing.T) {
+	tbl, st := windowState()
+	st.dead.Store(true)
+	_, _, ok, dead := tbl.Admit(st, 0, 1, 3)
+	assert.False(t, ok)
+	assert.True(t, dead)
+	assert.Zero(t, st.sum(0), "the count was taken back")
+}
+
+func TestWindowWordsKeepEpochAndCount(t *testing.T) {
+	for _, b := range []int64{0, 1, 5, -3, 1<<24 - 1, 1 << 24, 1<<40 + 7} {
+		w := packBucket(b, 12345)
+		assert.True(t, epochIs(w, b), "bucket %d", b)
+		assert.False(t, epochIs(w, b+1), "bucket %d", b)
+		assert.Equal(t, uint64(12345), w&countMask)
+		assert.True(t, newer(w, b-1), "bucket %d is newer than %d", b, b-1)
+		assert.False(t, newer(w, b), "bucket %d", b)
+		assert.False(t, newer(w, b+1), "bucket %d", b)
+		assert.Equal(t, int(((b%Buckets)+Buckets)%Buckets), slotOf(b), "bucket %d", b)
 	}
 }
