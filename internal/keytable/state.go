@@ -2,13 +2,15 @@ package keytable
 
 import (
 	"math"
+	stdatomic "sync/atomic"
 
 	"go.uber.org/atomic"
 )
 
-// State is one key's state, one cache line (64 bytes). Only the fields of
-// its table's kind are used: one type keeps the table's code single. It
-// must not be copied after first use.
+// State is one key's state, one cache line (64 bytes: allocated alone, in
+// the 64-byte size class, it starts a line). Only the fields of its
+// table's kind are used: one type keeps the table's code single. It must
+// not be copied after first use.
 type State struct {
 	// head is the newest bucket index (Window), the timeline's head in ns
 	// (Pace), or the requests in flight (Conc).
@@ -17,11 +19,13 @@ type State struct {
 	// id is the key's identity in its table (see ID).
 	id ID
 	// dead is set when the state left its table: a request that counted
-	// in it since takes the count back and looks the key up again.
-	dead atomic.Bool
+	// in it since takes the count back and looks the key up again. The
+	// flags are sync/atomic's (4 bytes; go.uber.org/atomic's Bool is 8),
+	// so the state fits one line.
+	dead stdatomic.Bool
 	// pinned is set while a Conc state with requests in flight sits in
 	// its table's side table.
-	pinned atomic.Bool
+	pinned stdatomic.Bool
 }
 
 // noBucket is the head of a window that never counted.

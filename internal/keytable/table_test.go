@@ -3,10 +3,19 @@ package keytable
 import (
 	"fmt"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/leapflow/leapflow/internal/cpu"
 )
+
+func TestStatesAndSetsAreOneCacheLine(t *testing.T) {
+	assert.Equal(t, uintptr(cpu.CacheLine), unsafe.Sizeof(State{}))
+	assert.Equal(t, uintptr(cpu.CacheLine), unsafe.Sizeof(set{}))
+	assert.Equal(t, uintptr(cpu.CacheLine), unsafe.Sizeof(paddedMutex{}))
+}
 
 func TestGetReturnsTheSameStateForTheSameKey(t *testing.T) {
 	var now int64
