@@ -8,6 +8,7 @@ import (
 	"go.uber.org/atomic"
 
 	"github.com/leapflow/leapflow/internal/cpu"
+	"github.com/leapflow/leapflow/internal/keytable"
 	"github.com/leapflow/leapflow/stat"
 )
 
@@ -35,8 +36,8 @@ type slot struct {
 	n    atomic.Int64
 	// kc is the key state a PerKey Concurrency rule counted the holder in
 	// (nil: none), stored like node; only the holder reads it.
-	kc atomic.Pointer[keyState]
-	kt atomic.Pointer[keyTable]
+	kc atomic.Pointer[keytable.State]
+	kt atomic.Pointer[keytable.Table]
 	// walkedNode and walkedN are what track counted the admission as;
 	// written before slotWalked is set, and never while it is.
 	walkedNode atomic.Pointer[stat.Node]
@@ -110,7 +111,7 @@ func newSlots(e *Engine) *slots {
 // claim takes a free slot on stripe p for an admission of n on node
 // (counted in its concurrency if counted) and returns it with the word to
 // release it with.
-func (s *slots) claim(p int, node *stat.Node, n int64, counted bool, kc *keyState, kt *keyTable) (*slot, uint64) {
+func (s *slots) claim(p int, node *stat.Node, n int64, counted bool, kc *keytable.State, kt *keytable.Table) (*slot, uint64) {
 	flags := uint64(slotHeld) | tagOf(node, n)<<tagShift
 	if counted {
 		flags |= slotCounted
@@ -184,7 +185,7 @@ func (s *slots) release(sl *slot, w uint64, node *stat.Node, n int64) bool {
 				walked.ReleaseConcurrency(walkedN)
 			}
 			if kc != nil {
-				kt.release(kc, n)
+				kt.Release(kc, n)
 			}
 			break
 		}

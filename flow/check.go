@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/leapflow/leapflow/internal/keytable"
 	"github.com/leapflow/leapflow/internal/pace"
 	"github.com/leapflow/leapflow/internal/window"
 
@@ -84,7 +85,7 @@ func (e *Engine) enter(set *ruleSet, rr *resourceRules, node *stat.Node, opts []
 			return blocked(seen, rm), kr.blockError(&q)
 		}
 		// A now behind the key's newest bucket was counted in it.
-		return e.admitted(set, node, p, max(now, kh.b*kr.t.bucketLen), n, false, nil, nil), nil
+		return e.admitted(set, node, p, max(now, kh.b*kr.t.BucketLen()), n, false, nil, nil), nil
 	}
 	return e.check(set, rr, p, now, &q)
 }
@@ -92,7 +93,7 @@ func (e *Engine) enter(set *ruleSet, rr *resourceRules, node *stat.Node, opts []
 // admitted records an admission in a slot and returns its Entry; counted
 // says whether a concurrency rule counted it, kc is the key state a PerKey
 // Concurrency rule counted it in (Exit releases both).
-func (e *Engine) admitted(set *ruleSet, node *stat.Node, p int, start, n int64, counted bool, kc *keyState, kt *keyTable) Entry {
+func (e *Engine) admitted(set *ruleSet, node *stat.Node, p int, start, n int64, counted bool, kc *keytable.State, kt *keytable.Table) Entry {
 	sl, w := e.slots.claim(p, node, n, counted, kc, kt)
 	if !counted && e.rules.Load() != set {
 		// Rules were loaded since this request read them: if they add a
@@ -132,7 +133,7 @@ type held struct {
 	gres  [maxGlobalRules]window.Reservation
 	ggcra [maxGlobalRules]int64   // set by Global GCRA rules' local fallbacks
 	gkeys [maxGlobalRules]keyHeld // PerKey global rules' local fallbacks
-	kc    *keyState               // counted by the PerKey Concurrency rule
+	kc    *keytable.State         // counted by the PerKey Concurrency rule
 	keys  [maxKeyRules]keyHeld
 }
 

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/leapflow/leapflow/internal/gcra"
+	"github.com/leapflow/leapflow/internal/keytable"
 	"github.com/leapflow/leapflow/internal/pace"
 	"github.com/leapflow/leapflow/internal/warmup"
 	"github.com/leapflow/leapflow/internal/window"
@@ -24,7 +25,7 @@ type ruleSet struct {
 	pacers map[ruleKey]*pace.Pacer
 	locals map[ruleKey]*window.Window
 	// tables holds per-key rules' keys, kept across reloads.
-	tables map[tableID]*keyTable
+	tables map[tableID]*keytable.Table
 	// shadows holds dry-run rules' windows and counts.
 	shadows map[ruleKey]*shadow
 	// gcras holds GCRA rules' arrival times (for a Global GCRA rule, its
@@ -131,7 +132,7 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stat.Node, bounds []Bound
 		warm:       map[ruleKey]*warmup.Bucket{},
 		pacers:     map[ruleKey]*pace.Pacer{},
 		locals:     map[ruleKey]*window.Window{},
-		tables:     map[tableID]*keyTable{},
+		tables:     map[tableID]*keytable.Table{},
 		shadows:    map[ruleKey]*shadow{},
 		gcras:      map[ruleKey]*gcra.Cell{},
 	}
@@ -170,7 +171,7 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stat.Node, bounds []Bound
 			rr.singleApart = !rr.countsNode
 		}
 		if len(rr.groups) == 0 && rr.concLimit < 0 && len(rr.globals) == 0 && len(rr.related) == 0 && len(rr.paced) == 0 &&
-			rr.keyConc.t == nil && len(rr.keyed) == 1 && rr.keyed[0].t.kind == keyWindow && len(rr.shadows) == 0 && len(rr.gcras) == 0 {
+			rr.keyConc.t == nil && len(rr.keyed) == 1 && rr.keyed[0].t.Kind() == keytable.Window && len(rr.shadows) == 0 && len(rr.gcras) == 0 {
 			rr.singleKey = &rr.keyed[0]
 		}
 		if len(rr.gcras) == 1 && rr.rules == 1 && len(rr.shadows) == 0 {

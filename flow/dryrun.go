@@ -82,3 +82,20 @@ func (e *Engine) DryRuns() []DryRun {
 	}
 	return out
 }
+
+var dryRunKind = kind{
+	name:     "dry run",
+	is:       func(r *Rule) bool { return r.DryRun },
+	validate: validateDryRun,
+	compile:  func(c *compiling) { c.e.addShadow(c.next, c.old, c.rr, c.r, c.k) },
+	describe: func(r *Rule) string { return describeRate(r) + " (dry run)" },
+}
+
+// validateDryRun checks that a dry-run rule is one the shadow window can
+// run.
+func validateDryRun(r *Rule, i int) error {
+	if r.DryRun && (r.Metric != QPS || r.Behavior != Reject || r.PerKey || r.Global || r.RelatedResource != "") {
+		return r.errorf(i, "DryRun", r.DryRun, "is for QPS rules with Behavior Reject on their own resource's rate (not PerKey, Global or related)")
+	}
+	return nil
+}

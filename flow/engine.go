@@ -3,6 +3,7 @@ package flow
 import (
 	"sync"
 
+	"github.com/leapflow/leapflow/internal/keytable"
 	"github.com/leapflow/leapflow/internal/pins"
 
 	"go.uber.org/atomic"
@@ -74,7 +75,7 @@ func New(opts ...Option) (*Engine, error) {
 	}
 	e.registry = reg
 	e.pins = pins.Stat.(pins.Protocol[*stat.Registry, *stat.Node])
-	e.rules.Store(&ruleSet{byResource: map[string]*resourceRules{}, tables: map[tableID]*keyTable{}})
+	e.rules.Store(&ruleSet{byResource: map[string]*resourceRules{}, tables: map[tableID]*keytable.Table{}})
 	return e, nil
 }
 
@@ -307,4 +308,28 @@ func resourcesOf(rules []Rule) []string {
 		}
 	}
 	return names
+}
+
+// checkKeyRules counts how many PerKey rules a rule set has per resource
+// and in all, against the bounds (load time).
+func (e *Engine) checkKeyRules(i int, r *Rule, perRes map[string][2]int, total *int) error {
+	if !r.PerKey {
+		return nil
+	}
+	c := perRes[r.Resource]
+	if r.Global {
+		// Counted with the resource's global rules; its local fallback
+		// tracks keys too.
+	} else if r.Metric == Concurrency {
+		if c[1]++; c[1] > 1 {
+			return r.errorf(i, "PerKey", true, "is a second PerKey Concurrency rule for resource %s: give one rule Keys instead", r.Resource)
+		}
+	} else if c[0]++; c[0] > maxKeyRules {
+		return r.errorf(i, "PerKey", true, "exceeds %d PerKey QPS rules for resource %s", maxKeyRules, r.Resource)
+	}
+	perRes[r.Resource] = c
+	if *total += r.MaxKeys; *total > e.maxKeys {
+		return r.errorf(i, "MaxKeys", r.MaxKeys, "takes the rule set's keys to %d, over the engine's WithMaxKeys (%d)", *total, e.maxKeys)
+	}
+	return nil
 }

@@ -378,3 +378,16 @@ func (e *Engine) pinNow() (int, int64) {
 	}
 	return p, e.clock.Now()
 }
+
+// ErrInvalidKey matches the error of an Entry whose WithKey is empty or
+// longer than MaxKeyLen. Such a request is neither admitted nor counted as
+// blocked.
+var ErrInvalidKey = errors.New("flow: WithKey must be 1 to MaxKeyLen bytes")
+
+// WithKey names the caller a request comes from (a user ID, an API key, a
+// client address: see AddrKey), for the resource's PerKey rules; on a
+// resource without them it changes nothing, but an empty key, or one
+// longer than MaxKeyLen, is an error (ErrInvalidKey) on every resource.
+// No key bytes are kept (a tracked key is two hashes of it), so key may
+// point into a buffer the caller reuses.
+func WithKey(key string) EntryOption { return EntryOption{key: key, hasKey: true} }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/leapflow/leapflow/internal/gcra"
+	"github.com/leapflow/leapflow/internal/keytable"
 	"github.com/leapflow/leapflow/internal/window"
 	"github.com/leapflow/leapflow/stat"
 )
@@ -105,7 +106,7 @@ type globalRule struct {
 	keyHint KeyedRetryHinter
 	// keys is a PerKey rule's local fallback, per key (nil otherwise);
 	// spec the keys it lists in Keys, with their thresholds.
-	keys       *keyTable
+	keys       *keytable.Table
 	spec       map[string]globalKeySpec
 	fallback   Fallback
 	local      *window.Window
@@ -120,7 +121,7 @@ type globalRule struct {
 // globalKeySpec is a key a PerKey global rule lists in Keys: its own
 // threshold, and its local fallback's state and limit.
 type globalKeySpec struct {
-	st         *keyState
+	st         *keytable.State
 	threshold  float64
 	localLimit int64
 }
@@ -128,7 +129,7 @@ type globalKeySpec struct {
 // keyLimits returns the threshold and local fallback limit of the
 // request's key under a PerKey global rule, and the listed key's state
 // (nil: look it up).
-func (g *globalRule) keyLimits(q *request) (float64, int64, *keyState) {
+func (g *globalRule) keyLimits(q *request) (float64, int64, *keytable.State) {
 	if q.hasKey && g.spec != nil {
 		if s, ok := g.spec[q.key]; ok {
 			return s.threshold, s.localLimit, s.st
@@ -204,14 +205,14 @@ func (e *Engine) global(node *stat.Node, g *globalRule, h *held, i, p int, now i
 		// Per key, at LocalShare of the threshold.
 		_, limit, spec := g.keyLimits(q)
 		for {
-			st := g.keys.noKey
+			st := g.keys.NoKey()
 			switch {
 			case spec != nil:
 				st = spec
 			case q.hasKey:
-				st = g.keys.get(q.key)
+				st = g.keys.Get(q.key)
 			}
-			b, _, ok, dead := g.keys.admitWindow(st, now, n, limit)
+			b, _, ok, dead := g.keys.Admit(st, now, n, limit)
 			if dead {
 				continue
 			}
@@ -318,7 +319,7 @@ func compileGlobal(c *compiling) {
 		if len(r.Keys) > 0 {
 			g.spec = make(map[string]globalKeySpec, len(r.Keys))
 			for _, kl := range r.Keys {
-				g.spec[kl.Key] = globalKeySpec{st: t.specific(kl.Key), threshold: kl.Threshold,
+				g.spec[kl.Key] = globalKeySpec{st: t.Specific(kl.Key), threshold: kl.Threshold,
 					localLimit: perWindow(kl.Threshold*r.LocalShare, r.StatInterval)}
 			}
 		}
@@ -373,7 +374,7 @@ func (rr *resourceRules) releaseGlobals(h *held, n int64) {
 			rr.globals[i].gcra.give(n, h.ggcra[i])
 		}
 		if st := h.gkeys[i].st; st != nil {
-			undoBucket(st, h.gkeys[i].b, n)
+			st.Undo(h.gkeys[i].b, n)
 		}
 	}
 }

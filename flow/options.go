@@ -128,3 +128,19 @@ func sleep(ctx context.Context, d time.Duration) error {
 		return nil
 	}
 }
+
+// DefaultEngineMaxKeys is the most keys an engine's PerKey rules may track
+// together (the sum of their MaxKeys) unless WithMaxKeys says otherwise.
+const DefaultEngineMaxKeys = 1_000_000
+
+// WithMaxKeys bounds the sum of MaxKeys over an engine's PerKey rules
+// (default DefaultEngineMaxKeys): each tracked key costs about 230 bytes,
+// so the default bounds per-key state near 230 MB.
+func WithMaxKeys(n int) Option { return func(cfg *config) { cfg.maxKeys = n } }
+
+func validateMaxKeys(n int) error {
+	if n < 1 || n > 1<<30 {
+		return fmt.Errorf("flow: WithMaxKeys must be in [1, 2^30], got %d", n)
+	}
+	return nil
+}

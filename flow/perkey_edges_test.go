@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/leapflow/leapflow/internal/keytable"
 	"github.com/leapflow/leapflow/stat/stattest"
 )
 
@@ -133,7 +134,7 @@ func TestKeyedManyKeysMemory(t *testing.T) {
 	t.Logf("heap grew %d KiB", grew>>10)
 	assert.Less(t, grew, int64(8<<20), "heap growth after 100,000 keys")
 	tbl := e.rules.Load().byResource["c"].keyConc.t
-	assert.Empty(t, tbl.pinned)
+	assert.Empty(t, tbl.Pinned())
 }
 
 func TestKeyedPathsAllocateNothing(t *testing.T) {
@@ -260,11 +261,5 @@ func TestKeyedConcInFlightOracle(t *testing.T) {
 	snap, _ := e.Snapshot("api")
 	assert.Zero(t, snap.Inflight)
 	tbl := e.rules.Load().byResource["api"].keyConc.t
-	for i := range tbl.sets {
-		for j := range tbl.sets[i].ways {
-			if st := tbl.sets[i].ways[j].st.Load(); st != nil {
-				assert.Zero(t, st.head.Load())
-			}
-		}
-	}
+	tbl.Each(func(st *keytable.State) { assert.Zero(t, st.InFlight()) })
 }

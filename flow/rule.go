@@ -114,21 +114,6 @@ type KeyLimit struct {
 	Threshold float64
 }
 
-// Per-key bounds.
-const (
-	// DefaultMaxKeys is the MaxKeys of a PerKey rule with none.
-	DefaultMaxKeys = 100_000
-	// MaxMaxKeys is the largest MaxKeys a rule accepts.
-	MaxMaxKeys = 1 << 24
-	// MaxKeyLen is the longest key WithKey accepts, in bytes.
-	MaxKeyLen = 1024
-	// MaxKeyWindowCount is the most a PerKey QPS rule (or a specific key)
-	// may admit per window: Threshold x StatInterval / 1s.
-	MaxKeyWindowCount = 1<<32 - 1
-	// maxKeyLimits bounds a rule's Keys.
-	maxKeyLimits = 10_000
-)
-
 // MaxBurst is the largest Burst a GCRA rule accepts.
 const MaxBurst = 1 << 30
 
@@ -301,55 +286,6 @@ func (r *Rule) validateUnused(i int) error {
 		if f.set && !f.used {
 			return r.errorf(i, f.name, f.value, "is used only by "+f.where+" and must be left zero here")
 		}
-	}
-	return nil
-}
-
-// validatePerKey checks what a PerKey rule adds.
-func (r *Rule) validatePerKey(i int) error {
-	bad := func(field string, value any, reason string) error { return r.errorf(i, field, value, reason) }
-	switch {
-	case r.Behavior == WarmUp || r.Behavior == WarmUpThrottle:
-		return bad("Behavior", r.Behavior, "must be Reject or Throttle for a PerKey rule")
-	case r.RelatedResource != "":
-		return bad("RelatedResource", r.RelatedResource, "cannot be combined with PerKey")
-	case r.MaxKeys < 1 || r.MaxKeys > MaxMaxKeys:
-		return bad("MaxKeys", r.MaxKeys, fmt.Sprintf("must be in [1, %d]", MaxMaxKeys))
-	case len(r.Keys) > maxKeyLimits:
-		return bad("Keys", len(r.Keys), fmt.Sprintf("must list at most %d keys", maxKeyLimits))
-	}
-	if err := r.validateKeyThreshold(i, "Threshold", r.Threshold); err != nil {
-		return err
-	}
-	seen := make(map[string]bool, len(r.Keys))
-	for k, kl := range r.Keys {
-		field := fmt.Sprintf("Keys[%d]", k)
-		switch {
-		case kl.Key == "":
-			return bad(field+".Key", `""`, "must not be empty")
-		case len(kl.Key) > MaxKeyLen:
-			return bad(field+".Key", names.Abbrev(kl.Key), fmt.Sprintf("must be at most %d bytes", MaxKeyLen))
-		case seen[kl.Key]:
-			return bad(field+".Key", names.Abbrev(kl.Key), "is listed twice")
-		case math.IsNaN(kl.Threshold) || math.IsInf(kl.Threshold, 0) || kl.Threshold < 0 || kl.Threshold > MaxThreshold:
-			return bad(field+".Threshold", kl.Threshold, fmt.Sprintf("must be a finite number in [0, %g]", float64(MaxThreshold)))
-		}
-		seen[kl.Key] = true
-		if err := r.validateKeyThreshold(i, field+".Threshold", kl.Threshold); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// validateKeyThreshold checks a per-key threshold against what a key's
-// compact state holds.
-func (r *Rule) validateKeyThreshold(i int, field string, t float64) error {
-	switch {
-	case r.Metric == QPS && r.Behavior == Reject && perWindow(t, r.StatInterval) > MaxKeyWindowCount:
-		return r.errorf(i, field, t, "admits %d per window, more than a key's window holds (MaxKeyWindowCount, %d)", perWindow(t, r.StatInterval), int64(MaxKeyWindowCount))
-	case r.Behavior == Throttle && t > 0 && t < minPacedRate:
-		return r.errorf(i, field, t, "must be 0 or at least 0.001 (one request per 1000 s) for Throttle")
 	}
 	return nil
 }

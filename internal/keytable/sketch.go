@@ -1,4 +1,4 @@
-package flow
+package keytable
 
 import (
 	"math/bits"
@@ -6,46 +6,46 @@ import (
 	"go.uber.org/atomic"
 )
 
-// carrySketch keeps what active keys had when they were evicted, so that a
-// key evicted and seen again starts from it (see keyTable). It has two
-// rows of cells, each indexed by its own bits of the key's hash; a cell
-// keeps, bucket by bucket, the largest count any key written to it had
-// (keyWindow), or the latest timeline head (keyPace). A key's estimate is
-// the smaller of its two cells, never below what it had: keys that share
-// a cell can only be made stricter, for what remains of that window.
+// sketch keeps what active keys had when they were evicted, so that a key
+// evicted and seen again starts from it (see Table). It has two rows of
+// cells, each indexed by its own bits of the key's hash; a cell keeps,
+// bucket by bucket, the largest count any key written to it had (Window),
+// or the latest timeline head (Pace). A key's estimate is the smaller of
+// its two cells, never below what it had: keys that share a cell can only
+// be made stricter, for what remains of that window.
 //
 // Counts stay in the buckets they were made in, so they leave the key's
 // window when they would have; a key evicted again and again is not held
 // beyond its own counts.
-type carrySketch struct {
-	counts []atomic.Pointer[carry] // keyWindow: 2 rows of mask+1
-	heads  []atomic.Int64          // keyPace: 2 rows of mask+1
+type sketch struct {
+	counts []atomic.Pointer[carry] // Window: 2 rows of mask+1
+	heads  []atomic.Int64          // Pace: 2 rows of mask+1
 	mask   uint64
 }
 
 // carry is a key's window at eviction: counts by bucket slot for the
-// buckets head-keyBuckets+1 to head. A cell's carry is replaced, never
+// buckets head-Buckets+1 to head. A cell's carry is replaced, never
 // changed in place.
 type carry struct {
 	head   int64
-	counts [keyBuckets]uint32 // per-key limits fit: MaxKeyWindowCount
+	counts [Buckets]uint32 // per-key limits fit: flow's MaxKeyWindowCount
 }
 
 // at is the count carried in bucket x (0 outside the carry's window).
 func (c *carry) at(x int64) uint32 {
-	if x > c.head || x <= c.head-keyBuckets {
+	if x > c.head || x <= c.head-Buckets {
 		return 0
 	}
 	return c.counts[slotOf(x)]
 }
 
-// newCarrySketch sizes the sketch to a power of two at least maxKeys cells
+// newSketch sizes the sketch to a power of two at least maxKeys cells
 // per row: a flood of evicted keys fills about as many cells as the table
 // has keys.
-func newCarrySketch(maxKeys int, kind keyKind) carrySketch {
+func newSketch(maxKeys int, kind Kind) sketch {
 	w := uint64(1) << bits.Len64(uint64(max(maxKeys, 512)-1))
-	s := carrySketch{mask: w - 1}
-	if kind == keyPace {
+	s := sketch{mask: w - 1}
+	if kind == Pace {
 		s.heads = make([]atomic.Int64, 2*w)
 	} else {
 		s.counts = make([]atomic.Pointer[carry], 2*w)
@@ -55,22 +55,22 @@ func newCarrySketch(maxKeys int, kind keyKind) carrySketch {
 
 // cells returns the indexes of a key's two cells from h, its table's first
 // hash (its bits past those that chose the key's sets).
-func (s *carrySketch) cells(h uint64) [2]uint64 {
+func (s *sketch) cells(h uint64) [2]uint64 {
 	h = bits.RotateLeft64(h, 17)
 	return [2]uint64{h & s.mask, s.mask + 1 + (h>>32)&s.mask}
 }
 
 // addCarry merges c into the key's cells: bucket by bucket, the larger
 // count.
-func (s *carrySketch) addCarry(h uint64, c carry) {
+func (s *sketch) addCarry(h uint64, c carry) {
 	for _, i := range s.cells(h) {
 		cell := &s.counts[i]
 		for {
 			old := cell.Load()
 			next := c
-			if old != nil && old.head > c.head-keyBuckets {
+			if old != nil && old.head > c.head-Buckets {
 				next.head = max(old.head, c.head)
-				for x := next.head - keyBuckets + 1; x <= next.head; x++ {
+				for x := next.head - Buckets + 1; x <= next.head; x++ {
 					next.counts[slotOf(x)] = max(old.at(x), c.at(x))
 				}
 			}
@@ -84,7 +84,7 @@ func (s *carrySketch) addCarry(h uint64, c carry) {
 // carryOf is the key's estimate for the window whose newest bucket is b,
 // or the newest bucket of its cells if later (a carry made on a clock read
 // a little ahead of ours); false if it carries nothing.
-func (s *carrySketch) carryOf(h uint64, b int64) (carry, bool) {
+func (s *sketch) carryOf(h uint64, b int64) (carry, bool) {
 	idx := s.cells(h)
 	c0, c1 := s.counts[idx[0]].Load(), s.counts[idx[1]].Load()
 	if c0 == nil || c1 == nil {
@@ -93,7 +93,7 @@ func (s *carrySketch) carryOf(h uint64, b int64) (carry, bool) {
 	b = max(b, c0.head, c1.head)
 	est := carry{head: b}
 	var any bool
-	for x := b - keyBuckets + 1; x <= b; x++ {
+	for x := b - Buckets + 1; x <= b; x++ {
 		if n := min(c0.at(x), c1.at(x)); n > 0 {
 			est.counts[slotOf(x)] = n
 			any = true
@@ -103,7 +103,7 @@ func (s *carrySketch) carryOf(h uint64, b int64) (carry, bool) {
 }
 
 // addHead records a pacing timeline's head at.
-func (s *carrySketch) addHead(h uint64, at int64) {
+func (s *sketch) addHead(h uint64, at int64) {
 	for _, i := range s.cells(h) {
 		cell := &s.heads[i]
 		for {
@@ -116,7 +116,7 @@ func (s *carrySketch) addHead(h uint64, at int64) {
 }
 
 // head is the key's estimated timeline head (0: none).
-func (s *carrySketch) head(h uint64) int64 {
+func (s *sketch) head(h uint64) int64 {
 	idx := s.cells(h)
 	return min(s.heads[idx[0]].Load(), s.heads[idx[1]].Load())
 }

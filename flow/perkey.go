@@ -1,0 +1,386 @@
+package flow
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/leapflow/leapflow/internal/keytable"
+	"github.com/leapflow/leapflow/internal/names"
+	"github.com/leapflow/leapflow/internal/pace"
+	"github.com/leapflow/leapflow/stat"
+)
+
+// tableID identifies a per-key rule's table across reloads: everything
+// but its thresholds and MaxKeys, which a reload may change while the keys
+// keep their counts; and which of the rules alike it is.
+type tableID struct {
+	resource, id string
+	metric       Metric
+	behavior     Behavior
+	interval     time.Duration
+	maxQueue     time.Duration
+	global       bool // a Global rule's local fallback
+	copy         int
+}
+
+// keyRule is a compiled PerKey rule.
+type keyRule struct {
+	t        *keytable.Table
+	limit    int64   // Window: per window; Conc: in flight
+	rate     float64 // Pace
+	maxQueue int64   // Pace
+	// spec holds the keys listed in the rule's Keys; nil when none.
+	spec map[string]keySpec
+	be   *BlockError
+}
+
+// keySpec is a listed key: its state, kept apart from the table (never
+// evicted), its own threshold and the error that says so.
+type keySpec struct {
+	st    *keytable.State
+	limit int64
+	rate  float64
+	be    *BlockError
+}
+
+// keyHeld is what a request took from a key, to give back if a later
+// check blocks it.
+type keyHeld struct {
+	st *keytable.State
+	b  int64 // Window: the bucket counted in; Pace: the cost
+	// slot is a Pace rule's slot on the key's timeline (see
+	// pace.GiveBack).
+	slot int64
+}
+
+// maxKeyRules bounds a resource's PerKey QPS rules (held on the stack
+// during Entry); it has at most one PerKey Concurrency rule.
+const maxKeyRules = 4
+
+// addKeyed adds PerKey rule r, whose table is identified by id, to rr.
+func (e *Engine) addKeyed(next, old *ruleSet, rr *resourceRules, r *Rule, id tableID) {
+	t := e.keyTable(next, old, rr, r, id)
+	kr := keyRule{t: t, be: newBlockError(r, ReasonFlow)}
+	limitOf := func(threshold float64) (int64, float64) {
+		switch t.Kind() {
+		case keytable.Conc:
+			return int64(threshold), 0
+		case keytable.Pace:
+			return 0, threshold
+		}
+		return perWindow(threshold, r.StatInterval), 0
+	}
+	kr.limit, kr.rate = limitOf(r.Threshold)
+	switch t.Kind() {
+	case keytable.Conc:
+		kr.be = newBlockError(r, ReasonConcurrency)
+	case keytable.Pace:
+		kr.maxQueue = int64(r.MaxQueueing)
+		kr.be = newBlockError(r, ReasonQueue)
+	}
+	if len(r.Keys) > 0 {
+		kr.spec = make(map[string]keySpec, len(r.Keys))
+		for _, kl := range r.Keys {
+			limit, rate := limitOf(kl.Threshold)
+			kr.spec[kl.Key] = keySpec{st: t.Specific(kl.Key), limit: limit, rate: rate,
+				be: newKeyBlockError(r, kr.be.Reason, kl.Threshold)}
+		}
+	}
+	if t.Kind() == keytable.Conc {
+		rr.keyConc = kr
+	} else {
+		rr.keyed = append(rr.keyed, kr)
+	}
+}
+
+// keyTable returns the table of PerKey rule r in the set being built: the
+// old set's, moved to a new one if MaxKeys changed, with the keys r lists
+// in Keys kept apart and those it no longer lists put back.
+func (e *Engine) keyTable(next, old *ruleSet, rr *resourceRules, r *Rule, id tableID) *keytable.Table {
+	t := old.tables[id]
+	if t == nil || t.Capacity() != keytable.CapacityFor(r.MaxKeys) {
+		nt := keytable.New(keyTableConfig(r, e.now))
+		nt.CountEvictions(rr.node.AddKeyEviction) // before Migrate: it evicts too
+		if t != nil {
+			nt.Migrate(t)
+		}
+		t = nt
+	} else {
+		t.CountEvictions(rr.node.AddKeyEviction) // the resource's node may be new
+	}
+	next.tables[id] = t
+	listed := make([]string, len(r.Keys))
+	for i, kl := range r.Keys {
+		listed[i] = kl.Key
+	}
+	t.KeepSpecific(listed)
+	return t
+}
+
+// keyTableConfig is the table of per-key rule r (valid, defaults in).
+func keyTableConfig(r *Rule, now func() int64) keytable.Config {
+	cfg := keytable.Config{MaxKeys: r.MaxKeys, Now: now}
+	switch {
+	case r.Metric == Concurrency:
+		cfg.Kind = keytable.Conc
+	case r.Behavior == Throttle:
+		cfg.Kind = keytable.Pace
+	default:
+		cfg.Kind = keytable.Window
+		cfg.Window = int64(r.StatInterval)
+	}
+	return cfg
+}
+
+// state returns the state and limits of the request's key.
+func (kr *keyRule) state(key string, hasKey bool) (*keytable.State, int64, float64) {
+	if !hasKey {
+		return kr.t.NoKey(), kr.limit, kr.rate
+	}
+	if kr.spec != nil {
+		if s, ok := kr.spec[key]; ok {
+			return s.st, s.limit, s.rate
+		}
+	}
+	return kr.t.Get(key), kr.limit, kr.rate
+}
+
+// blockError is the error a request of key is blocked with: the rule's,
+// or a listed key's own (its Quota is the key's).
+func (kr *keyRule) blockError(q *request) *BlockError {
+	if q.hasKey && kr.spec != nil {
+		if s, ok := kr.spec[q.key]; ok {
+			return s.be
+		}
+	}
+	return kr.be
+}
+
+// acquireKeyConc counts the request in its key's concurrency.
+func (kr *keyRule) acquire(q *request) (*keytable.State, int64, bool) {
+	for {
+		st, limit, _ := kr.state(q.key, q.hasKey)
+		seen, ok, dead := st.Acquire(q.n, limit)
+		if !dead {
+			return st, seen, ok
+		}
+		// Its state left the table as we counted: look again.
+	}
+}
+
+// admit checks the request against a PerKey QPS rule. It returns how long
+// a throttled request waits, or false, what the rule saw and when it could
+// admit it.
+func (kr *keyRule) admit(q *request, now int64, held *keyHeld) (wait int64, seen float64, rm room, ok bool) {
+	return kr.admitQueue(q, now, held, kr.maxQueue)
+}
+
+// admitAt is admit of a PerKey Throttle rule's slot at instant t itself,
+// with no queue past it (see Engine.align).
+func (kr *keyRule) admitAt(q *request, t int64, held *keyHeld) (wait int64, seen float64, rm room, ok bool) {
+	return kr.admitQueue(q, t, held, 0)
+}
+
+func (kr *keyRule) admitQueue(q *request, now int64, held *keyHeld, maxQueue int64) (wait int64, seen float64, rm room, ok bool) {
+	for {
+		st, limit, rate := kr.state(q.key, q.hasKey)
+		if kr.t.Kind() == keytable.Pace {
+			ph, d, ok := pace.Reserve(st.Timeline(), maxQueue, now, q.n, rate)
+			if !ok {
+				return 0, rate, paceRoom(d, maxQueue), false
+			}
+			if st.Dead() {
+				pace.GiveBack(st.Timeline(), ph)
+				continue
+			}
+			*held = keyHeld{st: st, b: ph.Cost, slot: ph.Slot}
+			return d, 0, room{}, true
+		}
+		b, s, ok, dead := kr.t.Admit(st, now, q.n, limit)
+		if dead {
+			continue
+		}
+		if !ok {
+			retry, reset := kr.t.RoomIn(st, now, q.n, limit)
+			return 0, float64(s), room{retry, reset}, false
+		}
+		*held = keyHeld{st: st, b: b}
+		return 0, 0, room{}, true
+	}
+}
+
+// undo gives back what a request took from a key.
+func (kr *keyRule) undo(h keyHeld, n int64) {
+	if h.st == nil {
+		return
+	}
+	if kr.t.Kind() == keytable.Pace {
+		pace.GiveBack(h.st.Timeline(), pace.Held{Cost: h.b, Slot: h.slot})
+		return
+	}
+	h.st.Undo(h.b, n)
+}
+
+// keyless counts a request without a key checked by per-key rules.
+func keyless(node *stat.Node, q *request) {
+	if !q.hasKey {
+		node.AddKeyless()
+	}
+}
+
+var perKeyKind = kind{
+	name:     "per-key",
+	is:       func(r *Rule) bool { return r.PerKey && !r.Global },
+	validate: validatePerKeyKind,
+	compile:  func(c *compiling) { c.e.addKeyed(c.next, c.old, c.rr, c.r, c.id) },
+	describe: func(r *Rule) string {
+		if r.Metric == Concurrency {
+			return " in flight per key"
+		}
+		return describeRate(r) + " per key"
+	},
+}
+
+// validatePerKeyKind checks what a PerKey rule adds.
+func validatePerKeyKind(r *Rule, i int) error {
+	if !r.PerKey {
+		return nil
+	}
+	return r.validatePerKey(i)
+}
+
+// takeKeyConcurrency counts the request in flight under its key of the
+// PerKey Concurrency rule.
+func (rr *resourceRules) takeKeyConcurrency(h *held, q *request) (refusal, bool) {
+	st, seen, ok := rr.keyConc.acquire(q)
+	if !ok {
+		return refusal{rr.keyConc.blockError(q), float64(seen), unknownRoom}, false
+	}
+	h.kc = st
+	return refusal{}, true
+}
+
+// takeKeyed admits the request under its key of each PerKey rate rule;
+// a key's window moves now to its newest bucket.
+func (rr *resourceRules) takeKeyed(h *held, now, wait int64, q *request) (int64, int64, refusal, bool) {
+	for i := range rr.keyed {
+		kr := &rr.keyed[i]
+		d, seen, rm, ok := kr.admit(q, now, &h.keys[i])
+		if !ok {
+			return now, wait, refusal{kr.blockError(q), seen, rm}, false
+		}
+		if kr.t.Kind() == keytable.Window {
+			now = max(now, h.keys[i].b*kr.t.BucketLen())
+		}
+		wait = max(wait, d)
+	}
+	return now, wait, refusal{}, true
+}
+
+// releaseKeyed gives back what the request took under its keys.
+func (rr *resourceRules) releaseKeyed(h *held, n int64) {
+	if h.kc != nil {
+		rr.keyConc.t.Release(h.kc, n)
+	}
+	for i := range rr.keyed {
+		rr.keyed[i].undo(h.keys[i], n)
+	}
+}
+
+// keyedHold reports whether every key window of the request counts it at
+// instant t.
+func (h *held) keyedHold(rr *resourceRules, t int64) bool {
+	for i := range rr.keyed {
+		if kr := &rr.keyed[i]; kr.t.Kind() == keytable.Window && h.keys[i].st != nil && t/kr.t.BucketLen() != h.keys[i].b {
+			return false
+		}
+	}
+	return true
+}
+
+// alignKeyed checks that each key window holds t already (it cannot count
+// ahead of its newest bucket) and takes each key's Throttle slot again at
+// t.
+func (rr *resourceRules) alignKeyed(h *held, t int64, q *request) (refusal, bool) {
+	n := q.n
+	for i := range rr.keyed {
+		kr := &rr.keyed[i]
+		if kr.t.Kind() == keytable.Window {
+			if h.keys[i].st != nil && t/kr.t.BucketLen() != h.keys[i].b {
+				return refusal{kr.blockError(q), 0, unknownRoom}, false
+			}
+			continue
+		}
+		kr.undo(h.keys[i], n)
+		h.keys[i] = keyHeld{}
+		if _, seen, _, ok := kr.admitAt(q, t, &h.keys[i]); !ok {
+			return refusal{kr.blockError(q), seen, unknownRoom}, false
+		}
+	}
+	return refusal{}, true
+}
+
+// validatePerKey checks what a PerKey rule adds.
+func (r *Rule) validatePerKey(i int) error {
+	bad := func(field string, value any, reason string) error { return r.errorf(i, field, value, reason) }
+	switch {
+	case r.Behavior == WarmUp || r.Behavior == WarmUpThrottle:
+		return bad("Behavior", r.Behavior, "must be Reject or Throttle for a PerKey rule")
+	case r.RelatedResource != "":
+		return bad("RelatedResource", r.RelatedResource, "cannot be combined with PerKey")
+	case r.MaxKeys < 1 || r.MaxKeys > MaxMaxKeys:
+		return bad("MaxKeys", r.MaxKeys, fmt.Sprintf("must be in [1, %d]", MaxMaxKeys))
+	case len(r.Keys) > maxKeyLimits:
+		return bad("Keys", len(r.Keys), fmt.Sprintf("must list at most %d keys", maxKeyLimits))
+	}
+	if err := r.validateKeyThreshold(i, "Threshold", r.Threshold); err != nil {
+		return err
+	}
+	seen := make(map[string]bool, len(r.Keys))
+	for k, kl := range r.Keys {
+		field := fmt.Sprintf("Keys[%d]", k)
+		switch {
+		case kl.Key == "":
+			return bad(field+".Key", `""`, "must not be empty")
+		case len(kl.Key) > MaxKeyLen:
+			return bad(field+".Key", names.Abbrev(kl.Key), fmt.Sprintf("must be at most %d bytes", MaxKeyLen))
+		case seen[kl.Key]:
+			return bad(field+".Key", names.Abbrev(kl.Key), "is listed twice")
+		case math.IsNaN(kl.Threshold) || math.IsInf(kl.Threshold, 0) || kl.Threshold < 0 || kl.Threshold > MaxThreshold:
+			return bad(field+".Threshold", kl.Threshold, fmt.Sprintf("must be a finite number in [0, %g]", float64(MaxThreshold)))
+		}
+		seen[kl.Key] = true
+		if err := r.validateKeyThreshold(i, field+".Threshold", kl.Threshold); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// validateKeyThreshold checks a per-key threshold against what a key's
+// compact state holds.
+func (r *Rule) validateKeyThreshold(i int, field string, t float64) error {
+	switch {
+	case r.Metric == QPS && r.Behavior == Reject && perWindow(t, r.StatInterval) > MaxKeyWindowCount:
+		return r.errorf(i, field, t, "admits %d per window, more than a key's window holds (MaxKeyWindowCount, %d)", perWindow(t, r.StatInterval), int64(MaxKeyWindowCount))
+	case r.Behavior == Throttle && t > 0 && t < minPacedRate:
+		return r.errorf(i, field, t, "must be 0 or at least 0.001 (one request per 1000 s) for Throttle")
+	}
+	return nil
+}
+
+// Per-key bounds.
+const (
+	// DefaultMaxKeys is the MaxKeys of a PerKey rule with none.
+	DefaultMaxKeys = 100_000
+	// MaxMaxKeys is the largest MaxKeys a rule accepts.
+	MaxMaxKeys = 1 << 24
+	// MaxKeyLen is the longest key WithKey accepts, in bytes.
+	MaxKeyLen = 1024
+	// MaxKeyWindowCount is the most a PerKey QPS rule (or a specific key)
+	// may admit per window: Threshold x StatInterval / 1s.
+	MaxKeyWindowCount = 1<<32 - 1
+	// maxKeyLimits bounds a rule's Keys.
+	maxKeyLimits = 10_000
+)

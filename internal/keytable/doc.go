@@ -1,0 +1,33 @@
+// Package keytable is the state of flow's PerKey rules: a bounded table of
+// compact per-key states (a window of Buckets buckets, a pacing timeline,
+// or a count in flight), and a sketch that remembers what evicted keys had.
+// flow keeps the rules (thresholds, listed keys, errors) and calls Get,
+// Admit, Undo, Acquire and Release on a request's key; nothing here knows
+// the Engine, and the tests drive it with plain numbers.
+//
+// A key is not a resource: its state is one cache line, with no stripes
+// and no statistics of its own; the resource's node counts every request.
+//
+// When a key new to the table finds both its sets full, it replaces the
+// state that loses least, and none of them lets a key exceed its threshold
+// in any window:
+//   - A key whose window is over (Window), whose timeline is past (Pace)
+//     or with nothing in flight (Conc) goes first: nothing is lost.
+//   - Else the key least recently counted in is evicted while active (more
+//     keys active at once than the table holds). Its count in its last
+//     window, and until when it counts, go into a small count sketch (two
+//     rows of cells, each keeping the largest live count written to it). A
+//     key that comes back starts with the smaller of its two cells in its
+//     newest bucket, which covers what it had: evicting a key k times in a
+//     window gives it nothing more. A key that shares both cells with an
+//     evicted active key starts with that key's count instead (stricter,
+//     never looser) until that window ends. Each such eviction calls the
+//     table's eviction counter (see Table.CountEvictions).
+//   - A Conc key with requests in flight is never dropped: evicted, it
+//     moves to a side table until its last request exits or it is seen
+//     again.
+//
+// A request that found a key's state just before it was evicted and counts
+// in it after sees the state marked dead, takes its count back and looks
+// the key up again.
+package keytable

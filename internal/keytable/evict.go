@@ -1,0 +1,190 @@
+package keytable
+
+import (
+	"math"
+	"time"
+)
+
+// victim picks the way a new key takes in sets a and b: an empty one, else
+// the state that loses least when evicted: one whose window is over (or
+// whose timeline is past, or with nothing in flight), else the one least
+// recently counted in.
+func (t *Table) victim(a, b int, now int64) (setIdx, wayIdx int) {
+	best, bestAge := -1, int64(math.MinInt64)
+	for k, si := range [2]int{a, b} {
+		s := &t.sets[si]
+		for i := range s.ways {
+			st := s.ways[i].st.Load()
+			if st == nil {
+				return si, i
+			}
+			age := t.idleFor(st, now)
+			if age > bestAge {
+				best, bestAge = k*setWays+i, age
+			}
+		}
+	}
+	if best < setWays {
+		return a, best
+	}
+	return b, best - setWays
+}
+
+// idleFor says how little a state loses if evicted at now: the larger, the
+// less. Past 0 it loses nothing.
+func (t *Table) idleFor(st *State, now int64) int64 {
+	switch t.kind {
+	case Conc:
+		if st.head.Load() == 0 {
+			return 1
+		}
+		return math.MinInt64 / 2 // pinned if evicted
+	case Pace:
+		return now - st.head.Load()
+	}
+	h := st.head.Load()
+	if h == noBucket {
+		return math.MaxInt64 / 2
+	}
+	return now - (h+Buckets)*t.bucketLen // past 0: the window is over
+}
+
+// evict takes st out of the table (its way is being replaced, under the
+// set's lock): what it holds goes to the sketch, or, for a Conc state with
+// requests in flight, to the side table.
+func (t *Table) evict(st *State, now int64) {
+	st.dead.Store(true)
+	switch t.kind {
+	case Conc:
+		if st.head.Load() > 0 {
+			t.specMu.Lock()
+			t.pinned[st.id] = st
+			st.pinned.Store(true)
+			if st.head.Load() == 0 {
+				// Its last request exited as we pinned it, and may have
+				// missed the mark: unpinned here.
+				delete(t.pinned, st.id)
+				st.pinned.Store(false)
+				t.specMu.Unlock()
+				return
+			}
+			// Alive again before the lock goes: a release that unpins it
+			// (under the lock) marks it dead after this.
+			st.dead.Store(false)
+			t.specMu.Unlock()
+		}
+		return
+	case Window:
+		// Read after dead is set: a request that counts later sees it.
+		// Kept for a window more than this clock reading needs: another
+		// request's reading may be behind it.
+		b := now / t.bucketLen
+		c, ok := st.carry(b - Buckets)
+		if !ok {
+			return // its window is over: nothing to keep
+		}
+		t.sketch.addCarry(st.id.h, c)
+		if c.head+Buckets <= b {
+			return // idle by this clock: not counted as active
+		}
+	case Pace:
+		// Kept even when past: the next request's cost runs from it.
+		at := st.head.Load()
+		t.sketch.addHead(st.id.h, at)
+		if at <= now-int64(time.Second) {
+			return // idle a second: not counted as active
+		}
+	}
+	if count := t.evicted.Load(); count != nil {
+		(*count)()
+	}
+}
+
+// fresh makes a state for key, starting from what the sketch says it had
+// when it was evicted.
+func (t *Table) fresh(id ID) *State {
+	st := t.newState(id)
+	switch t.kind {
+	case Window:
+		// The state starts at the newest bucket its carry was read for,
+		// even with nothing carried: a request whose clock reading is
+		// behind counts there, not in a window the carry was not read for.
+		b := max(t.now(), 0) / t.bucketLen
+		c, _ := t.sketch.carryOf(id.h, b)
+		st.head.Store(c.head)
+		for x := c.head - Buckets + 1; x <= c.head; x++ {
+			// Each count back in its own bucket: they leave the window
+			// when they would have.
+			st.words[slotOf(x)].Store(packBucket(x, uint64(c.at(x))))
+		}
+	case Pace:
+		if at := t.sketch.head(id.h); at != 0 {
+			st.head.Store(at)
+		}
+	}
+	return st
+}
+
+// Migrate moves the keys of old, a table of another MaxKeys, into t (load
+// time). The states move, so requests in flight on them still count, and
+// old forwards every lookup and release to t from then on: a request that
+// read the old rule set finds the same states, and no state lives in two
+// tables (evicted from one, it would be dead in the other).
+func (t *Table) Migrate(old *Table) {
+	t.sketch = old.sketch
+	t.seeds = old.seeds // the states keep their identities
+	t.noKey = old.noKey
+	old.specMu.Lock()
+	t.spec, t.pinned = old.spec, old.pinned
+	old.spec, old.pinned = map[string]*State{}, map[ID]*State{}
+	old.next.Store(t)
+	old.specMu.Unlock()
+	// Each set is read under its lock: an add to it that began before
+	// next was set has finished (its evictions made), and one after it
+	// sees next and goes to t.
+	for i := range old.sets {
+		unlockOld := old.lock(i, i)
+		for j := range old.sets[i].ways {
+			if st := old.sets[i].ways[j].st.Load(); st != nil {
+				t.insert(st)
+			}
+		}
+		unlockOld()
+	}
+}
+
+// current is the table lookups go to: t, or the table it moved to.
+func (t *Table) current() *Table {
+	for {
+		n := t.next.Load()
+		if n == nil {
+			return t
+		}
+		t = n
+	}
+}
+
+// Release ends a Conc request of n on st (counted by st.Acquire), which
+// may have left the table meanwhile (see evict).
+func (t *Table) Release(st *State, n int64) {
+	if st.head.Sub(n) > 0 || !st.pinned.Load() {
+		return
+	}
+	t = t.current()
+	t.specMu.Lock()
+	defer t.specMu.Unlock()
+	if st.pinned.Load() && st.head.Load() == 0 {
+		// Dead first, then look again: a request that counted in it
+		// meanwhile either sees it dead (and takes its count back) or is
+		// seen here, and the state stays pinned, alive.
+		st.dead.Store(true)
+		if st.head.Load() != 0 {
+			st.dead.Store(false)
+			return
+		}
+		if t.pinned[st.id] == st {
+			delete(t.pinned, st.id)
+		}
+		st.pinned.Store(false)
+	}
+}

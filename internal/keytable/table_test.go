@@ -1,0 +1,206 @@
+package keytable
+
+import (
+	"fmt"
+	"testing"
+	"unsafe"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/leapflow/leapflow/internal/cpu"
+)
+
+func TestStatesAndSetsAreOneCacheLine(t *testing.T) {
+	assert.Equal(t, uintptr(cpu.CacheLine), unsafe.Sizeof(State{}))
+	assert.Equal(t, uintptr(cpu.CacheLine), unsafe.Sizeof(set{}))
+	assert.Equal(t, uintptr(cpu.CacheLine), unsafe.Sizeof(paddedMutex{}))
+}
+
+func TestGetReturnsTheSameStateForTheSameKey(t *testing.T) {
+	var now int64
+	tbl := newWindowTable(1024, &now)
+	states := map[*State]string{}
+	for i := range 200 {
+		k := fmt.Sprint("key-", i)
+		st := tbl.Get(k)
+		require.NotContains(t, states, st, "%s shares %s's state", k, states[st])
+		states[st] = k
+	}
+	for st, k := range states {
+		assert.Same(t, st, tbl.Get(k), k)
+	}
+	assert.Equal(t, int64(200), tbl.Len())
+	assert.NotSame(t, tbl.NoKey(), tbl.Get(""), "no key is not the empty key")
+}
+
+func TestTableNeverHoldsMoreThanItsCapacity(t *testing.T) {
+	for _, maxKeys := range []int{1, 4, 5, 64, 1000} {
+		var now int64
+		tbl := newWindowTable(maxKeys, &now)
+		assert.Equal(t, CapacityFor(maxKeys), tbl.Capacity())
+		assert.GreaterOrEqual(t, tbl.Capacity(), maxKeys)
+		assert.Less(t, tbl.Capacity(), maxKeys+setWays)
+		for i := range 20 * tbl.Capacity() {
+			now += 10
+			// Active keys, counted in the sketch once evicted: a new key
+			// sharing both its cells with them may be refused.
+			_, _, _, dead := tbl.Admit(tbl.Get(fmt.Sprint(i)), now, 1, 1)
+			require.False(t, dead)
+		}
+		n := 0
+		tbl.Each(func(*State) { n++ })
+		assert.LessOrEqual(t, n, tbl.Capacity(), "maxKeys %d", maxKeys)
+		assert.Equal(t, int64(n), tbl.Len(), "maxKeys %d", maxKeys)
+	}
+}
+
+// fill adds keys prefix0.. to tbl until st is evicted (dead), counting
+// one in each at now if count (refused when they share both sketch cells
+// with evicted keys); it returns how many it added.
+func fill(t *testing.T, tbl *Table, st *State, prefix string, now int64, count bool) int {
+	t.Helper()
+	for i := range 100 * tbl.Capacity() {
+		f := tbl.Get(fmt.Sprint(prefix, i))
+		if count {
+			tbl.Admit(f, now, 1, 1)
+		}
+		if st.Dead() {
+			return i + 1
+		}
+	}
+	t.Fatal("never evicted")
+	return 0
+}
+
+func TestEvictionTakesAnIdleKeyFirstAndCountsNone(t *testing.T) {
+	var now int64
+	tbl := newWindowTable(4, &now) // one set: every key competes
+	evictions := 0
+	tbl.CountEvictions(func() { evictions++ })
+	idle := tbl.Get("idle")
+	_, _, ok, _ := tbl.Admit(idle, 0, 1, 3)
+	require.True(t, ok)
+	now = 2000 // idle's window is over
+	var active []*State
+	for i := range 3 {
+		st := tbl.Get(fmt.Sprint("active", i))
+		_, _, ok, _ := tbl.Admit(st, now, 1, 3)
+		require.True(t, ok)
+		active = append(active, st)
+	}
+	tbl.Get("new")
+	assert.True(t, idle.Dead(), "the idle key went")
+	for _, st := range active {
+		assert.False(t, st.Dead())
+	}
+	assert.Zero(t, evictions, "an idle key's eviction loses nothing")
+}
+
+// TestEvictedKeyComesBackWithItsCount: a flood of other keys evicts an
+// active key, which comes back within its window with its count: the
+// flood resets nothing. Its counts leave the window when they would have.
+func TestEvictedKeyComesBackWithItsCount(t *testing.T) {
+	var now int64
+	tbl := newWindowTable(4, &now)
+	evictions := 0
+	tbl.CountEvictions(func() { evictions++ })
+	const limit = 3
+	hot := tbl.Get("hot")
+	runAdmitSteps(t, tbl, hot, limit, []admitStep{{0, 1, true}, {300, 2, true}, {400, 1, false}})
+	now = 500
+	// Keys that count nothing: their evictions leave the sketch as it
+	// was, so hot comes back with exactly its own counts.
+	fill(t, tbl, hot, "flood", now, false)
+	assert.Positive(t, evictions, "an active key's eviction is counted")
+	back := tbl.Get("hot")
+	require.NotSame(t, hot, back)
+	runAdmitSteps(t, tbl, back, limit, []admitStep{
+		{600, 1, false},  // still 3 in the window
+		{1000, 1, true},  // bucket 0's 1 left
+		{1000, 1, false}, //
+		{1250, 2, true},  // bucket 1's 2 left
+	})
+	// Evicted again and again within one window: never more.
+	now = 1300
+	for round := range 5 {
+		st := tbl.Get("hot")
+		_, _, ok, _ := tbl.Admit(st, now, 1, limit)
+		assert.False(t, ok, "round %d", round)
+		fill(t, tbl, st, fmt.Sprint("round", round, "-"), now, true)
+	}
+}
+
+func TestEvictedPaceKeyKeepsItsTimeline(t *testing.T) {
+	var now int64
+	tbl := New(Config{Kind: Pace, MaxKeys: 4, Now: func() int64 { return now }})
+	hot := tbl.Get("hot")
+	hot.Timeline().Store(5e9)
+	for i := 0; !hot.Dead(); i++ {
+		require.Less(t, i, 1000, "never evicted")
+		tbl.Get(fmt.Sprint("flood", i)).Timeline().Store(6e9) // ahead of hot: hot goes first
+	}
+	assert.GreaterOrEqual(t, tbl.Get("hot").Timeline().Load(), int64(5e9))
+}
+
+func TestSpecificKeysAreNeverEvicted(t *testing.T) {
+	var now int64
+	tbl := newWindowTable(4, &now)
+	const limit = 2
+	// A key in the sets moves out with its count when listed.
+	st := tbl.Get("vip")
+	runAdmitSteps(t, tbl, st, limit, []admitStep{{0, 2, true}})
+	vip := tbl.Specific("vip")
+	require.Same(t, st, vip)
+	assert.Zero(t, tbl.Len())
+	assert.Equal(t, 1, tbl.Listed())
+	for i := range 100 {
+		tbl.Admit(tbl.Get(fmt.Sprint("flood", i)), 0, 1, 1)
+	}
+	assert.False(t, vip.Dead())
+	assert.Same(t, vip, tbl.Specific("vip"))
+	// No longer listed: back in the sets, with its count.
+	tbl.KeepSpecific([]string{"other"})
+	assert.Zero(t, tbl.Listed())
+	assert.Same(t, vip, tbl.Get("vip"))
+	runAdmitSteps(t, tbl, vip, limit, []admitStep{{10, 1, false}})
+}
+
+// TestMigrateKeepsCounts: a reload that changes MaxKeys moves the keys to
+// a new table: the same states when it grows, their counts through the
+// sketch when it shrinks; the old table forwards to the new one, so a
+// request that read the old rules finds a live state.
+func TestMigrateKeepsCounts(t *testing.T) {
+	for _, c := range []struct{ from, to int }{{8, 64}, {64, 4}} {
+		t.Run(fmt.Sprintf("maxKeys=%d->%d", c.from, c.to), func(t *testing.T) {
+			var now int64
+			old := newWindowTable(c.from, &now)
+			const limit = 2
+			var keys []string
+			for i := range c.from / 2 {
+				k := fmt.Sprint("k", i)
+				keys = append(keys, k)
+				_, _, ok, _ := old.Admit(old.Get(k), 0, limit, limit)
+				require.True(t, ok)
+			}
+			next := newWindowTable(c.to, &now)
+			next.Migrate(old)
+			assert.LessOrEqual(t, next.Len(), int64(next.Capacity()))
+			for _, k := range keys {
+				for _, tbl := range []*Table{next, old} {
+					st := tbl.Get(k)
+					require.False(t, st.Dead(), "%s", k)
+					_, seen, ok, dead := tbl.Admit(st, 100, 1, limit)
+					assert.False(t, dead, "%s", k)
+					assert.False(t, ok, "%s counted again after the reload", k)
+					assert.GreaterOrEqual(t, seen, int64(limit), "%s", k)
+				}
+			}
+			if c.to > c.from {
+				for _, k := range keys {
+					assert.Same(t, next.Get(k), old.Get(k), "%s: one state", k)
+				}
+			}
+		})
+	}
+}
