@@ -94,13 +94,13 @@ func (e *Engine) enter(set *ruleSet, rr *resourceRules, node *stat.Node, opts []
 // says whether a concurrency rule counted it, kc is the key state a PerKey
 // Concurrency rule counted it in (Exit releases both).
 func (e *Engine) admitted(set *ruleSet, node *stat.Node, p int, start, n int64, counted bool, kc *keytable.State, kt *keytable.Table) Entry {
-	sl, w := e.slots.claim(p, node, n, counted, kc, kt)
+	sl, w := e.slots.Claim(p, node, n, counted, kc, kt)
 	if !counted && e.rules.Load() != set {
 		// Rules were loaded since this request read them: if they add a
 		// concurrency rule, their walk may have passed this slot (see
-		// slots.track).
+		// slots.Slots.Track).
 		if rr := e.rules.Load().byResource[node.Resource()]; rr != nil && rr.concLimit >= 0 {
-			w = e.slots.count(sl, w, node, n)
+			w = e.slots.Count(sl, w, node, n)
 		}
 	}
 	return Entry{node: node, slot: sl, word: w, start: start, n: int32(n), p: int32(p)}

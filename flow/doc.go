@@ -187,7 +187,7 @@
 // warmup.go, paced.go, gcra.go, concurrency.go, related.go, global.go,
 // keyrule.go, dryrun.go) with its validation, compilation and per-request
 // steps. The algorithms that need no Engine are internal packages with
-// tests of their own (internal/gcra, pace, warmup, keytable); the windows
+// tests of their own (internal/gcra, pace, warmup, keytable, slots); the windows
 // flow counts in are internal/window's. docs/architecture.md walks one
 // admitted and one refused request through the files.
 package flow

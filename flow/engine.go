@@ -5,6 +5,7 @@ import (
 
 	"github.com/leapflow/leapflow/internal/keytable"
 	"github.com/leapflow/leapflow/internal/pins"
+	"github.com/leapflow/leapflow/internal/slots"
 
 	"go.uber.org/atomic"
 
@@ -32,7 +33,7 @@ type Engine struct {
 	sampleCount   int
 	spanBuckets   int
 	sleep         sleepFunc
-	slots         *slots
+	slots         *slots.Slots[Engine]
 	maxKeys       int
 
 	rules atomic.Pointer[ruleSet]
@@ -62,7 +63,7 @@ func New(opts ...Option) (*Engine, error) {
 		sleep:         cfg.sleep,
 		maxKeys:       cfg.maxKeys,
 	}
-	e.slots = newSlots(e)
+	e.slots = slots.New(e)
 	e.clock = cfg.clock
 	if c, ok := cfg.clock.(*stat.Coarse); ok {
 		e.coarse = c // monotonic by construction
@@ -188,7 +189,7 @@ func (e *Engine) LoadRules(rules []Rule) error {
 	e.rules.Store(next)
 	e.seedWindows(old, next)
 	if len(targets) > 0 {
-		e.slots.track(targets)
+		e.slots.Track(targets)
 		for _, g := range gates {
 			g.open()
 		}

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/atomic"
 
 	"github.com/leapflow/leapflow/internal/cpu"
+	"github.com/leapflow/leapflow/internal/slots"
 	"github.com/leapflow/leapflow/stat"
 )
 
@@ -95,9 +96,9 @@ func WithContext(ctx context.Context) EntryOption { return EntryOption{ctx: ctx}
 // returned by value so that entering allocates nothing; copies share the
 // admission, and it is released once, by whichever copy exits first.
 type Entry struct {
-	node *stat.Node // nil: blocked, or nothing held
-	slot *slot      // the admission's record; nil once this copy exited
-	word uint64     // what the admission claimed slot with
+	node *stat.Node          // nil: blocked, or nothing held
+	slot *slots.Slot[Engine] // the admission's record; nil once this copy exited
+	word uint64              // what the admission claimed slot with
 	// start is the admission time; for a blocked request it holds the bits
 	// of the value the rule saw.
 	start int64
@@ -197,8 +198,8 @@ func (en *Entry) Exit(err error) {
 		return
 	}
 	en.slot = nil
-	e := sl.eng
-	if !e.slots.release(sl, en.word, en.node, int64(en.n)) {
+	e := sl.Owner()
+	if !e.slots.Release(sl, en.word, en.node, int64(en.n)) {
 		return // a copy exited first
 	}
 	var now int64

@@ -1,4 +1,10 @@
-package flow
+// Package slots records flow's admissions so that Exit releases each at
+// most once, however many copies of its Entry exit, and so that a
+// Concurrency rule loaded while requests are in flight can count them: the
+// admission slots. It needs no Engine: flow's Entry carries the slot and
+// the word it claimed it with, and the owner (the engine) comes back from
+// the slot.
+package slots
 
 import (
 	"math"
@@ -24,14 +30,14 @@ import (
 // The slot also says whether the admission is counted in its node's
 // concurrency, which Exit then gives back: counted at admission by a
 // Concurrency rule, or later, when a rule set that adds one is loaded while
-// the admission is in flight (see slots.track).
-type slot struct {
+// the admission is in flight (see Track).
+type Slot[O any] struct {
 	// word is the slot's generation times slotGen plus the flags.
 	word atomic.Uint64
 	// node and n are the holder's, for slots.track. The holder stores
 	// them after claiming, and only when they differ from the last
 	// holder's (the usual case is the same hot resource), so they can be
-	// stale for a moment: see track.
+	// stale for a moment: see Track.
 	node atomic.Pointer[stat.Node]
 	n    atomic.Int64
 	// kc is the key state a PerKey Concurrency rule counted the holder in
@@ -42,8 +48,8 @@ type slot struct {
 	// written before slotWalked is set, and never while it is.
 	walkedNode atomic.Pointer[stat.Node]
 	walkedN    atomic.Int64
-	// eng is the engine whose slots these are (Exit needs its clock).
-	eng *Engine
+	// owner is whose slots these are (flow's Exit needs its engine).
+	owner *O
 	// overflow is set on slots of the overflow list, which go back to it.
 	overflow bool
 }
@@ -81,37 +87,41 @@ const (
 	ringProbe = 4
 )
 
-type ring struct {
-	slots [ringSize]slot
+type ring[O any] struct {
+	slots [ringSize]Slot[O]
 	_     [cpu.CacheLine]byte // the next ring's first slot on another line
 }
 
-// slots is an engine's rings, one per stripe, and its overflow slots.
-type slots struct {
-	eng   *Engine
-	rings []ring
+// Slots are an owner's rings, one per stripe, and its overflow slots.
+type Slots[O any] struct {
+	owner *O
+	rings []ring[O]
 	mask  int
 
 	mu   sync.Mutex // guards the overflow list: the rare path
-	free []*slot
-	all  []*slot
+	free []*Slot[O]
+	all  []*Slot[O]
 }
 
-func newSlots(e *Engine) *slots {
+// New returns the slots of owner, a ring per stripe.
+func New[O any](owner *O) *Slots[O] {
 	n := cpu.Stripes()
-	s := &slots{eng: e, rings: make([]ring, n), mask: n - 1}
+	s := &Slots[O]{owner: owner, rings: make([]ring[O], n), mask: n - 1}
 	for i := range s.rings {
 		for j := range s.rings[i].slots {
-			s.rings[i].slots[j].eng = e
+			s.rings[i].slots[j].owner = owner
 		}
 	}
 	return s
 }
 
-// claim takes a free slot on stripe p for an admission of n on node
+// Owner returns whose slot sl is.
+func (sl *Slot[O]) Owner() *O { return sl.owner }
+
+// Claim takes a free slot on stripe p for an admission of n on node
 // (counted in its concurrency if counted) and returns it with the word to
 // release it with.
-func (s *slots) claim(p int, node *stat.Node, n int64, counted bool, kc *keytable.State, kt *keytable.Table) (*slot, uint64) {
+func (s *Slots[O]) Claim(p int, node *stat.Node, n int64, counted bool, kc *keytable.State, kt *keytable.Table) (*Slot[O], uint64) {
 	flags := uint64(slotHeld) | tagOf(node, n)<<tagShift
 	if counted {
 		flags |= slotCounted
@@ -120,7 +130,7 @@ func (s *slots) claim(p int, node *stat.Node, n int64, counted bool, kc *keytabl
 	// Start at a random slot: a cursor would cost a store per claim (a
 	// locked instruction on amd64); the compare-and-swap settles any clash.
 	i := cpu.Rand()
-	var sl *slot
+	var sl *Slot[O]
 	var w uint64
 	for k := range uint32(ringProbe) {
 		c := &r.slots[(i+k)%ringSize]
@@ -146,14 +156,14 @@ func (s *slots) claim(p int, node *stat.Node, n int64, counted bool, kc *keytabl
 	return sl, w | flags
 }
 
-func (s *slots) claimOverflow(flags uint64) (*slot, uint64) {
+func (s *Slots[O]) claimOverflow(flags uint64) (*Slot[O], uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var sl *slot
+	var sl *Slot[O]
 	if k := len(s.free); k > 0 {
 		sl, s.free = s.free[k-1], s.free[:k-1]
 	} else {
-		sl = &slot{eng: s.eng, overflow: true} // kept for reuse: at most the peak of overflowing admissions
+		sl = &Slot[O]{owner: s.owner, overflow: true} // kept for reuse: at most the peak of overflowing admissions
 		s.all = append(s.all, sl)
 	}
 	// A free slot is not held: only its claimer moves the word now (a stale
@@ -163,10 +173,10 @@ func (s *slots) claimOverflow(flags uint64) (*slot, uint64) {
 	return sl, w
 }
 
-// release ends the admission that claimed sl with word w and gives back
+// Release ends the admission that claimed sl with word w and gives back
 // the concurrency it was counted in. It reports false for a copy of an
 // Entry that exited already.
-func (s *slots) release(sl *slot, w uint64, node *stat.Node, n int64) bool {
+func (s *Slots[O]) Release(sl *Slot[O], w uint64, node *stat.Node, n int64) bool {
 	cur := w
 	kc, kt := sl.kc.Load(), sl.kt.Load() // the holder's: read before the slot is free
 	for {
@@ -189,7 +199,7 @@ func (s *slots) release(sl *slot, w uint64, node *stat.Node, n int64) bool {
 			}
 			break
 		}
-		// Marked since the claim (see track), or released already.
+		// Marked since the claim (see Track), or released already.
 		cur = sl.word.Load()
 		if cur&^slotFlags != w&^slotFlags || cur&slotHeld == 0 {
 			return false
@@ -203,10 +213,10 @@ func (s *slots) release(sl *slot, w uint64, node *stat.Node, n int64) bool {
 	return true
 }
 
-// count counts the admission of word w in sl in node's concurrency, unless
+// Count counts the admission of word w in sl in node's concurrency, unless
 // track did so first with the holder's own node and count. It returns the
 // word to release with.
-func (s *slots) count(sl *slot, w uint64, node *stat.Node, n int64) uint64 {
+func (s *Slots[O]) Count(sl *Slot[O], w uint64, node *stat.Node, n int64) uint64 {
 	// Counted first, so a concurrent check never sees too few.
 	node.AcquireConcurrency(n, math.MaxInt64)
 	for {
@@ -226,7 +236,7 @@ func (s *slots) count(sl *slot, w uint64, node *stat.Node, n int64) uint64 {
 }
 
 // each calls fn with every slot, ring and overflow.
-func (s *slots) each(fn func(sl *slot)) {
+func (s *Slots[O]) each(fn func(sl *Slot[O])) {
 	for i := range s.rings {
 		for j := range s.rings[i].slots {
 			fn(&s.rings[i].slots[j])
@@ -240,7 +250,7 @@ func (s *slots) each(fn func(sl *slot)) {
 	}
 }
 
-// track counts in their node's concurrency the admissions in flight on the
+// Track counts in their node's concurrency the admissions in flight on the
 // nodes of targets that no concurrency rule counted: a rule set that adds a
 // Concurrency rule to a resource runs it after it is published, so that the
 // rule sees every request in flight, including those admitted before it
@@ -249,11 +259,11 @@ func (s *slots) each(fn func(sl *slot)) {
 // set), and so do those whose node and count the walk found not yet
 // stored (their tag does not match). Should a tag match anyway (odds of
 // 2^-20, in that instant), the slot is counted with the previous holder's
-// node or count: the holder then counts itself too (see count), the other
+// node or count: the holder then counts itself too (see Count), the other
 // node is stricter until the admission exits, and the slot gives back
 // exactly what was counted.
-func (s *slots) track(targets map[*stat.Node]bool) {
-	s.each(func(sl *slot) {
+func (s *Slots[O]) Track(targets map[*stat.Node]bool) {
+	s.each(func(sl *Slot[O]) {
 		w := sl.word.Load()
 		if w&slotHeld == 0 || w&(slotCounted|slotWalked) != 0 {
 			return
@@ -265,7 +275,7 @@ func (s *slots) track(targets map[*stat.Node]bool) {
 		n := sl.n.Load()
 		if tagOf(node, n) != (w>>tagShift)&tagMask {
 			// The holder has not stored its node and count yet: it reads
-			// the new rules after it does, and counts itself (see count).
+			// the new rules after it does, and counts itself (see Count).
 			return
 		}
 		sl.walkedNode.Store(node)
