@@ -465,3 +465,34 @@ func TestPerKeyBoundedMemory(t *testing.T) {
 	assert.LessOrEqual(t, tbl.Len(), int64(1000))
 	assert.Equal(t, 1000, tbl.Capacity())
 }
+
+// Requests without a key share one "no key" entry under every PerKey
+// kind: a PerKey Concurrency rule holds them, together, at its threshold.
+func TestKeylessRequestsShareOneKeyUnderEveryKind(t *testing.T) {
+	for _, r := range []Rule{
+		{Resource: "api", Threshold: 2, PerKey: true},
+		{Resource: "api", Metric: Concurrency, Threshold: 2, PerKey: true},
+	} {
+		t.Run(r.Metric.String(), func(t *testing.T) {
+			e, _ := newEngine(t, stattest.NewClock(0))
+			load(t, e, r)
+			var held []Entry
+			for range 2 {
+				en, err := e.Entry("api")
+				require.NoError(t, err)
+				held = append(held, en)
+			}
+			_, err := e.Entry("api")
+			assert.ErrorIs(t, err, ErrBlocked, "a third request without a key")
+			en, err := e.Entry("api", WithKey("k"))
+			require.NoError(t, err, "a key of its own is apart")
+			en.Exit(nil)
+			if r.Metric == Concurrency {
+				held[0].Exit(nil)
+				en, err := e.Entry("api")
+				require.NoError(t, err, "one exited: room again")
+				en.Exit(nil)
+			}
+		})
+	}
+}

@@ -105,12 +105,9 @@ type paddedMutex struct {
 func New(cfg Config) *Table {
 	t := &Table{kind: cfg.Kind, now: cfg.Now, seeds: [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()},
 		spec: map[string]*State{}, pinned: map[ID]*State{}}
-	// The shared "no key" state starts as a Window state whatever the
-	// kind, as it did in flow: a Conc table's starts at noBucket in flight,
-	// so it never refuses (a known bug, left to its own change: this
-	// package moved without changing a decision).
-	t.noKey = &State{}
-	t.noKey.head.Store(noBucket)
+	// The shared "no key" state starts as every key's does: a Conc
+	// table's at nothing in flight.
+	t.noKey = t.newState(ID{})
 	if t.kind == Window {
 		t.bucketLen = cfg.Window / Buckets
 	}
