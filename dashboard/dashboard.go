@@ -245,7 +245,7 @@ func (s *server) buildTick(now int64) []byte {
 	}
 	for _, d := range s.eng.DryRuns() {
 		rules[d.Rule.Resource] = append(rules[d.Rule.Resource],
-			d.Rule.String()+" (dry run: "+strconv.FormatInt(d.WouldBlock, 10)+" would block)")
+			d.Rule.String()+": "+strconv.FormatInt(d.WouldBlock, 10)+" would block")
 	}
 	s.mu.Lock()
 	rows := make([]Row, 0, len(s.latest)+len(rules))

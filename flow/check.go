@@ -364,7 +364,7 @@ func (e *Engine) align(rr *resourceRules, h *held, p int, now, t int64, q *reque
 		}
 		t = later
 	}
-	var rf refusal
+	rf := refusal{rm: unknownRoom}
 	if len(rr.groups) > 0 {
 		_, rf.be = rr.groups[0].limit(now, rr.node)
 	}

@@ -25,7 +25,6 @@ func (g *gate) wait() {
 }
 
 var concurrencyKind = kind{
-	name:     "concurrency",
 	is:       func(r *Rule) bool { return r.Metric == Concurrency },
 	validate: validateConcurrency,
 	compile:  compileConcurrency,

@@ -185,7 +185,7 @@
 // check.go runs a request through a resource's rules, kind by kind;
 // kinds.go lists the rule kinds, each in a file of its own (window.go,
 // warmup.go, paced.go, gcra.go, concurrency.go, related.go, global.go,
-// keyrule.go, dryrun.go) with its validation, compilation and per-request
+// perkey.go, dryrun.go) with its validation, compilation and per-request
 // steps. The algorithms that need no Engine are internal packages with
 // tests of their own (internal/gcra, pace, warmup, keytable, slots); the windows
 // flow counts in are internal/window's. docs/architecture.md walks one

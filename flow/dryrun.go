@@ -84,7 +84,6 @@ func (e *Engine) DryRuns() []DryRun {
 }
 
 var dryRunKind = kind{
-	name:     "dry run",
 	is:       func(r *Rule) bool { return r.DryRun },
 	validate: validateDryRun,
 	compile:  func(c *compiling) { c.e.addShadow(c.next, c.old, c.rr, c.r, c.k) },

@@ -34,7 +34,6 @@ func (r *gcraRule) take(now, n, maxWait int64) (wait, tok int64, ok bool, rm roo
 func (r *gcraRule) give(n, tok int64) { r.l.Give(n, tok) }
 
 var gcraKind = kind{
-	name:     "gcra",
 	is:       func(r *Rule) bool { return r.Behavior == GCRA },
 	validate: validateGCRA,
 	compile:  compileGCRA,

@@ -280,7 +280,6 @@ func (e *Engine) acquire(ctx context.Context, g *globalRule, q *request) (ok boo
 }
 
 var globalKind = kind{
-	name:     "global",
 	is:       func(r *Rule) bool { return r.Global },
 	validate: validateGlobal,
 	compile:  compileGlobal,

@@ -7,7 +7,6 @@ package flow
 // request are methods in the kind's file that check.go calls by name, so
 // that the per-request loop makes no indirect call per rule.
 type kind struct {
-	name string
 	// is reports whether r is of this kind; a rule is of the first kind
 	// in kinds that says so.
 	is func(r *Rule) bool
@@ -42,5 +41,5 @@ func kindOf(r *Rule) *kind {
 			return k
 		}
 	}
-	panic("flow: no kind takes the rule") // windowKind takes every rule
+	panic("flow: no kind takes the rule") // the window kind takes every rule
 }

@@ -23,7 +23,6 @@ func (pr *pacedRule) pace(now int64, node *stat.Node) float64 {
 }
 
 var pacedKind = kind{
-	name:     "paced",
 	is:       func(r *Rule) bool { return r.Behavior == Throttle || r.Behavior == WarmUpThrottle },
 	validate: validatePaced,
 	compile:  compilePaced,
@@ -61,7 +60,7 @@ func (rr *resourceRules) takePaced(h *held, now, wait int64, q *request) (int64,
 	return wait, refusal{}, true
 }
 
-// releasePaced gives back the request's slots (see pacer.giveBack).
+// releasePaced gives back the request's slots (see pace.Pacer.GiveBack).
 func (rr *resourceRules) releasePaced(h *held) {
 	for i := range rr.paced {
 		rr.paced[i].p.GiveBack(h.paced[i])

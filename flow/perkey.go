@@ -157,7 +157,7 @@ func (kr *keyRule) blockError(q *request) *BlockError {
 	return kr.be
 }
 
-// acquireKeyConc counts the request in its key's concurrency.
+// acquire counts the request in its key's concurrency.
 func (kr *keyRule) acquire(q *request) (*keytable.State, int64, bool) {
 	for {
 		st, limit, _ := kr.state(q.key, q.hasKey)
@@ -230,7 +230,6 @@ func keyless(node *stat.Node, q *request) {
 }
 
 var perKeyKind = kind{
-	name:     "per-key",
 	is:       func(r *Rule) bool { return r.PerKey && !r.Global },
 	validate: validatePerKeyKind,
 	compile:  func(c *compiling) { c.e.addKeyed(c.next, c.old, c.rr, c.r, c.id) },

@@ -12,7 +12,6 @@ type relatedRule struct {
 }
 
 var relatedKind = kind{
-	name:     "related",
 	is:       func(r *Rule) bool { return r.RelatedResource != "" },
 	validate: validateRelated,
 	compile:  compileRelated,

@@ -14,7 +14,6 @@ type warmRule struct {
 }
 
 var warmUpKind = kind{
-	name:     "warm-up",
 	is:       func(r *Rule) bool { return r.Behavior == WarmUp },
 	validate: validateWarmUp,
 	compile:  compileWarmUp,

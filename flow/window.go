@@ -216,7 +216,6 @@ func (rr *resourceRules) countsIn(w *window.Window) bool {
 }
 
 var windowKind = kind{
-	name:     "window",
 	is:       func(*Rule) bool { return true },
 	validate: validateSpanExact,
 	compile:  compileWindow,

@@ -61,9 +61,9 @@ func (l *lease) take(now, n int64) bool {
 // longer to schedule the reply than the request took to arrive; timing
 // from the middle let leases be spent up to half a round trip late). It
 // costs the lease that much of its life. Tokens of the bucket the current
-// lease is in join it. The
-// batch doubles when a whole lease was spent within one bucket and halves
-// when a bucket ended with most of one unspent. It returns false, and
+// lease is in join it. The batch doubles when a whole lease was spent
+// within one bucket and halves when a bucket ended with most of one
+// unspent. It returns false, and
 // installs nothing, when the bucket ends before they could be spent (the
 // call came in its last moments).
 func (s *Source) install(l *limit, slot *paddedLease, d decision, extra, sent int64) bool {

@@ -18,8 +18,8 @@
 // rotation cannot erase counts that belong to the new window. The cost is one
 // allocation per bucket length per slot that sees traffic (a few per second),
 // never one per operation. Callers that must not lose a count racing a
-// rotation check Retired or Newest after their write and redo it; metric
-// also seals the counters of a retiring bucket, so that a count handed over
+// rotation check that their bucket is still the newest after their write
+// (internal/ring's Newest) and redo it; metric also seals the counters of a retiring bucket, so that a count handed over
 // to a longer window is never made twice.
 //
 // # Time going backwards

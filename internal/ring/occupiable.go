@@ -114,7 +114,7 @@ func (o *Occupiable[T]) retireFolded() {
 
 // DueBorrow returns the earliest start, at or before now, of a bucket that
 // was borrowed from and not made yet: making it (Current) folds the borrow
-// in. A reader that needs every count by time (metric's Settle) makes it.
+// in. A reader that needs every count by time (internal/window's Settle) makes it.
 func (o *Occupiable[T]) DueBorrow(now int64) (int64, bool) {
 	if o.pending.Load() == 0 {
 		return 0, false

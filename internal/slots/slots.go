@@ -34,7 +34,7 @@ import (
 type Slot[O any] struct {
 	// word is the slot's generation times slotGen plus the flags.
 	word atomic.Uint64
-	// node and n are the holder's, for slots.track. The holder stores
+	// node and n are the holder's, for Track. The holder stores
 	// them after claiming, and only when they differ from the last
 	// holder's (the usual case is the same hot resource), so they can be
 	// stale for a moment: see Track.
