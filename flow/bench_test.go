@@ -8,6 +8,7 @@ import (
 
 	"github.com/leapflow/leapflow/internal/hammer"
 	"github.com/leapflow/leapflow/stat"
+	"github.com/leapflow/leapflow/stat/stattest"
 )
 
 func benchEngine(b *testing.B, clock stat.Clock) *Engine {
@@ -220,6 +221,39 @@ func BenchmarkGCRAEntryExit(b *testing.B) {
 					en.Exit(nil)
 				}
 			})
+		})
+	}
+}
+
+// BenchmarkMultiRuleEntryExit is the general path: a resource with a
+// Reject and a Concurrency rule (two kinds, so no short path), admitted
+// and refused, on a clock that does not move.
+func BenchmarkMultiRuleEntryExit(b *testing.B) {
+	e, err := New(WithClock(stattest.NewClock(time.Second)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := e.LoadRules([]Rule{
+		{Resource: "pass", Threshold: 1e12},
+		{Resource: "pass", Metric: Concurrency, Threshold: 1e12},
+		{Resource: "block", Threshold: 1e12, Metric: Concurrency},
+		{Resource: "block", Threshold: 10},
+	}); err != nil {
+		b.Fatal(err)
+	}
+	for range 20 {
+		if en, err := e.Entry("block"); err == nil {
+			en.Exit(nil)
+		}
+	}
+	for _, name := range []string{"pass", "block"} {
+		b.Run("path="+name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if en, err := e.Entry(name); err == nil {
+					en.Exit(nil)
+				}
+			}
 		})
 	}
 }

@@ -205,28 +205,28 @@ func (e *Engine) take(rr *resourceRules, h *held, p int, now int64, q *request) 
 	var rf refusal
 	ok := true
 	if rr.keyConc.t != nil {
-		rf, ok = rr.takeKeyConcurrency(h, q)
+		ok = rr.takeKeyConcurrency(h, q, &rf)
 	}
 	if ok && rr.concLimit >= 0 {
-		rf, ok = rr.takeConcurrency(h, now, q.n)
+		ok = rr.takeConcurrency(h, now, q.n, &rf)
 	}
 	if ok && len(rr.globals) > 0 {
-		rf, ok = e.takeGlobals(rr, h, p, now, q)
+		ok = e.takeGlobals(rr, h, p, now, q, &rf)
 	}
 	if ok && len(rr.groups) > 0 {
-		now, wait, rf, ok = rr.takeWindows(h, p, now, q)
+		now, wait, ok = rr.takeWindows(h, p, now, q, &rf)
 	}
 	if ok && len(rr.keyed) > 0 {
-		now, wait, rf, ok = rr.takeKeyed(h, now, wait, q)
+		now, wait, ok = rr.takeKeyed(h, now, wait, q, &rf)
 	}
 	if ok && len(rr.gcras) > 0 {
-		wait, rf, ok = rr.takeGCRAs(h, now, wait, q)
+		wait, ok = rr.takeGCRAs(h, now, wait, q, &rf)
 	}
 	if ok && len(rr.related) > 0 {
-		rf, ok = rr.takeRelated(now, q.n)
+		ok = rr.takeRelated(now, q.n, &rf)
 	}
 	if ok && len(rr.paced) > 0 {
-		wait, rf, ok = rr.takePaced(h, now, wait, q)
+		wait, ok = rr.takePaced(h, now, wait, q, &rf)
 	}
 	if !ok {
 		return blockTake(e, rr, h, p, now, q.n, rf)
@@ -346,15 +346,16 @@ func (e *Engine) align(rr *resourceRules, h *held, p int, now, t int64, q *reque
 	n := q.n
 	for range maxAlign {
 		h.releaseWindows(n)
-		later, rf, ok := rr.alignWindows(h, p, now, t, n)
+		var rf refusal
+		later, ok := rr.alignWindows(h, p, now, t, n, &rf)
 		if ok && len(rr.keyed) > 0 {
-			rf, ok = rr.alignKeyed(h, t, q)
+			ok = rr.alignKeyed(h, t, q, &rf)
 		}
 		if ok && len(rr.gcras) > 0 {
-			rf, ok = rr.alignGCRAs(h, t, n)
+			ok = rr.alignGCRAs(h, t, n, &rf)
 		}
 		if ok && len(rr.paced) > 0 {
-			rf, ok = rr.alignPaced(h, now, t, n)
+			ok = rr.alignPaced(h, now, t, n, &rf)
 		}
 		if !ok {
 			return t, rf, false

@@ -41,20 +41,21 @@ func compileConcurrency(c *compiling) {
 
 // takeConcurrency counts the request in flight against the resource's
 // Concurrency limit.
-func (rr *resourceRules) takeConcurrency(h *held, now, n int64) (refusal, bool) {
+func (rr *resourceRules) takeConcurrency(h *held, now, n int64, rf *refusal) bool {
 	node := rr.node
 	if g := rr.counting; g != nil {
 		g.wait() // the rule is new: until what is in flight is counted
 	}
 	seen, ok := node.AcquireConcurrency(n, rr.concLimit)
 	if !ok {
-		return refusal{rr.concBE, float64(seen), unknownRoom}, false
+		*rf = refusal{rr.concBE, float64(seen), unknownRoom}
+		return false
 	}
 	h.conc = true
 	// The second's most in flight (stat.Second.MaxConcurrency): one load
 	// of the bucket's maximum, a store only when it rises.
 	second(node).RecordConcurrency(now, seen)
-	return refusal{}, true
+	return true
 }
 
 // validateConcurrency checks what a Concurrency rule may combine with.

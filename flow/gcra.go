@@ -76,17 +76,18 @@ func validateGCRA(r *Rule, i int) error {
 
 // takeGCRAs takes the request's tokens from each GCRA rule, ahead within
 // its wait.
-func (rr *resourceRules) takeGCRAs(h *held, now, wait int64, q *request) (int64, refusal, bool) {
+func (rr *resourceRules) takeGCRAs(h *held, now, wait int64, q *request, rf *refusal) (int64, bool) {
 	for i := range rr.gcras {
 		gr := &rr.gcras[i]
 		d, tok, ok, rm := gr.take(now, q.n, q.wait)
 		if !ok {
-			return wait, refusal{gr.be, 0, rm}, false
+			*rf = refusal{gr.be, 0, rm}
+			return wait, false
 		}
 		h.gcra[i] = tok
 		wait = max(wait, d)
 	}
-	return wait, refusal{}, true
+	return wait, true
 }
 
 // releaseGCRAs gives back the tokens the request took (see gcraRule.give).
@@ -99,7 +100,7 @@ func (rr *resourceRules) releaseGCRAs(h *held, n int64) {
 }
 
 // alignGCRAs takes each GCRA rule's tokens again at t.
-func (rr *resourceRules) alignGCRAs(h *held, t, n int64) (refusal, bool) {
+func (rr *resourceRules) alignGCRAs(h *held, t, n int64, rf *refusal) bool {
 	for i := range rr.gcras {
 		gr := &rr.gcras[i]
 		if h.gcra[i] != 0 {
@@ -108,9 +109,10 @@ func (rr *resourceRules) alignGCRAs(h *held, t, n int64) (refusal, bool) {
 		}
 		_, tok, ok, _ := gr.take(t, n, 0)
 		if !ok {
-			return refusal{gr.be, 0, unknownRoom}, false
+			*rf = refusal{gr.be, 0, unknownRoom}
+			return false
 		}
 		h.gcra[i] = tok
 	}
-	return refusal{}, true
+	return true
 }

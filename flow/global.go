@@ -349,7 +349,7 @@ func compileGlobal(c *compiling) {
 
 // takeGlobals asks each Global rule's source (or its fallback) for the
 // request.
-func (e *Engine) takeGlobals(rr *resourceRules, h *held, p int, now int64, q *request) (refusal, bool) {
+func (e *Engine) takeGlobals(rr *resourceRules, h *held, p int, now int64, q *request, rf *refusal) bool {
 	for i := range rr.globals {
 		g := &rr.globals[i]
 		if be, refused := e.global(rr.node, g, h, i, p, now, q); be != nil {
@@ -357,10 +357,11 @@ func (e *Engine) takeGlobals(rr *resourceRules, h *held, p int, now int64, q *re
 			if refused && rr.rules == 1 {
 				rm = g.room(q)
 			}
-			return refusal{be, 0, rm}, false
+			*rf = refusal{be, 0, rm}
+			return false
 		}
 	}
-	return refusal{}, true
+	return true
 }
 
 // releaseGlobals gives back what the Global rules' local fallbacks

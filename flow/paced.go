@@ -45,19 +45,20 @@ func compilePaced(c *compiling) {
 
 // takePaced reserves the request's slot on each Throttle rule's timeline,
 // queueing it up to the longer of the rule's MaxQueueing and its own wait.
-func (rr *resourceRules) takePaced(h *held, now, wait int64, q *request) (int64, refusal, bool) {
+func (rr *resourceRules) takePaced(h *held, now, wait int64, q *request, rf *refusal) (int64, bool) {
 	for i := range rr.paced {
 		pr := &rr.paced[i]
 		rate := pr.pace(now, rr.node)
 		queue := max(pr.p.MaxQueue(), q.wait)
 		ph, d, ok := pr.p.Reserve(now, q.n, rate, queue)
 		if !ok {
-			return wait, refusal{pr.be, rate, paceRoom(d, queue)}, false
+			*rf = refusal{pr.be, rate, paceRoom(d, queue)}
+			return wait, false
 		}
 		h.paced[i] = ph
 		wait = max(wait, d)
 	}
-	return wait, refusal{}, true
+	return wait, true
 }
 
 // releasePaced gives back the request's slots (see pace.Pacer.GiveBack).
@@ -69,7 +70,7 @@ func (rr *resourceRules) releasePaced(h *held) {
 
 // alignPaced takes each Throttle rule's slot again at t itself (no queue
 // past it).
-func (rr *resourceRules) alignPaced(h *held, now, t, n int64) (refusal, bool) {
+func (rr *resourceRules) alignPaced(h *held, now, t, n int64, rf *refusal) bool {
 	for i := range rr.paced {
 		pr := &rr.paced[i]
 		pr.p.GiveBack(h.paced[i])
@@ -77,11 +78,12 @@ func (rr *resourceRules) alignPaced(h *held, now, t, n int64) (refusal, bool) {
 		rate := pr.pace(now, rr.node)
 		ph, _, ok := pr.p.Reserve(t, n, rate, 0)
 		if !ok {
-			return refusal{pr.be, rate, unknownRoom}, false
+			*rf = refusal{pr.be, rate, unknownRoom}
+			return false
 		}
 		h.paced[i] = ph
 	}
-	return refusal{}, true
+	return true
 }
 
 // validatePaced checks a Throttle or WarmUpThrottle rule's rate, which

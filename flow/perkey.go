@@ -251,30 +251,32 @@ func validatePerKeyKind(r *Rule, i int) error {
 
 // takeKeyConcurrency counts the request in flight under its key of the
 // PerKey Concurrency rule.
-func (rr *resourceRules) takeKeyConcurrency(h *held, q *request) (refusal, bool) {
+func (rr *resourceRules) takeKeyConcurrency(h *held, q *request, rf *refusal) bool {
 	st, seen, ok := rr.keyConc.acquire(q)
 	if !ok {
-		return refusal{rr.keyConc.blockError(q), float64(seen), unknownRoom}, false
+		*rf = refusal{rr.keyConc.blockError(q), float64(seen), unknownRoom}
+		return false
 	}
 	h.kc = st
-	return refusal{}, true
+	return true
 }
 
 // takeKeyed admits the request under its key of each PerKey rate rule;
 // a key's window moves now to its newest bucket.
-func (rr *resourceRules) takeKeyed(h *held, now, wait int64, q *request) (int64, int64, refusal, bool) {
+func (rr *resourceRules) takeKeyed(h *held, now, wait int64, q *request, rf *refusal) (int64, int64, bool) {
 	for i := range rr.keyed {
 		kr := &rr.keyed[i]
 		d, seen, rm, ok := kr.admit(q, now, &h.keys[i])
 		if !ok {
-			return now, wait, refusal{kr.blockError(q), seen, rm}, false
+			*rf = refusal{kr.blockError(q), seen, rm}
+			return now, wait, false
 		}
 		if kr.t.Kind() == keytable.Window {
 			now = max(now, h.keys[i].b*kr.t.BucketLen())
 		}
 		wait = max(wait, d)
 	}
-	return now, wait, refusal{}, true
+	return now, wait, true
 }
 
 // releaseKeyed gives back what the request took under its keys.
@@ -301,23 +303,25 @@ func (h *held) keyedHold(rr *resourceRules, t int64) bool {
 // alignKeyed checks that each key window holds t already (it cannot count
 // ahead of its newest bucket) and takes each key's Throttle slot again at
 // t.
-func (rr *resourceRules) alignKeyed(h *held, t int64, q *request) (refusal, bool) {
+func (rr *resourceRules) alignKeyed(h *held, t int64, q *request, rf *refusal) bool {
 	n := q.n
 	for i := range rr.keyed {
 		kr := &rr.keyed[i]
 		if kr.t.Kind() == keytable.Window {
 			if h.keys[i].st != nil && t/kr.t.BucketLen() != h.keys[i].b {
-				return refusal{kr.blockError(q), 0, unknownRoom}, false
+				*rf = refusal{kr.blockError(q), 0, unknownRoom}
+				return false
 			}
 			continue
 		}
 		kr.undo(h.keys[i], n)
 		h.keys[i] = keyHeld{}
 		if _, seen, _, ok := kr.admitAt(q, t, &h.keys[i]); !ok {
-			return refusal{kr.blockError(q), seen, unknownRoom}, false
+			*rf = refusal{kr.blockError(q), seen, unknownRoom}
+			return false
 		}
 	}
-	return refusal{}, true
+	return true
 }
 
 // validatePerKey checks what a PerKey rule adds.

@@ -24,13 +24,14 @@ func compileRelated(c *compiling) {
 
 // takeRelated refuses the request while a related resource's pass rate
 // is over its rule's threshold.
-func (rr *resourceRules) takeRelated(now, n int64) (refusal, bool) {
+func (rr *resourceRules) takeRelated(now, n int64, rf *refusal) bool {
 	for _, rel := range rr.related {
 		if seen := rel.node.Rate(now, metric.Pass); seen+float64(n) > rel.threshold {
-			return refusal{rel.be, seen, unknownRoom}, false
+			*rf = refusal{rel.be, seen, unknownRoom}
+			return false
 		}
 	}
-	return refusal{}, true
+	return true
 }
 
 // validateRelated checks a related-resource rule: a QPS Reject rule over

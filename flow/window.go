@@ -248,7 +248,7 @@ func compileWindow(c *compiling) {
 // takeWindows admits the request in each window group at now (moved to a
 // newer bucket a window counted it in), or borrows a later bucket within
 // its wait where the group allows; it returns the moved now and the wait.
-func (rr *resourceRules) takeWindows(h *held, p int, now int64, q *request) (int64, int64, refusal, bool) {
+func (rr *resourceRules) takeWindows(h *held, p int, now int64, q *request, rf *refusal) (int64, int64, bool) {
 	var wait int64
 	n := q.n
 	for i := range rr.groups {
@@ -276,9 +276,10 @@ func (rr *resourceRules) takeWindows(h *held, p int, now int64, q *request) (int
 		if len(g.warm) == 0 {
 			rm = roomOf(g.w.RoomIn(now, n, limit))
 		}
-		return now, wait, refusal{be, float64(r.Seen()), rm}, false
+		*rf = refusal{be, float64(r.Seen()), rm}
+		return now, wait, false
 	}
-	return now, wait, refusal{}, true
+	return now, wait, true
 }
 
 // windowsHold reports whether every window admission and borrow of the
@@ -301,7 +302,7 @@ func (h *held) windowsHold(t int64) bool {
 // (now's, or a borrow of that later bucket), after align gave back what
 // the groups took. It returns the latest bucket start a group counted it
 // in, past t when a window's newest bucket is.
-func (rr *resourceRules) alignWindows(h *held, p int, now, t, n int64) (int64, refusal, bool) {
+func (rr *resourceRules) alignWindows(h *held, p int, now, t, n int64, rf *refusal) (int64, bool) {
 	later := t
 	for i := range rr.groups {
 		g := &rr.groups[i]
@@ -309,7 +310,8 @@ func (rr *resourceRules) alignWindows(h *held, p int, now, t, n int64) (int64, r
 		r, s, borrowed, ok := g.w.AdmitAt(p, now, t, n, limit)
 		switch {
 		case !ok:
-			return t, refusal{be, float64(r.Seen()), unknownRoom}, false
+			*rf = refusal{be, float64(r.Seen()), unknownRoom}
+			return t, false
 		case borrowed:
 			h.addBorrow(borrowedAt{g.w, s})
 		default:
@@ -317,7 +319,7 @@ func (rr *resourceRules) alignWindows(h *held, p int, now, t, n int64) (int64, r
 			later = max(later, r.Start())
 		}
 	}
-	return later, refusal{}, true
+	return later, true
 }
 
 // validateSpanExact checks that a span-exact rule is one the span-exact
