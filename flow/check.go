@@ -263,8 +263,9 @@ func (e *Engine) finish(set *ruleSet, rr *resourceRules, h *held, p int, now, wa
 		}
 		// Sleep until the instant now+wait, not wait from whenever this
 		// runs: now may be stale (the goroutine was descheduled since it
-		// read the clock), and a wait is bounded by WithWait from its
-		// start. An instant already past sleeps not at all, but a context
+		// read the clock), and the sleep is then at most WithWait (more
+		// only by a clock step back the engine absorbed: under 100 ms).
+		// An instant already past sleeps not at all, but a context
 		// already ended still cancels the request.
 		var err error
 		if d := now + wait - e.now(); d > 0 {

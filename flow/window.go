@@ -188,6 +188,11 @@ func (e *Engine) seedWindows(old, next *ruleSet) {
 			if w == second(rr.node) || (was != nil && was.countsIn(w)) {
 				continue
 			}
+			// At the resource's newest bucket if the clock is behind it
+			// (a step back the engine absorbed): the passes it counted
+			// there are in the span, and the seed must not land before
+			// them, leaving the window early.
+			now := second(rr.node).Clamp(now)
 			c := rr.node.PassedSince(now-int64(w.Interval()), now)
 			if was != nil {
 				for j := range was.groups {
