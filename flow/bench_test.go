@@ -1,6 +1,7 @@
 package flow
 
 import (
+	"context"
 	"fmt"
 	"math/rand"
 	"testing"
@@ -254,6 +255,51 @@ func BenchmarkMultiRuleEntryExit(b *testing.B) {
 					en.Exit(nil)
 				}
 			}
+		})
+	}
+}
+
+// BenchmarkResourceEntryExitBusy is ResourceEntryExit's plain rule on an
+// engine that also holds, on other resources, one rule of every kind (a
+// Global one on a token source that admits without a call out) and a
+// started feed: a rule pays only for what it uses, so it runs as fast as
+// ResourceEntryExit.
+func BenchmarkResourceEntryExitBusy(b *testing.B) {
+	for name, clock := range clocks(b) {
+		e, err := New(WithClock(clock), WithTokenSource(sourceFunc(func(context.Context, GlobalRequest) (bool, error) { return true, nil })))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := e.LoadRules([]Rule{
+			{Resource: "pass", Threshold: 1e12},
+			{Resource: "per-key", Threshold: 1e9, PerKey: true},
+			{Resource: "gcra", Threshold: 1e9, Behavior: GCRA, Burst: 100},
+			{Resource: "span-exact", Threshold: 1e9, SpanExact: true},
+			{Resource: "concurrency", Metric: Concurrency, Threshold: 1e9},
+			{Resource: "throttle", Threshold: 1e3, Behavior: Throttle, MaxQueueing: time.Second},
+			{Resource: "warm-up", Threshold: 1e9, Behavior: WarmUp, WarmUpPeriod: time.Second},
+			{Resource: "global", Threshold: 1e9, Global: true},
+			{Resource: "dry-run", Threshold: 10, DryRun: true},
+		}); err != nil {
+			b.Fatal(err)
+		}
+		feed := e.Feed()
+		feed.Start()
+		b.Cleanup(feed.Close)
+		r, err := e.Resource("pass")
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run("clock="+name, func(b *testing.B) {
+			hammer.Sweep(b, hammer.Goroutines, func(_, n int) {
+				for range n {
+					en, err := r.Entry()
+					if err != nil {
+						panic(err)
+					}
+					en.Exit(nil)
+				}
+			})
 		})
 	}
 }
