@@ -46,12 +46,16 @@ func spin(eng *flow.Engine, g int, d time.Duration, sample func()) int64 {
 }
 
 // waitingOnMutex counts the goroutines inside the Source that wait on a
-// mutex.
+// mutex: parked in Lock, not merely runnable in it (a goroutine the
+// scheduler preempted on an uncontended Lock of a busy machine waits for a
+// core, not for the lock).
 func waitingOnMutex() (n int, stack string) {
 	buf := make([]byte, 8<<20)
 	buf = buf[:runtime.Stack(buf, true)]
 	for _, g := range strings.Split(string(buf), "\n\n") {
-		if strings.Contains(g, "global.(*Source)") && strings.Contains(g, "sync.(*Mutex).Lock") {
+		header, _, _ := strings.Cut(g, "\n")
+		parked := !strings.Contains(header, "[runnable") && !strings.Contains(header, "[running")
+		if parked && strings.Contains(g, "global.(*Source)") && strings.Contains(g, "sync.(*Mutex).Lock") {
 			n, stack = n+1, g
 		}
 	}
