@@ -53,8 +53,8 @@ func validateWarmUp(r *Rule, i int) error {
 // warmUpTokens is the most tokens the warm-up model of r holds (see
 // warmup.New).
 func warmUpTokens(r *Rule) float64 {
-	p := r.WarmUpPeriod.Seconds()
-	return p*r.Threshold/(r.ColdFactor-1) + 2*p*r.Threshold/(1+r.ColdFactor)
+	warning, cold := warmup.Tokens(r.Threshold, r.ColdFactor, r.WarmUpPeriod)
+	return warning + cold
 }
 
 // Warm-up bounds keep the token counts of the warm-up model within range.

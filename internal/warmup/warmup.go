@@ -40,16 +40,24 @@ type Bucket struct {
 // threshold / coldFactor when cold and rising to threshold over about
 // period of traffic at it. coldFactor is more than 1.
 func New(threshold, coldFactor float64, period time.Duration) *Bucket {
-	p := period.Seconds()
 	b := &Bucket{count: threshold, coldFactor: coldFactor}
-	b.warningToken = int64(p * threshold / (coldFactor - 1))
-	b.maxToken = b.warningToken + int64(2*p*threshold/(1+coldFactor))
+	warning, cold := Tokens(threshold, coldFactor, period)
+	b.warningToken = int64(warning)
+	b.maxToken = b.warningToken + int64(cold)
 	if b.maxToken > b.warningToken && threshold > 0 {
 		b.slope = (coldFactor - 1) / threshold / float64(b.maxToken-b.warningToken)
 	}
 	b.stored.Store(b.maxToken) // start cold
 	b.lastFilled.Store(math.MinInt64 / 2)
 	return b
+}
+
+// Tokens returns the tokens a bucket of New's arguments holds at its
+// warning line, and how many more it holds when cold (its most is their
+// sum): what validation bounds before a bucket is made.
+func Tokens(threshold, coldFactor float64, period time.Duration) (warning, cold float64) {
+	p := period.Seconds()
+	return p * threshold / (coldFactor - 1), 2 * p * threshold / (1 + coldFactor)
 }
 
 // Rate returns the admissions per second allowed at now. The first call
