@@ -3,8 +3,10 @@ package flow
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 
+	"github.com/leapflow/leapflow/internal/cpu"
 	"github.com/leapflow/leapflow/internal/keytable"
 	"github.com/leapflow/leapflow/internal/pace"
 	"github.com/leapflow/leapflow/internal/window"
@@ -13,9 +15,9 @@ import (
 	"github.com/leapflow/leapflow/stat"
 )
 
-// enter checks a request against rr (nil: no rules), from rule set set,
-// and counts it on node.
-func (e *Engine) enter(set *ruleSet, rr *resourceRules, node *stat.Node, opts []EntryOption) (Entry, error) {
+// enter checks a request against rr (nil: no rules) and counts it on
+// node.
+func (e *Engine) enter(rr *resourceRules, node *stat.Node, opts []EntryOption) (Entry, error) {
 	q := request{n: 1}
 	if len(opts) > 0 {
 		if err := e.readOptions(&q, opts); err != nil {
@@ -23,32 +25,16 @@ func (e *Engine) enter(set *ruleSet, rr *resourceRules, node *stat.Node, opts []
 		}
 	}
 	n := q.n
+	if rr != nil && rr.single != nil && q.wait == 0 {
+		return e.enterSingle(rr, n)
+	}
 	p, now := e.pinNow()
 	if rr == nil {
 		second(node).AddOn(p, now, metric.Pass, n)
 		if node.Dropped() {
 			node = e.recount(node, p, now, metric.Pass, n)
 		}
-		return e.admitted(set, node, p, now, n, false, nil, nil), nil
-	}
-	if w := rr.single; w != nil && q.wait == 0 {
-		// The common shape, one Reject limit on the node's window: one
-		// admission, nothing to give back.
-		r, ok := w.AdmitOn(p, now, n, rr.singleLimit)
-		if !ok {
-			second(node).AddOn(p, now, metric.Block, n)
-			return blocked(float64(r.Seen()), roomOf(w.RoomIn(now, n, rr.singleLimit))), rr.singleBE
-		}
-		// A now behind the newest bucket was counted in it: start there.
-		now = max(now, r.Start())
-		if rr.singleApart {
-			// A span-exact window: the node's own counts the pass too.
-			second(node).AddOn(p, now, metric.Pass, n)
-			if node.Dropped() {
-				node = e.recount(node, p, now, metric.Pass, n)
-			}
-		}
-		return e.admitted(set, node, p, now, n, false, nil, nil), nil
+		return e.admitted(node, p, now, n, false, nil, nil), nil
 	}
 	if gr := rr.singleGCRA; gr != nil && q.wait == 0 {
 		// One GCRA rule: one compare-and-swap, the pass or block counted
@@ -65,7 +51,7 @@ func (e *Engine) enter(set *ruleSet, rr *resourceRules, node *stat.Node, opts []
 		if !ok {
 			return blocked(0, rm), gr.be
 		}
-		return e.admitted(set, node, p, now, n, false, nil, nil), nil
+		return e.admitted(node, p, now, n, false, nil, nil), nil
 	}
 	if kr := rr.singleKey; kr != nil {
 		// One PerKey limit: one admission on the key, the pass or block
@@ -85,25 +71,73 @@ func (e *Engine) enter(set *ruleSet, rr *resourceRules, node *stat.Node, opts []
 			return blocked(seen, rm), kr.blockError(&q)
 		}
 		// A now behind the key's newest bucket was counted in it.
-		return e.admitted(set, node, p, max(now, kh.b*kr.t.BucketLen()), n, false, nil, nil), nil
+		return e.admitted(node, p, max(now, kh.b*kr.t.BucketLen()), n, false, nil, nil), nil
 	}
-	return e.check(set, rr, p, now, &q)
+	return e.check(rr, p, now, &q)
 }
 
-// admitted records an admission in a slot and returns its Entry; counted
-// says whether a concurrency rule counted it, kc is the key state a PerKey
-// Concurrency rule counted it in (Exit releases both).
-func (e *Engine) admitted(set *ruleSet, node *stat.Node, p int, start, n int64, counted bool, kc *keytable.State, kt *keytable.Table) Entry {
-	sl, w := e.slots.Claim(p, node, n, counted, kc, kt)
-	if !counted && e.rules.Load() != set {
-		// Rules were loaded since this request read them: if they add a
-		// concurrency rule, their walk may have passed this slot (see
-		// slots.Slots.Track).
-		if rr := e.rules.Load().byResource[node.Resource()]; rr != nil && rr.concLimit >= 0 {
-			w = e.slots.Count(sl, w, node, n)
-		}
+// enterSingle is enter for a request of n that does not wait, on a
+// resource whose rules are Reject limits on one window (rr.single): one
+// admission, nothing to give back, and for a refusal a retry time
+// computed only if it is read.
+func (e *Engine) enterSingle(rr *resourceRules, n int64) (Entry, error) {
+	p, d := cpu.PinRand()
+	now := e.cached.Load() // pinNow, spelled out
+	if d&e.refreshMask == 0 || e.behind.Load() {
+		now = e.refresh(now)
 	}
-	return Entry{node: node, slot: sl, word: w, start: start, n: int32(n), p: int32(p)}
+	r, ok := rr.single.AdmitOn(p, now, n, rr.singleLimit)
+	if !ok {
+		return e.refuseSingle(rr, p, now, n, r.Seen())
+	}
+	// A now behind the newest bucket was counted in it: start there.
+	now = max(now, r.Start())
+	node := rr.node
+	if rr.singleApart {
+		node = e.countApart(node, p, now, n)
+	}
+	return Entry{node: node, slot: e.none, start: now, meta: holdsNothing(n, p)}, nil
+}
+
+// holdsNothing is the meta word of an admission of n on stripe p that
+// holds nothing (see Entry).
+// (the low two bits, a claim's flags, clear).
+func holdsNothing(n int64, p int) uint64 { return uint64(n)<<32 | uint64(p&(1<<30-1))<<2 }
+
+// refuseSingle counts enterSingle's refusal and returns its Entry: the
+// retry time is computed from it when read (see Entry.RetryAfter).
+func (e *Engine) refuseSingle(rr *resourceRules, p int, now, n, seen int64) (Entry, error) {
+	second(rr.node).AddOn(p, now, metric.Block, n)
+	if rr.node.Dropped() {
+		// The rule set this request read was replaced, its resource let go.
+		e.recount(rr.node, p, now, metric.Block, n)
+	}
+	if n != 1 {
+		// The Entry has no room for the count: say it now.
+		return blocked(float64(seen), roomOf(rr.single.RoomIn(now, n, rr.singleLimit))), rr.singleBE
+	}
+	return Entry{slot: rr.refusal, start: int64(math.Float64bits(float64(seen))), meta: uint64(max(now, 0))}, rr.singleBE
+}
+
+// countApart counts the pass of a span-exact window's admission on the
+// node's own window too, and returns the node it counted on.
+func (e *Engine) countApart(node *stat.Node, p int, now, n int64) *stat.Node {
+	second(node).AddOn(p, now, metric.Pass, n)
+	if node.Dropped() {
+		node = e.recount(node, p, now, metric.Pass, n)
+	}
+	return node
+}
+
+// admitted returns the Entry of an admission; counted says whether a
+// Concurrency rule counted it, kc is the key state a PerKey Concurrency
+// rule counted it in (Exit releases both). Only those claim a slot.
+func (e *Engine) admitted(node *stat.Node, p int, start, n int64, counted bool, kc *keytable.State, kt *keytable.Table) Entry {
+	if !counted && kc == nil {
+		return Entry{node: node, slot: e.none, start: start, meta: holdsNothing(n, p)}
+	}
+	sl, w := e.slots.Claim(p, int32(n), counted, kc, kt)
+	return Entry{node: node, slot: sl, start: start, meta: w}
 }
 
 // recount counts event ev again on the live node of a resource whose node
@@ -174,13 +208,13 @@ func (e *Engine) block(rr *resourceRules, h *held, p int, now, n int64, be *Bloc
 // check runs every rule of a resource: concurrency, global, windows,
 // related resources, then pacing, and waits last if any of them queued the
 // request.
-func (e *Engine) check(set *ruleSet, rr *resourceRules, p int, now int64, q *request) (Entry, error) {
+func (e *Engine) check(rr *resourceRules, p int, now int64, q *request) (Entry, error) {
 	var h held
 	now, wait, en, err := e.take(rr, &h, p, now, q)
 	if err != nil {
 		return en, err
 	}
-	return e.finish(set, rr, &h, p, now, wait, false, q)
+	return e.finish(rr, &h, p, now, wait, false, q)
 }
 
 // refusal is what the rule that refused a request says: its error, the
@@ -255,7 +289,7 @@ func blockTake(e *Engine, rr *resourceRules, h *held, p int, now, n int64, rf re
 // early says the caller may be ahead of the instant (a Reservation entered
 // before its Delay): the resource's statistics then count it when it
 // runs, not at the instant, which would make a bucket in the future.
-func (e *Engine) finish(set *ruleSet, rr *resourceRules, h *held, p int, now, wait int64, early bool, q *request) (Entry, error) {
+func (e *Engine) finish(rr *resourceRules, h *held, p int, now, wait int64, early bool, q *request) (Entry, error) {
 	node, n, ctx := rr.node, q.n, q.ctx
 	if wait > 0 {
 		if ctx == nil {
@@ -316,7 +350,7 @@ func (e *Engine) finish(set *ruleSet, rr *resourceRules, h *held, p int, now, wa
 		// the fold does in its second window.
 		second(node).AddOn(p, ran, metric.OccupiedPass, n)
 	}
-	return e.admitted(set, node, p, now, n, h.conc, h.kc, rr.keyConc.t), nil
+	return e.admitted(node, p, now, n, h.conc, h.kc, rr.keyConc.t), nil
 }
 
 // holds reports whether everything the request took counts it at

@@ -8,6 +8,7 @@ import (
 	"github.com/leapflow/leapflow/internal/gcra"
 	"github.com/leapflow/leapflow/internal/keytable"
 	"github.com/leapflow/leapflow/internal/pace"
+	"github.com/leapflow/leapflow/internal/slots"
 	"github.com/leapflow/leapflow/internal/warmup"
 	"github.com/leapflow/leapflow/internal/window"
 
@@ -45,6 +46,13 @@ type ruleKey struct {
 // fingerprint is a rule's every field, for ruleKey.
 func fingerprint(r *Rule) string { return fmt.Sprintf("%#v", *r) }
 
+// site is what the slot an Entry carries leads back to: the engine, and
+// for a refusal by a resource's single window, the rules that refused.
+type site struct {
+	e  *Engine
+	rr *resourceRules
+}
+
 // resourceRules is everything Entry needs for one resource with rules.
 type resourceRules struct {
 	// single is set when the resource's only rules are Reject QPS rules on
@@ -57,6 +65,11 @@ type resourceRules struct {
 	// singleApart is set when single is not the node's second window (a
 	// span-exact rule's): passes and blocks are counted on the node too.
 	singleApart bool
+	// refusal is what the Entry of a request single refused carries, to
+	// lead back to these rules when its retry time is read (site: e and
+	// these rules).
+	refusal *slots.Slot[site]
+	site    site
 	// singleKey is set when the resource's only rule is one PerKey Reject
 	// QPS rule, singleGCRA when it is one GCRA rule: Entry then takes a
 	// short path too.
@@ -65,9 +78,6 @@ type resourceRules struct {
 	node       *stat.Node
 	concLimit  int64 // -1: no concurrency rule
 	concBE     *BlockError
-	// counting is set when the rule set adds the concurrency rule: Entry
-	// waits for it until the requests already in flight are counted.
-	counting   *gate
 	groups     []windowGroup
 	countsNode bool // a group admits on the node's second window
 	paced      []pacedRule
@@ -169,6 +179,8 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stat.Node, bounds []Bound
 			g := &rr.groups[0]
 			rr.single, rr.singleLimit, rr.singleBE = g.w, g.static, g.staticBE
 			rr.singleApart = !rr.countsNode
+			rr.site = site{e, rr}
+			rr.refusal = slots.Sentinel(&rr.site)
 		}
 		if len(rr.groups) == 0 && rr.concLimit < 0 && len(rr.globals) == 0 && len(rr.related) == 0 && len(rr.paced) == 0 &&
 			rr.keyConc.t == nil && len(rr.keyed) == 1 && rr.keyed[0].t.Kind() == keytable.Window && len(rr.shadows) == 0 && len(rr.gcras) == 0 {

@@ -1,28 +1,6 @@
 package flow
 
-import "go.uber.org/atomic"
-
-// gate is a one-time barrier: open once done is set (the channel is closed
-// then, for those already waiting).
-type gate struct {
-	done atomic.Bool
-	ch   chan struct{}
-}
-
-func newGate() *gate { return &gate{ch: make(chan struct{})} }
-
-func (g *gate) open() {
-	g.done.Store(true)
-	close(g.ch)
-}
-
-// wait waits for the gate to open: the walk of one rule load, a pass over
-// the engine's slots, so it does not take the request's context.
-func (g *gate) wait() {
-	if !g.done.Load() {
-		<-g.ch
-	}
-}
+import "github.com/leapflow/leapflow/stat"
 
 var concurrencyKind = kind{
 	is:       func(r *Rule) bool { return r.Metric == Concurrency },
@@ -43,9 +21,6 @@ func compileConcurrency(c *compiling) {
 // Concurrency limit.
 func (rr *resourceRules) takeConcurrency(h *held, now, n int64, rf *refusal) bool {
 	node := rr.node
-	if g := rr.counting; g != nil {
-		g.wait() // the rule is new: until what is in flight is counted
-	}
 	seen, ok := node.AcquireConcurrency(n, rr.concLimit)
 	if !ok {
 		*rf = refusal{rr.concBE, float64(seen), unknownRoom}
@@ -72,4 +47,33 @@ func validateConcurrency(r *Rule, i int) error {
 		return r.errorf(i, "Global", r.Global, "is not supported for Concurrency rules")
 	}
 	return nil
+}
+
+// adopt counts, in the concurrency of each resource that next gives a
+// Concurrency rule and old did not, the requests in flight there that no
+// rule counted (the node's Inflight gauge: passes minus completions), so
+// that the new rule sees them; their Exits end the count (see
+// Entry.Exit). It runs after next is published: a request admitted under
+// next counts itself. A request that was admitted under old at that
+// instant, its pass not yet counted, is missed until it exits.
+func (e *Engine) adopt(old, next *ruleSet) {
+	for name, rr := range next.byResource {
+		if was := old.byResource[name]; rr.concLimit < 0 || (was != nil && was.concLimit >= 0 && was.node == rr.node) {
+			continue
+		}
+		// Counted before the node holds any adopted: an Exit that finds
+		// e.adopting at 0 completed before the gauge was read.
+		e.adopting.Inc()
+		if added, first := e.pins.Adopt(rr.node); added == 0 || !first {
+			e.adopting.Dec()
+		}
+	}
+}
+
+// releaseAdopted ends, for the Exit of n requests on node that no rule
+// counted, as many of node's adopted requests.
+func (e *Engine) releaseAdopted(node *stat.Node, n int64) {
+	if e.pins.ReleaseAdopted(node, n) {
+		e.adopting.Dec()
+	}
 }

@@ -33,9 +33,15 @@
 // threshold, at any concurrency; several Reject and WarmUp rules on one
 // window admit together at the smallest limit, so each pass is counted once.
 // Concurrency rules admit by compare-and-swap on one exact counter, released
-// by Exit; a Concurrency rule loaded while requests are in flight counts them
-// first. Every admission holds a slot that Exit releases once, so copies of
-// an Entry exit once between them. When a later rule blocks a request, what
+// by Exit; a Concurrency rule loaded while requests are in flight counts
+// them first, from the resource's in-flight gauge (passes minus
+// completions), and their Exits end that count (a request being admitted
+// under the old rules at that instant is counted from its next admission).
+// An admission that holds something (a Concurrency or PerKey Concurrency
+// rule counted it) holds a slot that Exit releases once, so copies of its
+// Entry exit once between them; an admission that holds nothing claims no
+// slot, and each copy of its Entry that exits counts a completion: exit an
+// Entry once. When a later rule blocks a request, what
 // earlier rules granted is given back. Related-resource rules read statistics
 // and are as exact as a read can be.
 //

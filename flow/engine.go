@@ -25,15 +25,31 @@ type Engine struct {
 	// through it, the clock read inlines and takes the stripe hint the
 	// request already has. Entry and Exit spell that out (a helper would
 	// not inline).
-	coarse        *stat.Coarse
-	registry      *stat.Registry
-	pins          pins.Protocol[*stat.Registry, *stat.Node]
+	coarse   *stat.Coarse
+	registry *stat.Registry
+	pins     pins.Protocol[*stat.Registry, *stat.Node, *stat.Coarse]
+	// cached and behind are coarse's words when coarse is set: Exit reads
+	// the cached time without a refresh draw unless behind says it must
+	// (always, for any other clock).
+	cached *atomic.Int64
+	behind *atomic.Bool
+	// refresh reads the clock for a reader that saw v in cached; the hot
+	// paths call it when behind is set or a draw masked by refreshMask is 0
+	// (see pinNow).
+	refresh     func(v int64) int64
+	refreshMask uint32
+	// adopting counts the nodes that hold adopted requests (see adopt):
+	// while it is 0, an Exit of a request no rule counted has nothing more
+	// to do.
+	adopting      atomic.Int64
 	source        TokenSource
 	occupyTimeout int64
 	sampleCount   int
 	spanBuckets   int
 	sleep         sleepFunc
-	slots         *slots.Slots[Engine]
+	slots         *slots.Slots[site]
+	none          *slots.Slot[site] // a sentinel: for admissions that hold nothing
+	site          site              // this engine, for its slots
 	maxKeys       int
 
 	rules atomic.Pointer[ruleSet]
@@ -63,7 +79,9 @@ func New(opts ...Option) (*Engine, error) {
 		sleep:         cfg.sleep,
 		maxKeys:       cfg.maxKeys,
 	}
-	e.slots = slots.New(e)
+	e.site = site{e: e}
+	e.slots = slots.New(&e.site)
+	e.none = slots.Sentinel(&e.site)
 	e.clock = cfg.clock
 	if c, ok := cfg.clock.(*stat.Coarse); ok {
 		e.coarse = c // monotonic by construction
@@ -75,7 +93,17 @@ func New(opts ...Option) (*Engine, error) {
 		return nil, err // validated above: cannot happen
 	}
 	e.registry = reg
-	e.pins = pins.Stat.(pins.Protocol[*stat.Registry, *stat.Node])
+	e.pins = pins.Stat.(pins.Protocol[*stat.Registry, *stat.Node, *stat.Coarse])
+	if c := e.coarse; c != nil {
+		e.cached, e.behind = e.pins.Cached(c)
+		e.refreshMask = e.pins.RefreshMask
+		refresh := e.pins.Refresh
+		e.refresh = func(v int64) int64 { return refresh(c, v) }
+	} else {
+		// Every read goes to the clock.
+		e.cached, e.behind = atomic.NewInt64(0), atomic.NewBool(true)
+		e.refresh = func(int64) int64 { return e.clock.Now() }
+	}
 	e.rules.Store(&ruleSet{byResource: map[string]*resourceRules{}, tables: map[tableID]*keytable.Table{}})
 	return e, nil
 }
@@ -115,7 +143,7 @@ func (e *Engine) Clock() stat.Clock {
 	return e.clock
 }
 
-// now reads the engine's clock (the hot paths spell this out).
+// now reads the engine's clock (the hot paths spell this out: see pinNow).
 func (e *Engine) now() int64 {
 	if c := e.coarse; c != nil {
 		return c.Now()
@@ -174,26 +202,9 @@ func (e *Engine) LoadRules(rules []Rule) error {
 	}
 	old := e.rules.Load()
 	next := compile(e, norm, byName, bounds, old)
-	// Requests in flight that a new concurrency rule did not admit count
-	// against it: the rule set goes out with a gate on those rules, the
-	// walk counts what is in flight, and the gates open.
-	targets := map[*stat.Node]bool{}
-	var gates []*gate
-	for name, rr := range next.byResource {
-		if was := old.byResource[name]; rr.concLimit >= 0 && (was == nil || was.concLimit < 0) {
-			targets[rr.node] = true
-			rr.counting = newGate()
-			gates = append(gates, rr.counting)
-		}
-	}
 	e.rules.Store(next)
 	e.seedWindows(old, next)
-	if len(targets) > 0 {
-		e.slots.Track(targets)
-		for _, g := range gates {
-			g.open()
-		}
-	}
+	e.adopt(old, next)
 	var dropped []string
 	for _, name := range resourcesOf(old.rules) {
 		if byName[name] == nil {

@@ -92,21 +92,25 @@ var ErrInvalidWait = errors.New("flow: WithWait must be in [0, MaxWait]")
 // TokenSource of global rules.
 func WithContext(ctx context.Context) EntryOption { return EntryOption{ctx: ctx} }
 
-// Entry is an admitted request. Call Exit when the work is done. It is
-// returned by value so that entering allocates nothing; copies share the
-// admission, and it is released once, by whichever copy exits first.
+// Entry is an admitted request. Call Exit when the work is done, once. It
+// is returned by value so that entering allocates nothing (see Exit for
+// what copies do).
 type Entry struct {
-	node *stat.Node          // nil: blocked, or nothing held
-	slot *slots.Slot[Engine] // the admission's record; nil once this copy exited
-	word uint64              // what the admission claimed slot with
+	node *stat.Node // nil: blocked, or an error
+	// slot leads back to the engine: for an admission, its claim or, when
+	// it holds nothing, the engine's sentinel;
+	// for a refusal by a resource's single window, the rules' refusal
+	// sentinel (its retry time is computed when read); nil otherwise.
+	slot *slots.Slot[site]
 	// start is the admission time; for a blocked request it holds the bits
 	// of the value the rule saw.
 	start int64
-	// n is the count (at most MaxCount) and p the stripe hint taken at
-	// Entry and reused by Exit: if the goroutine moved since, only locality
-	// suffers. Entry stays five words: it is copied on every return.
-	n int32
-	p int32
+	// meta is, for an admission: its claim's word (odd), or the count and
+	// stripe hint (n<<32 | p<<2) when it holds nothing, 0 once this copy
+	// exited; for a refusal: its
+	// time when slot is set, else its room (see packRoom). Entry stays four
+	// words, so that it is returned in registers.
+	meta uint64
 }
 
 // room is what a blocked request is told about when its rule could admit
@@ -127,17 +131,65 @@ func roomOf(wait, reset time.Duration, ok bool) room {
 }
 
 // blocked is the Entry of a blocked request: it records what the rule saw
-// and r, in fields an admitted Entry uses for its slot (word: the retry
-// wait + 1; p: the reset in ms + 1; 0: unknown).
+// and r.
 func blocked(seen float64, r room) Entry {
-	en := Entry{start: int64(math.Float64bits(seen))}
+	return Entry{start: int64(math.Float64bits(seen)), meta: packRoom(r)}
+}
+
+// A room packs into one word: the retry wait + 1 in the low retryBits (0:
+// unknown; in ns up to retryNsMax, past it in ms rounded up with the unit
+// bit set), the reset in ms + 1 in the rest (0: unknown; at most
+// resetMsMax ms, far past any window's reset).
+const (
+	retryBits  = 38
+	retryUnit  = 1 << (retryBits - 1)
+	retryNsMax = retryUnit - 2
+	resetMsMax = 1<<(64-retryBits) - 2
+)
+
+func packRoom(r room) uint64 {
+	var m uint64
+	ms := int64(time.Millisecond)
 	if r.retry >= 0 {
-		en.word = uint64(r.retry) + 1
+		if r.retry <= retryNsMax {
+			m = uint64(r.retry) + 1
+		} else {
+			m = retryUnit | uint64(min((r.retry+ms-1)/ms, retryUnit-2)+1)
+		}
 	}
 	if r.reset >= 0 {
-		en.p = int32(min((r.reset+int64(time.Millisecond)-1)/int64(time.Millisecond), math.MaxInt32-1) + 1)
+		m |= uint64(min((r.reset+ms-1)/ms, resetMsMax)+1) << retryBits
 	}
-	return en
+	return m
+}
+
+// unpackRoom reverses packRoom (reset rounded up to the ms); -1: unknown.
+func unpackRoom(m uint64) room {
+	r := unknownRoom
+	if v := m & (retryUnit - 1); v != 0 {
+		r.retry = int64(v - 1)
+		if m&retryUnit != 0 {
+			r.retry *= int64(time.Millisecond)
+		}
+	}
+	if v := m >> retryBits; v != 0 {
+		r.reset = int64(v-1) * int64(time.Millisecond)
+	}
+	return r
+}
+
+// room returns what a blocked Entry says about when to retry.
+func (en *Entry) room() room {
+	if en.node != nil {
+		return unknownRoom
+	}
+	if sl := en.slot; sl != nil {
+		// Refused by rr's single window at en.meta, a request of 1.
+		rr := sl.Owner().rr
+		wait, reset, ok := rr.single.RoomSince(int64(en.meta), 1, rr.singleLimit)
+		return unpackRoom(packRoom(roomOf(wait, reset, ok)))
+	}
+	return unpackRoom(en.meta)
 }
 
 // RetryAfter returns, for a blocked request, how long until the rule that
@@ -150,20 +202,16 @@ func blocked(seen float64, r room) Entry {
 // failed or cannot say, a request larger than the threshold, and any block
 // on a resource with more than one rule), and for an admitted request.
 func (en *Entry) RetryAfter() (time.Duration, bool) {
-	if en.node != nil || en.word == 0 {
-		return 0, false
-	}
-	return time.Duration(en.word - 1), true
+	r := en.room()
+	return time.Duration(max(r.retry, 0)), r.retry >= 0
 }
 
 // Reset returns, for a request a QPS Reject rule blocked, how long until
 // everything its window holds now has left it (rounded up to the
 // millisecond); false otherwise.
 func (en *Entry) Reset() (time.Duration, bool) {
-	if en.node != nil || en.p == 0 {
-		return 0, false
-	}
-	return time.Duration(en.p-1) * time.Millisecond, true
+	r := en.room()
+	return time.Duration(max(r.reset, 0)), r.reset >= 0
 }
 
 // Start returns the engine clock's reading when the request was admitted
@@ -189,26 +237,64 @@ func (en *Entry) Seen() float64 {
 }
 
 // Exit records the request's completion: Success and its RT, an Exception
-// too if err is not nil, and the end of its in-flight time. Only the first
-// Exit of an admission counts, on this Entry or any copy of it; Exit on the
-// Entry of a blocked request does nothing.
+// too if err is not nil, and the end of its in-flight time. Exit on the
+// Entry of a blocked request, or a second time on the same Entry, does
+// nothing. Copies of an Entry whose admission holds something (a
+// Concurrency rule or a PerKey Concurrency rule counted it) share it: only
+// the first Exit of any copy counts. Copies of any other Entry each count
+// their Exit (a completion each), as copies of a value do: exit the Entry
+// once, whichever copy.
 func (en *Entry) Exit(err error) {
+	m, node := en.meta, en.node
+	if m == 0 || node == nil {
+		return // exited, or not admitted
+	}
+	en.meta = 0 // exited: a count of 0, no claim
 	sl := en.slot
-	if sl == nil {
+	if m&1 != 0 {
+		en.release(sl, node, m, err)
 		return
 	}
-	en.slot = nil
-	e := sl.Owner()
-	if !e.slots.Release(sl, en.word, en.node, int64(en.n)) {
+	// It holds nothing: m holds its count and stripe hint.
+	e := sl.Owner().e
+	n := int64(m >> 32)
+	// The clock's cached time, refreshed by Entry's reads: Exit reads it
+	// without a refresh draw unless the clock says reads must refresh it.
+	now := e.cached.Load()
+	if e.behind.Load() {
+		now = e.refresh(now)
+	}
+	second(node).CompleteOn(int(m>>2&(1<<30-1)), now, n, max(now-en.start, 0), err != nil)
+	if e.adopting.Load() != 0 {
+		e.releaseAdopted(node, n)
+	}
+}
+
+// release is Exit for an admission that claimed sl with word m.
+func (en *Entry) release(sl *slots.Slot[site], node *stat.Node, m uint64, err error) {
+	e := sl.Owner().e
+	hn, hp := sl.Holder()
+	kc, kt, ok := e.slots.Release(sl, m)
+	if !ok {
 		return // a copy exited first
 	}
-	var now int64
-	if c := e.coarse; c != nil {
-		now = c.Now()
-	} else {
-		now = e.clock.Now()
+	n := int64(hn)
+	now := e.cached.Load()
+	if e.behind.Load() {
+		now = e.refresh(now)
 	}
-	second(en.node).CompleteOn(int(en.p), now, int64(en.n), max(now-en.start, 0), err != nil)
+	// The completion before the concurrency ends, so that the in-flight
+	// gauge never counts a request that the concurrency no longer does
+	// (see Engine.adopt).
+	second(node).CompleteOn(int(hp), now, n, max(now-en.start, 0), err != nil)
+	if slots.Counted(m) {
+		node.ReleaseConcurrency(n)
+	} else if e.adopting.Load() != 0 {
+		e.releaseAdopted(node, n)
+	}
+	if kc != nil {
+		kt.Release(kc, n)
+	}
 }
 
 // Entry checks a request for resource against the rules in force and, if
@@ -221,16 +307,18 @@ func (en *Entry) Exit(err error) {
 // stat.ErrTooManyResources; in every error case nothing is held and Exit on
 // the Entry does nothing.
 func (e *Engine) Entry(resource string, opts ...EntryOption) (Entry, error) {
-	set := e.rules.Load()
-	rr := set.byResource[resource]
+	rr := e.rules.Load().byResource[resource]
 	if rr != nil {
-		return e.enter(set, rr, rr.node, opts)
+		if len(opts) == 0 && rr.single != nil {
+			return e.enterSingle(rr, 1)
+		}
+		return e.enter(rr, rr.node, opts)
 	}
 	node, err := e.registry.Node(resource)
 	if err != nil {
 		return Entry{}, err
 	}
-	return e.enter(set, nil, node, opts)
+	return e.enter(nil, node, opts)
 }
 
 // Wait is Entry for a request that waits for room under its rate rules
@@ -305,17 +393,30 @@ func (r *Resource) Name() string { return r.name }
 
 // Entry is Engine.Entry for this resource.
 func (r *Resource) Entry(opts ...EntryOption) (Entry, error) {
-	set := r.eng.rules.Load()
+	e := r.eng
 	c := r.rules.Load()
-	if c == nil || c.set != set {
-		// The rules changed since the last call: one small allocation per
-		// reload, not per request.
-		c = &resourceCache{set: set, rr: set.byResource[r.name]}
-		r.rules.Store(c)
+	if set := e.rules.Load(); c == nil || c.set != set {
+		c = r.cache(set)
 	}
-	if c.rr != nil {
-		return r.eng.enter(set, c.rr, c.rr.node, opts)
+	if rr := c.rr; rr != nil {
+		if len(opts) == 0 && rr.single != nil {
+			return e.enterSingle(rr, 1)
+		}
+		return e.enter(rr, rr.node, opts)
 	}
+	return r.enterPlain(opts)
+}
+
+// cache makes the resource's rules under set the ones its Entry reads:
+// one small allocation per reload, not per request.
+func (r *Resource) cache(set *ruleSet) *resourceCache {
+	c := &resourceCache{set: set, rr: set.byResource[r.name]}
+	r.rules.Store(c)
+	return c
+}
+
+// enterPlain is Entry on a resource without rules.
+func (r *Resource) enterPlain(opts []EntryOption) (Entry, error) {
 	node := r.node.Load()
 	if node.Dropped() {
 		// Registered again within the cap, as a new resource would be.
@@ -326,7 +427,7 @@ func (r *Resource) Entry(opts ...EntryOption) (Entry, error) {
 		r.node.Store(n)
 		node = n
 	}
-	return r.eng.enter(set, nil, node, opts)
+	return r.eng.enter(nil, node, opts)
 }
 
 // parseOptions reads a request's options into q.
@@ -371,13 +472,17 @@ func (e *Engine) readOptions(q *request, opts []EntryOption) error {
 	return nil
 }
 
-// pin returns the caller's stripe hint and the time.
+// pinNow returns the caller's stripe hint and the time: the clock's cached
+// value, refreshed on one read in refreshMask+1 (a cheap draw) or while
+// the clock says every read must (see stat.Coarse; any other clock is
+// read every time). enterSingle spells it out: a call would not inline.
 func (e *Engine) pinNow() (int, int64) {
-	p := cpu.Pin()
-	if c := e.coarse; c != nil {
-		return p, c.Now()
+	p, r := cpu.PinRand()
+	now := e.cached.Load()
+	if r&e.refreshMask == 0 || e.behind.Load() {
+		now = e.refresh(now)
 	}
-	return p, e.clock.Now()
+	return p, now
 }
 
 // ErrInvalidKey matches the error of an Entry whose WithKey is empty or

@@ -114,7 +114,28 @@ func TestThrottleRefusesBatchesItCannotPace(t *testing.T) {
 	assert.ErrorIs(t, err, ErrBlocked, "and then owes its whole cost")
 }
 
-// An Entry copied and exited twice releases its admission once.
+// Copies of an Entry that holds nothing (no Concurrency rule counted it)
+// each count their Exit; the same Entry exited twice counts once.
+func TestCopiesOfAnEntryThatHoldsNothingEachExit(t *testing.T) {
+	clock := stattest.NewClock(0)
+	e, _ := newEngine(t, clock)
+	load(t, e, Rule{Resource: "api", Threshold: 10})
+	en, err := e.Entry("api")
+	require.NoError(t, err)
+	cp := en
+	en.Exit(nil)
+	en.Exit(nil)
+	snap, _ := e.Snapshot("api")
+	assert.InDelta(t, 1.0, snap.SuccessQPS, 1e-9, "an Entry exits once")
+	cp.Exit(errors.New("failed"))
+	snap, _ = e.Snapshot("api")
+	assert.InDelta(t, 2.0, snap.SuccessQPS, 1e-9, "a copy counts its own Exit")
+	assert.InDelta(t, 1.0, snap.ExceptionQPS, 1e-9)
+	assert.Zero(t, snap.Inflight, "the gauge never goes below 0")
+}
+
+// An Entry a Concurrency rule counted, copied and exited twice, releases
+// its admission once.
 func TestCopiesOfAnEntryExitOnce(t *testing.T) {
 	clock := stattest.NewClock(0)
 	e, _ := newEngine(t, clock)
@@ -381,14 +402,13 @@ func TestConcurrencyRuleCountsWhatIsInFlight(t *testing.T) {
 		open[i], err = e.Entry("api")
 		require.NoError(t, err)
 	}
-	stale := open[0] // a copy: exits nothing once open[0] has
 	load(t, e, Rule{Resource: "api", Threshold: 100}, Rule{Resource: "api", Metric: Concurrency, Threshold: 2})
 	assert.Equal(t, int64(5), e.registry.Lookup("api").Concurrency())
 	_, err := e.Entry("api")
 	assert.ErrorIs(t, err, ErrBlocked, "5 in flight, limit 2")
 	for i := range 3 {
 		open[i].Exit(nil)
-		stale.Exit(nil)
+		open[i].Exit(nil) // the same Entry again: nothing
 	}
 	_, err = e.Entry("api")
 	assert.ErrorIs(t, err, ErrBlocked, "2 in flight")

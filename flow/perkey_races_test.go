@@ -67,7 +67,7 @@ func TestKeyedMigrateShrinkHangsOldSetRequest(t *testing.T) {
 	for i := range keys {
 		key := fmt.Sprint("k", i)
 		if !returnsWithin(2*time.Second, func() {
-			en, err := e.enter(oldSet, rrOld, rrOld.node, []EntryOption{WithKey(key)})
+			en, err := e.enter(rrOld, rrOld.node, []EntryOption{WithKey(key)})
 			if err == nil {
 				en.Exit(nil)
 			}
@@ -102,7 +102,7 @@ func TestKeyedMigrateGrowHangsNewSetKey(t *testing.T) {
 	defer undead(oldTable, newTable)
 
 	// One request that read the old rule set, for a key new to the table.
-	en, err := e.enter(oldSet, rrOld, rrOld.node, []EntryOption{WithKey("late")})
+	en, err := e.enter(rrOld, rrOld.node, []EntryOption{WithKey("late")})
 	require.NoError(t, err)
 	en.Exit(nil)
 

@@ -19,7 +19,6 @@ type Reservation struct {
 	st    *reservedState
 	e     *Engine
 	name  string
-	set   *ruleSet
 	rr    *resourceRules
 	p     int
 	start int64 // the instant's start (see take)
@@ -73,7 +72,7 @@ func (e *Engine) Reserve(resource string, opts ...EntryOption) (*Reservation, er
 		if _, err := e.registry.Node(resource); err != nil {
 			return nil, err
 		}
-		return &Reservation{st: &reservedState{q: q}, e: e, name: resource, set: set, start: e.now()}, nil
+		return &Reservation{st: &reservedState{q: q}, e: e, name: resource, start: e.now()}, nil
 	}
 	st := &reservedState{q: q}
 	p, now := e.pinNow()
@@ -81,7 +80,7 @@ func (e *Engine) Reserve(resource string, opts ...EntryOption) (*Reservation, er
 	if err != nil {
 		return nil, err
 	}
-	r := &Reservation{st: st, e: e, name: resource, set: set, rr: rr, p: p, start: start, wait: wait}
+	r := &Reservation{st: st, e: e, name: resource, rr: rr, p: p, start: start, wait: wait}
 	// A reservation dropped without Enter or Cancel gives back what it
 	// took when it is collected (a Concurrency rule's slot above all).
 	runtime.AddCleanup(r, func(st *reservedState) { st.cancel(e, rr) }, st)
@@ -111,7 +110,7 @@ func (r *Reservation) Enter() (Entry, error) {
 		}
 		return r.e.Entry(r.name, WithCount(int(st.q.n)))
 	}
-	return r.e.finish(r.set, r.rr, &st.h, r.p, r.start+r.wait, 0, true, &st.q)
+	return r.e.finish(r.rr, &st.h, r.p, r.start+r.wait, 0, true, &st.q)
 }
 
 // Wait sleeps until the reserved instant, or until ctx ends (then it

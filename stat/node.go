@@ -61,7 +61,11 @@ type Node struct {
 	// admission against it must be a single atomic step.
 	_           [cpu.CacheLine]byte
 	concurrency atomic.Int64
-	_           [cpu.CacheLine - 8]byte
+	// adopted is the part of concurrency that counts requests no rule
+	// counted at admission: in flight when a Concurrency rule was loaded
+	// (see adopt). Their Exits end it.
+	adopted atomic.Int64
+	_       [cpu.CacheLine - 16]byte
 
 	// fallbacks counts requests a global rule decided locally because its
 	// token source failed.
@@ -100,6 +104,14 @@ const (
 // on the resource's current node. While the registry is deciding (a
 // few reads under its lock), Dropped waits for the decision.
 func (n *Node) Dropped() bool {
+	if n.state.Load() == nodeLive {
+		return false // the common case, inlined into the writer
+	}
+	return n.deciding()
+}
+
+// deciding is Dropped once the node is not live: it waits out a decision.
+func (n *Node) deciding() bool {
 	for {
 		switch n.state.Load() {
 		case nodeLive:
@@ -198,6 +210,43 @@ func (n *Node) AcquireConcurrency(k, limit int64) (seen int64, ok bool) {
 
 // ReleaseConcurrency ends n requests that AcquireConcurrency counted.
 func (n *Node) ReleaseConcurrency(k int64) { n.concurrency.Sub(k) }
+
+// adopt counts in the node's concurrency, as adopted, the requests in
+// flight that it does not count: Inflight minus Concurrency, read while no
+// bucket of the second window rotates (the totals are exact then). It is
+// flow's, for a rule set that adds a Concurrency rule: the requests its
+// resource admitted without one count against it until they exit. Every
+// writer moves the two figures in an order that makes the difference err
+// low (a Concurrency rule's admission counts its concurrency before its
+// pass; an Exit counts its completion before it ends its concurrency), so
+// adopt never counts a request twice; it may miss one that was being
+// admitted under the old rules at that instant.
+func (n *Node) adopt() (added int64, first bool) {
+	in(n.second).Locked(func() { added = n.Inflight() - n.concurrency.Load() })
+	if added <= 0 {
+		return 0, false
+	}
+	// The concurrency first: a release of adopted requests never takes
+	// what is not counted yet.
+	n.concurrency.Add(added)
+	return added, n.adopted.Add(added) == added
+}
+
+// releaseAdopted ends up to k adopted requests: those an Exit of a request
+// no rule counted finds. It reports whether that ended the last.
+func (n *Node) releaseAdopted(k int64) (drained bool) {
+	for {
+		a := n.adopted.Load()
+		if a <= 0 {
+			return false
+		}
+		d := min(a, k)
+		if n.adopted.CompareAndSwap(a, a-d) {
+			n.concurrency.Sub(d)
+			return a == d
+		}
+	}
+}
 
 // windowShape names one of a node's extra windows: rules whose windows
 // have the same interval and bucket count share it.

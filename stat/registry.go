@@ -279,5 +279,10 @@ func (r *Registry) Range(fn func(n *Node) bool) {
 }
 
 func init() {
-	pins.Stat = pins.Protocol[*Registry, *Node]{Pin: (*Registry).pin, Unpin: (*Registry).unpin, Replace: (*Registry).replace}
+	pins.Stat = pins.Protocol[*Registry, *Node, *Coarse]{
+		Pin: (*Registry).pin, Unpin: (*Registry).unpin, Replace: (*Registry).replace,
+		Adopt: (*Node).adopt, ReleaseAdopted: (*Node).releaseAdopted,
+		Cached:  func(c *Coarse) (*atomic.Int64, *atomic.Bool) { return &c.now, &c.behind },
+		Refresh: (*Coarse).refresh, RefreshMask: refreshEvery - 1,
+	}
 }

@@ -326,7 +326,7 @@ func TestInflightSpansRotations(t *testing.T) {
 // the type flow asserts: pinned nodes stay, unpinned idle ones go, and a
 // dropped node is replaced by the live one.
 func TestRegistryProtocolIsRegisteredForFlow(t *testing.T) {
-	p, ok := pins.Stat.(pins.Protocol[*Registry, *Node])
+	p, ok := pins.Stat.(pins.Protocol[*Registry, *Node, *Coarse])
 	require.True(t, ok, "pins.Stat is %T", pins.Stat)
 	r, err := NewRegistry(2, NodeConfig{}, stattest.NewClock(0))
 	require.NoError(t, err)

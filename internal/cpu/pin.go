@@ -30,3 +30,12 @@ func cheaprand() uint32
 // no shared write, a few nanoseconds. It is for spreading and sampling, not
 // for anything that must be unpredictable.
 func Rand() uint32 { return cheaprand() }
+
+// PinRand is Pin and Rand in one call: the stripe hint and a draw for a
+// sampled refresh (see flow's clock read).
+func PinRand() (int, uint32) {
+	p := procPin()
+	r := cheaprand()
+	procUnpin()
+	return p, r
+}

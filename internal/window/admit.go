@@ -345,3 +345,19 @@ func (w *Window) RoomIn(now, n, threshold int64) (wait, reset time.Duration, ok 
 // maxRoomBuckets bounds the buckets RoomIn sorts on the stack; a window of
 // more answers with the time until all have left.
 const maxRoomBuckets = 64
+
+// RoomSince is RoomIn for a refusal at now, asked later: the same answer
+// while no bucket newer than now's has been made (the buckets RoomIn read
+// then are all still here, holding at least what they held). Once one has,
+// the oldest may be gone, and it answers with the time from now until the
+// newest bucket has left, for both: never shorter than RoomIn's answer at
+// now. Borrowed admissions are read as they are when asked.
+func (w *Window) RoomSince(now, n, threshold int64) (wait, reset time.Duration, ok bool) {
+	a := &w.arr
+	real := max(now, 0)
+	if h := a.Head().Start(); h > real {
+		all := time.Duration(max(h+a.Interval()-real, 0))
+		return all, all, n <= threshold && a.Pending()+n <= threshold
+	}
+	return w.RoomIn(now, n, threshold)
+}
