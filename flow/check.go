@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"sync"
 	"time"
 
 	"github.com/leapflow/leapflow/internal/cpu"
@@ -209,12 +210,45 @@ func (e *Engine) block(rr *resourceRules, h *held, p int, now, n int64, be *Bloc
 // related resources, then pacing, and waits last if any of them queued the
 // request.
 func (e *Engine) check(rr *resourceRules, p int, now int64, q *request) (Entry, error) {
+	if len(rr.groups) > 2 {
+		return e.checkMany(rr, p, now, q)
+	}
 	var h held
-	now, wait, en, err := e.take(rr, &h, p, now, q)
+	return e.checkHeld(rr, &h, p, now, q)
+}
+
+// checkMany is check for a resource with more windows than held keeps in
+// place: the rest go in arrays from a pool (escape analysis cannot keep
+// them on the stack: what held points to leaves it), so that in the steady
+// state nothing is allocated. Only such resources pay for the pool.
+func (e *Engine) checkMany(rr *resourceRules, p int, now int64, q *request) (Entry, error) {
+	m := manyPool.Get().(*heldMore)
+	var h held
+	h.more, h.bmore = m.res[:0], m.bor[:0]
+	en, err := e.checkHeld(rr, &h, p, now, q)
+	// Nothing keeps them past the request: clear and give them back.
+	clear(m.res[:])
+	clear(m.bor[:])
+	manyPool.Put(m)
+	return en, err
+}
+
+// heldMore is the room for a request's window admissions and borrows past
+// the first two, up to maxWindows.
+type heldMore struct {
+	res [maxWindows - 2]window.Reservation
+	bor [maxWindows - 2]borrowedAt
+}
+
+var manyPool = sync.Pool{New: func() any { return new(heldMore) }}
+
+// checkHeld is check, holding in h.
+func (e *Engine) checkHeld(rr *resourceRules, h *held, p int, now int64, q *request) (Entry, error) {
+	now, wait, en, err := e.take(rr, h, p, now, q)
 	if err != nil {
 		return en, err
 	}
-	return e.finish(rr, &h, p, now, wait, false, q)
+	return e.finish(rr, h, p, now, wait, false, q)
 }
 
 // refusal is what the rule that refused a request says: its error, the

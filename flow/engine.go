@@ -228,6 +228,7 @@ func (e *Engine) normalise(rules []Rule) ([]Rule, error) {
 	globals := map[string]int{}
 	gcras := map[string]int{}
 	keyed := map[string][2]int{}
+	windows := map[string]map[windowID]bool{}
 	var keys int
 	for i, r := range rules {
 		r = r.withDefaults()
@@ -236,6 +237,16 @@ func (e *Engine) normalise(rules []Rule) ([]Rule, error) {
 		}
 		if err := e.checkKeyRules(i, &r, keyed, &keys); err != nil {
 			return nil, err
+		}
+		if k := kindOf(&r); k == &windowKind || k == &warmUpKind {
+			ids := windows[r.Resource]
+			if ids == nil {
+				ids = map[windowID]bool{}
+				windows[r.Resource] = ids
+			}
+			if ids[windowID{r.StatInterval, r.SpanExact}] = true; len(ids) > maxWindows {
+				return nil, r.errorf(i, "StatInterval", r.StatInterval, "makes %d distinct windows for resource %s, over %d", len(ids), names.Abbrev(r.Resource), maxWindows)
+			}
 		}
 		if r.Global && e.source == nil {
 			return nil, r.errorf(i, "Global", true, "needs an engine made WithTokenSource")

@@ -816,3 +816,49 @@ func TestLaterRuleCountsEverythingInFlight(t *testing.T) {
 		require.Zero(t, e.registry.Lookup("z").Concurrency(), "phase %d", phase)
 	}
 }
+
+// A Concurrency rule loaded long after requests were admitted (their
+// buckets long retired) still counts them, and their Exits end the count.
+func TestConcurrencyRuleCountsRequestsAdmittedLongBefore(t *testing.T) {
+	clock := stattest.NewClock(0)
+	e, _ := newEngine(t, clock)
+	open := make([]Entry, 3)
+	for i := range open {
+		var err error
+		open[i], err = e.Entry("api")
+		require.NoError(t, err)
+	}
+	clock.Advance(2 * time.Minute)
+	load(t, e, Rule{Resource: "api", Metric: Concurrency, Threshold: 3})
+	_, err := e.Entry("api")
+	assert.ErrorIs(t, err, ErrBlocked, "3 in flight, limit 3")
+	open[0].Exit(nil)
+	en, err := e.Entry("api")
+	require.NoError(t, err, "2 in flight")
+	_, err = e.Entry("api")
+	assert.ErrorIs(t, err, ErrBlocked)
+	open[1].Exit(nil)
+	open[2].Exit(nil)
+	en.Exit(nil)
+	assert.Zero(t, e.registry.Lookup("api").Concurrency(), "every count ended")
+	load(t, e, Rule{Resource: "api", Metric: Concurrency, Threshold: 3}, Rule{Resource: "api", Threshold: 100})
+	assert.Zero(t, e.registry.Lookup("api").Concurrency(), "a rule kept adopts nothing again")
+}
+
+// An Entry never exited retains nothing when its admission holds nothing:
+// a million of them leave the heap where it was.
+func TestUnexitedEntriesRetainNoMemory(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(0))
+	load(t, e, Rule{Resource: "api", Threshold: 1e12})
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for range 1_000_000 {
+		if _, err := e.Entry("api"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	assert.Less(t, int64(after.HeapAlloc)-int64(before.HeapAlloc), int64(1<<20), "under 1 MiB for a million Entries never exited")
+}

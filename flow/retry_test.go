@@ -257,3 +257,35 @@ func TestRefusalAndPolicy(t *testing.T) {
 	assert.Equal(t, "api", name, "a rule with no ID is named by its resource")
 	assert.Equal(t, int64(7), q)
 }
+
+// A refused request's retry time is computed when it is read, from the
+// refusal's instant: never shorter than it was at the refusal, however the
+// window moved since (more admissions, a newer bucket, buckets gone).
+func TestRetryReadLaterIsNeverShorter(t *testing.T) {
+	clock := stattest.NewClock(0)
+	e, _ := newEngine(t, clock)
+	load(t, e, Rule{Resource: "qps", Threshold: 4})
+	for _, at := range []time.Duration{100 * ms, 100 * ms, 100 * ms} {
+		clock.Set(at)
+		require.True(t, try(e, "qps"))
+	}
+	clock.Set(600 * ms)
+	require.True(t, try(e, "qps"))
+	en, err := e.Entry("qps")
+	require.ErrorIs(t, err, ErrBlocked)
+	wait, ok := en.RetryAfter()
+	require.True(t, ok)
+	assert.Equal(t, 400*ms, wait, "read at once: the bucket of 0-250 ms leaves at 1 s")
+	reset, _ := en.Reset()
+	assert.Equal(t, 900*ms, reset, "the bucket of 500-750 ms leaves at 1.5 s")
+	for _, at := range []time.Duration{700 * ms, 900 * ms, 1100 * ms, 1900 * ms, 5 * time.Second} {
+		clock.Set(at)
+		try(e, "qps") // the window moves on, and admits again once it can
+		later, ok := en.RetryAfter()
+		require.True(t, ok, "at %v", at)
+		assert.GreaterOrEqual(t, later, wait, "read at %v", at)
+		r, ok := en.Reset()
+		require.True(t, ok)
+		assert.GreaterOrEqual(t, r, reset, "read at %v", at)
+	}
+}

@@ -21,6 +21,17 @@ type windowGroup struct {
 	warm       []warmRule
 }
 
+// maxWindows bounds the distinct windows (StatInterval and SpanExact) the
+// Reject and WarmUp rules of one resource count in: a request holds an
+// admission in each, on the stack.
+const maxWindows = 16
+
+// windowID is what tells a resource's windows apart, for maxWindows.
+type windowID struct {
+	interval  time.Duration
+	spanExact bool
+}
+
 // window returns the node window a rule with this interval counts in.
 func (e *Engine) window(n *stat.Node, interval time.Duration) *window.Window {
 	if interval == time.Second {

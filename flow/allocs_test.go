@@ -1,0 +1,165 @@
+package flow
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/leapflow/leapflow/stat/stattest"
+)
+
+// stubSource admits every global request without a call out: a token
+// source that allocates nothing, for measuring the engine alone.
+var stubSource = sourceFunc(func(context.Context, GlobalRequest) (bool, error) { return true, nil })
+
+// everyKind is one rule of every kind, each on its own resource, named
+// for its kind.
+func everyKind() []Rule {
+	return []Rule{
+		{Resource: "plain", Threshold: 1e12},
+		{Resource: "per-key", Threshold: 1e9, PerKey: true},
+		{Resource: "per-key-concurrency", Metric: Concurrency, Threshold: 1e9, PerKey: true},
+		{Resource: "gcra", Threshold: 1e9, Behavior: GCRA, Burst: 1000},
+		{Resource: "span-exact", Threshold: 1e9, SpanExact: true},
+		{Resource: "concurrency", Metric: Concurrency, Threshold: 1e9},
+		{Resource: "throttle", Threshold: 1e9, Behavior: Throttle, MaxQueueing: time.Second},
+		{Resource: "warm-up", Threshold: 1e9, Behavior: WarmUp, WarmUpPeriod: time.Second},
+		{Resource: "global", Threshold: 1e9, Global: true},
+		{Resource: "related", Threshold: 1e9, RelatedResource: "plain"},
+		{Resource: "dry-run", Threshold: 1, DryRun: true},
+		{Resource: "two-windows", Threshold: 1e9}, {Resource: "two-windows", Threshold: 1e9, StatInterval: 2 * time.Second},
+	}
+}
+
+// Entry and Exit allocate nothing on any kind of rule, admitted or
+// refused, by name and through a handle, once the rule's buckets exist.
+func TestEntryExitAllocateNothingOnEveryKind(t *testing.T) {
+	clock := stattest.NewClock(time.Second)
+	e, err := New(WithClock(clock), WithTokenSource(stubSource))
+	require.NoError(t, err)
+	// Waits end at once: the clock stays put (a bucket made allocates, once
+	// per bucket, not per request).
+	e.sleep = func(context.Context, time.Duration) error { return nil }
+	rules := everyKind()
+	load(t, e, rules...)
+	seen := map[string]bool{}
+	for _, r := range rules {
+		if seen[r.Resource] {
+			continue
+		}
+		seen[r.Resource] = true
+		h, err := e.Resource(r.Resource)
+		require.NoError(t, err)
+		var opts []EntryOption
+		if r.PerKey {
+			opts = []EntryOption{WithKey("k")}
+		}
+		admitted := 0
+		byName := func() {
+			if en, err := e.Entry(r.Resource, opts...); err == nil {
+				admitted++
+				en.Exit(nil)
+			}
+		}
+		handle := func() {
+			if en, err := h.Entry(opts...); err == nil {
+				admitted++
+				en.Exit(nil)
+			}
+		}
+		byName()
+		assert.Zero(t, testing.AllocsPerRun(200, byName), "%s by name", r.Resource)
+		assert.Zero(t, testing.AllocsPerRun(200, handle), "%s through a handle", r.Resource)
+		assert.Equal(t, 403, admitted, "%s: every request admitted", r.Resource)
+	}
+	// Refusals: the dry run's window is full by now (it never refuses); a
+	// threshold of 0 refuses every request.
+	load(t, e, Rule{Resource: "refused", Threshold: 0}, Rule{Resource: "refused-gcra", Threshold: 1, Behavior: GCRA, Burst: 1})
+	for _, name := range []string{"refused", "refused-gcra"} {
+		if en, err := e.Entry(name); err == nil {
+			en.Exit(nil) // the GCRA rule's one token
+		}
+		refused := 0
+		refuse := func() {
+			en, err := e.Entry(name)
+			if err != nil {
+				refused++
+				en.RetryAfter()
+				en.Reset()
+			}
+		}
+		refuse()
+		assert.Zero(t, testing.AllocsPerRun(200, refuse), "%s refused, its retry time read", name)
+		assert.Equal(t, 202, refused, "%s: every request refused", name)
+	}
+}
+
+// windowRules is one Reject rule on each of k distinct windows of one
+// resource.
+func windowRules(k int) []Rule {
+	var rules []Rule
+	for i := range k {
+		rules = append(rules, Rule{Resource: "api", Threshold: 1e9, StatInterval: time.Duration(i+1) * time.Second})
+	}
+	return rules
+}
+
+// A resource whose rules count in 1 to maxWindows distinct windows admits
+// and refuses without allocating.
+func TestManyWindowsAllocateNothing(t *testing.T) {
+	for _, k := range []int{1, 2, 3, 4, maxWindows} {
+		t.Run(fmt.Sprint(k), func(t *testing.T) {
+			clock := stattest.NewClock(time.Second)
+			e, err := New(WithClock(clock))
+			require.NoError(t, err)
+			load(t, e, windowRules(k)...)
+			admitted := 0
+			pass := func() {
+				if en, err := e.Entry("api"); err == nil {
+					admitted++
+					en.Exit(nil)
+				}
+			}
+			pass()
+			assert.Zero(t, testing.AllocsPerRun(200, pass), "admitted")
+			assert.Equal(t, 202, admitted, "every request admitted")
+			// The last window refuses: every other one took and gives back.
+			rules := windowRules(k)
+			rules[k-1].Threshold = 0
+			load(t, e, rules...)
+			refused := 0
+			refuse := func() {
+				if _, err := e.Entry("api"); err != nil {
+					refused++
+				}
+			}
+			refuse()
+			assert.Zero(t, testing.AllocsPerRun(200, refuse), "refused")
+			assert.Equal(t, 202, refused, "every request refused")
+		})
+	}
+}
+
+// LoadRules refuses a resource with more than maxWindows distinct windows,
+// naming the resource and the count, and changes nothing.
+func TestMoreWindowsThanTheBoundAreRefused(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(0))
+	load(t, e, Rule{Resource: "api", Threshold: 1})
+	rules := windowRules(maxWindows)
+	rules = append(rules, Rule{Resource: "api", Threshold: 1, StatInterval: time.Minute, SpanExact: true})
+	err := e.LoadRules(rules)
+	require.ErrorIs(t, err, ErrInvalidRule)
+	assert.ErrorContains(t, err, fmt.Sprintf("makes %d distinct windows for resource \"api\", over %d", maxWindows+1, maxWindows))
+	var re *RuleError
+	require.ErrorAs(t, err, &re)
+	assert.Equal(t, maxWindows, re.Index)
+	assert.Equal(t, "StatInterval", re.Field)
+	assert.Equal(t, []Rule{{Resource: "api", Threshold: 1, StatInterval: time.Second}}, e.Rules(), "nothing changed")
+	// The same window twice counts once.
+	rules = append(windowRules(maxWindows), windowRules(maxWindows)...)
+	assert.NoError(t, e.LoadRules(rules))
+}
