@@ -41,6 +41,7 @@ func TestQuickRun(t *testing.T) {
 		"### Below the limit", "### Random arrivals against the oracle", "| poisson | 1000 | 4 |", "### Entry latency with Redis far away", "| 20ms |",
 		"### Saturated CPU, healthy Redis", "| 256 |", "## Precision against buckets", "| 50 | span-exact |",
 		"## Global GCRA on Redis: leapflow and redis_rate", "| leapflow global GCRA | 1 |", "| redis_rate v10 | 1 |", "most in 1 s (server)",
+		"## What each rule kind costs", "| QPS Reject, 16 windows |", "| Global (stub source) |",
 		"## Per-key limits", "| leapflow | zipf over 10000 keys |", "| map+x/time/rate | uniform over 100000 keys |", "most in its own windows"} {
 		assert.Contains(t, string(md), want)
 	}
@@ -56,6 +57,18 @@ func TestQuickRun(t *testing.T) {
 		data, err := os.ReadFile(filepath.Join(out, name))
 		require.NoError(t, err)
 		assertWellFormedSVG(t, name, data)
+	}
+}
+
+// Every rule kind's row of the section admits every request and allocates
+// nothing per request (the measure's own goroutine start and GC are
+// spread over every call).
+func TestEveryRuleKindIsMeasuredWithoutAllocating(t *testing.T) {
+	rows := kindsSection(config{duration: 20 * time.Millisecond}, func(string) {})
+	require.Len(t, rows, len(kindCases()))
+	for _, k := range rows {
+		assert.Positive(t, k.nsPerOp, k.name)
+		assert.Less(t, k.allocs, 0.01, "%s: allocs per Entry+Exit", k.name)
 	}
 }
 

@@ -143,11 +143,12 @@ type report struct {
 	perKeyAcc  []perKeyAcc
 	middleware []mwResult
 	gcra       gcraResult
+	kinds      []kindCost
 }
 
 func run(cfg config, stdout, stderr io.Writer) error {
 	rep := &report{cfg: cfg, started: time.Now()}
-	steps := len(impls)*len(cfg.goroutines)*len(cfg.resources) + 3*len(accLimiters) + 2*len(precisionBuckets) + len(memCases) + 3*len(cfg.goroutines) + 2 + globalLoadSteps(cfg) + 2*len(keyLimiters)*(len(perKeyGoroutines)+1) + mwCaseCount*len(mwGoroutines()) + gcraSteps()
+	steps := len(impls)*len(cfg.goroutines)*len(cfg.resources) + 3*len(accLimiters) + 2*len(precisionBuckets) + len(memCases) + 3*len(cfg.goroutines) + 2 + globalLoadSteps(cfg) + 2*len(keyLimiters)*(len(perKeyGoroutines)+1) + mwCaseCount*len(mwGoroutines()) + gcraSteps() + kindSteps()
 	var bar *progressbar.ProgressBar
 	tick := func(desc string) {}
 	if cfg.progress {
@@ -189,6 +190,7 @@ func run(cfg config, stdout, stderr io.Writer) error {
 	rep.middleware = middlewareSection(cfg, tick)
 	rep.global, rep.globalAcc, rep.globalLoad, rep.globalNote = globalSection(cfg, tick)
 	rep.gcra = gcraSection(cfg, tick)
+	rep.kinds = kindsSection(cfg, tick)
 	if bar != nil {
 		_ = bar.Finish()
 	}

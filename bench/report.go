@@ -116,6 +116,7 @@ func (r *report) printTables(w io.Writer) {
 		r.globalLoadTables(w, false)
 	}
 	r.gcraTables(w, false)
+	r.kindsTables(w, false)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	r.perKeyTables(tw, false)
 	tw.Flush()
@@ -272,6 +273,7 @@ func (r *report) markdown(w io.Writer) {
 		r.globalLoadTables(w, true)
 	}
 	r.gcraTables(w, true)
+	r.kindsTables(w, true)
 	r.perKeyTables(w, true)
 	r.middlewareTables(w, true)
 	fmt.Fprintf(w, "\n## Memory\n\nHeap bytes per limiter, measured with runtime.MemStats over %d of them.\n\n| limiter | bytes | what |\n|---|---:|---|\n", c.memN)

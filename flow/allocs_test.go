@@ -163,3 +163,21 @@ func TestMoreWindowsThanTheBoundAreRefused(t *testing.T) {
 	rules = append(windowRules(maxWindows), windowRules(maxWindows)...)
 	assert.NoError(t, e.LoadRules(rules))
 }
+
+// A request that really sleeps (the engine's own sleep, a queued Throttle
+// slot) allocates nothing either: its timer comes from a pool.
+func TestAWaitThatSleepsAllocatesNothing(t *testing.T) {
+	e, err := New(WithClock(stattest.NewClock(time.Second)))
+	require.NoError(t, err)
+	load(t, e, Rule{Resource: "api", Threshold: 1e6, Behavior: Throttle, MaxQueueing: time.Second})
+	admitted := 0
+	wait := func() {
+		if en, err := e.Entry("api"); err == nil {
+			admitted++
+			en.Exit(nil)
+		}
+	}
+	wait()
+	assert.Zero(t, testing.AllocsPerRun(100, wait))
+	assert.Equal(t, 102, admitted, "each waited its 1 µs slot (the clock stays put) and went")
+}

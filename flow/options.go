@@ -3,6 +3,7 @@ package flow
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/leapflow/leapflow/stat"
@@ -119,14 +120,29 @@ const DefaultOccupyTimeout = 500 * time.Millisecond
 
 // sleep is the default wait: a timer, cut short by ctx.
 func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
+	// A timer from the pool: a wait allocates nothing (since Go 1.23 a
+	// stopped timer delivers nothing stale, so it can be reset for the
+	// next wait).
+	t := timers.Get().(*time.Timer)
+	t.Reset(d)
+	defer putTimer(t)
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-t.C:
 		return nil
 	}
+}
+
+var timers = sync.Pool{New: func() any {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return t
+}}
+
+func putTimer(t *time.Timer) {
+	t.Stop()
+	timers.Put(t)
 }
 
 // DefaultEngineMaxKeys is the most keys an engine's PerKey rules may track
