@@ -83,9 +83,11 @@ func (e *Engine) enter(rr *resourceRules, node *stat.Node, opts []EntryOption) (
 // computed only if it is read.
 func (e *Engine) enterSingle(rr *resourceRules, n int64) (Entry, error) {
 	p, d := cpu.PinRand()
-	now := e.cached.Load() // pinNow, spelled out
-	if d&e.refreshMask == 0 || e.behind.Load() {
-		now = e.refresh(now)
+	var now int64 // pinNow, spelled out
+	if s := e.steady; s != nil {
+		now = s.Now()
+	} else if now = e.cached.Load(); d&e.refreshMask == 0 || e.behind.Load() {
+		now = e.pins.Refresh(e.coarse, now)
 	}
 	r, ok := rr.single.AdmitOn(p, now, n, rr.singleLimit)
 	if !ok {

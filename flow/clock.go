@@ -20,6 +20,10 @@ import (
 // step forward kept), and the stall they cause is at most their size.
 type steady struct {
 	c stat.Clock
+	// origin is set when c is stat's monotonic clock: read directly, it
+	// costs no interface call.
+	origin time.Time
+	mono   bool
 	// off is added to every reading; it only grows.
 	off atomic.Int64
 	_   [cpu.CacheLine - 8]byte
@@ -46,23 +50,41 @@ const (
 const engineLimit = int64(1) << 62
 
 func (s *steady) Now() int64 {
-	for {
-		// hi before the reading: a reading taken after hi was published and
-		// still behind it is a real step back, not a reader that was
-		// descheduled between its reading and its check.
-		o := s.off.Load()
-		h := s.hi.Load()
-		r := s.c.Now()
-		t := r + o
-		if t > h-stepTolerance && t <= engineLimit {
-			if t >= h+publishEvery {
-				s.hi.CompareAndSwap(h, t) // another reader may publish first
-			}
-			return max(t, 0)
+	// hi before the reading: a reading taken after hi was published and
+	// still behind it is a real step back, not a reader that was
+	// descheduled between its reading and its check.
+	o := s.off.Load()
+	h := s.hi.Load()
+	var r int64
+	if s.mono {
+		r = int64(time.Since(s.origin))
+	} else {
+		r = s.c.Now()
+	}
+	t := r + o
+	if t > h-stepTolerance && t <= engineLimit {
+		if t >= h+publishEvery {
+			s.hi.CompareAndSwap(h, t) // another reader may publish first
 		}
-		// A step back (or past the limit): continue from hi.
+		return max(t, 0)
+	}
+	return s.step(o, h, r)
+}
+
+// step is Now for a reading r that stepped back (or past the limit) with
+// offset o and hi h: engine time continues from hi.
+func (s *steady) step(o, h, r int64) int64 {
+	for {
 		if s.off.CompareAndSwap(o, h-r) {
 			return h
+		}
+		// Another reader moved the offset: read again.
+		o = s.off.Load()
+		h = s.hi.Load()
+		r = s.c.Now()
+		t := r + o
+		if t > h-stepTolerance && t <= engineLimit {
+			return max(t, 0)
 		}
 	}
 }

@@ -29,14 +29,14 @@ type Engine struct {
 	registry *stat.Registry
 	pins     pins.Protocol[*stat.Registry, *stat.Node, *stat.Coarse]
 	// cached and behind are coarse's words when coarse is set: Exit reads
-	// the cached time without a refresh draw unless behind says it must
-	// (always, for any other clock).
+	// the cached time without a refresh draw unless behind says it must.
 	cached *atomic.Int64
 	behind *atomic.Bool
-	// refresh reads the clock for a reader that saw v in cached; the hot
-	// paths call it when behind is set or a draw masked by refreshMask is 0
+	// steady is the clock when coarse is nil, read every time; with
+	// coarse, the hot paths read cached and refresh it through the pins
+	// protocol when behind is set or a draw masked by refreshMask is 0
 	// (see pinNow).
-	refresh     func(v int64) int64
+	steady      *steady
 	refreshMask uint32
 	// adopting counts the nodes that hold adopted requests (see adopt):
 	// while it is 0, an Exit of a request no rule counted has nothing more
@@ -86,7 +86,8 @@ func New(opts ...Option) (*Engine, error) {
 	if c, ok := cfg.clock.(*stat.Coarse); ok {
 		e.coarse = c // monotonic by construction
 	} else {
-		e.clock = &steady{c: cfg.clock}
+		e.steady = &steady{c: cfg.clock}
+		e.clock = e.steady
 	}
 	reg, err := stat.NewRegistry(cfg.maxResources, stat.NodeConfig{SampleCount: cfg.sampleCount}, e.clock)
 	if err != nil {
@@ -97,12 +98,8 @@ func New(opts ...Option) (*Engine, error) {
 	if c := e.coarse; c != nil {
 		e.cached, e.behind = e.pins.Cached(c)
 		e.refreshMask = e.pins.RefreshMask
-		refresh := e.pins.Refresh
-		e.refresh = func(v int64) int64 { return refresh(c, v) }
 	} else {
-		// Every read goes to the clock.
-		e.cached, e.behind = atomic.NewInt64(0), atomic.NewBool(true)
-		e.refresh = func(int64) int64 { return e.clock.Now() }
+		e.steady.origin, e.steady.mono = e.pins.Monotonic(cfg.clock)
 	}
 	e.rules.Store(&ruleSet{byResource: map[string]*resourceRules{}, tables: map[tableID]*keytable.Table{}})
 	return e, nil

@@ -260,9 +260,11 @@ func (en *Entry) Exit(err error) {
 	n := int64(m >> 32)
 	// The clock's cached time, refreshed by Entry's reads: Exit reads it
 	// without a refresh draw unless the clock says reads must refresh it.
-	now := e.cached.Load()
-	if e.behind.Load() {
-		now = e.refresh(now)
+	var now int64
+	if s := e.steady; s != nil {
+		now = s.Now()
+	} else if now = e.cached.Load(); e.behind.Load() {
+		now = e.pins.Refresh(e.coarse, now)
 	}
 	second(node).CompleteOn(int(m>>2&(1<<30-1)), now, n, max(now-en.start, 0), err != nil)
 	if e.adopting.Load() != 0 {
@@ -279,9 +281,11 @@ func (en *Entry) release(sl *slots.Slot[site], node *stat.Node, m uint64, err er
 		return // a copy exited first
 	}
 	n := int64(hn)
-	now := e.cached.Load()
-	if e.behind.Load() {
-		now = e.refresh(now)
+	var now int64
+	if s := e.steady; s != nil {
+		now = s.Now()
+	} else if now = e.cached.Load(); e.behind.Load() {
+		now = e.pins.Refresh(e.coarse, now)
 	}
 	// The completion before the concurrency ends, so that the in-flight
 	// gauge never counts a request that the concurrency no longer does
@@ -478,9 +482,11 @@ func (e *Engine) readOptions(q *request, opts []EntryOption) error {
 // read every time). enterSingle spells it out: a call would not inline.
 func (e *Engine) pinNow() (int, int64) {
 	p, r := cpu.PinRand()
-	now := e.cached.Load()
-	if r&e.refreshMask == 0 || e.behind.Load() {
-		now = e.refresh(now)
+	var now int64
+	if s := e.steady; s != nil {
+		now = s.Now()
+	} else if now = e.cached.Load(); r&e.refreshMask == 0 || e.behind.Load() {
+		now = e.pins.Refresh(e.coarse, now)
 	}
 	return p, now
 }

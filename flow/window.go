@@ -289,7 +289,8 @@ func (rr *resourceRules) takeWindows(h *held, p int, now int64, q *request, rf *
 			}
 		}
 		rm := unknownRoom
-		if len(g.warm) == 0 {
+		if len(g.warm) == 0 && rr.rules == 1 {
+			// Only a resource's one rule says when to retry (see block).
 			rm = roomOf(g.w.RoomIn(now, n, limit))
 		}
 		*rf = refusal{be, float64(r.Seen()), rm}

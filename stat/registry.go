@@ -284,5 +284,9 @@ func init() {
 		Adopt: (*Node).adopt, ReleaseAdopted: (*Node).releaseAdopted,
 		Cached:  func(c *Coarse) (*atomic.Int64, *atomic.Bool) { return &c.now, &c.behind },
 		Refresh: (*Coarse).refresh, RefreshMask: refreshEvery - 1,
+		Monotonic: func(c any) (time.Time, bool) {
+			m, ok := c.(monotonic)
+			return m.origin, ok
+		},
 	}
 }

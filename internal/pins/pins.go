@@ -8,7 +8,11 @@
 // import this one.
 package pins
 
-import "go.uber.org/atomic"
+import (
+	"time"
+
+	"go.uber.org/atomic"
+)
 
 // Protocol is stat's protocol with flow: R is the registry type, N its
 // node type and C its coarse clock type.
@@ -39,6 +43,10 @@ type Protocol[R, N, C any] struct {
 	// rule, spelled out where a call would not inline).
 	Refresh     func(c C, v int64) int64
 	RefreshMask uint32
+	// Monotonic reports whether clock is stat's NewMonotonic, and its
+	// origin: a reader can then read time.Since(origin) itself, without
+	// the interface call.
+	Monotonic func(clock any) (origin time.Time, ok bool)
 }
 
 // Stat is package stat's Protocol[*stat.Registry, *stat.Node,
