@@ -115,6 +115,10 @@ func (e *Engine) refuseSingle(rr *resourceRules, p int, now, n, seen int64) (Ent
 		// The rule set this request read was replaced, its resource let go.
 		e.recount(rr.node, p, now, metric.Block, n)
 	}
+	if rr.rules > 1 {
+		// Only a resource's one rule says when to retry (see block).
+		return blocked(float64(seen), unknownRoom), rr.singleBE
+	}
 	if n != 1 {
 		// The Entry has no room for the count: say it now.
 		return blocked(float64(seen), roomOf(rr.single.RoomIn(now, n, rr.singleLimit))), rr.singleBE
@@ -177,10 +181,17 @@ type held struct {
 // release gives back everything the request took from rr's rules: each
 // kind gives back what it holds.
 func (e *Engine) release(rr *resourceRules, h *held, n int64) {
+	passed := !h.conc && rr.countsNode && h.nres > 0
 	if h.conc {
 		rr.node.ReleaseConcurrency(n)
 	}
 	h.releaseWindows(n)
+	if passed && e.adopting.Load() != 0 {
+		// Its pass on the node, given back above, may be in a count a
+		// Concurrency rule adopted since (see Engine.adopt): it ends as
+		// an Exit would, after the gauge no longer counts it.
+		e.releaseAdopted(rr.node, n)
+	}
 	if len(rr.paced) > 0 {
 		rr.releasePaced(h)
 	}

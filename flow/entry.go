@@ -137,28 +137,40 @@ func blocked(seen float64, r room) Entry {
 }
 
 // A room packs into one word: the retry wait + 1 in the low retryBits (0:
-// unknown; in ns up to retryNsMax, past it in ms rounded up with the unit
-// bit set), the reset in ms + 1 in the rest (0: unknown; at most
-// resetMsMax ms, far past any window's reset).
+// unknown; in ns up to unitMax, past it in ms rounded up, with the unit
+// bit set: up to 99 days), the reset + 1 in the rest (0: unknown; in ms up
+// to about 6 days, past it in seconds rounded up, with its unit bit set).
+// A retry or reset past what its field holds (never, from any rule) is
+// reported as the most it holds.
 const (
-	retryBits  = 38
-	retryUnit  = 1 << (retryBits - 1)
-	retryNsMax = retryUnit - 2
-	resetMsMax = 1<<(64-retryBits) - 2
+	retryBits = 34
+	retryUnit = 1 << (retryBits - 1)
+	resetUnit = 1 << (64 - retryBits - 1)
 )
+
+// packUnit packs d (>= 0) into a field of unit-bit u: d + 1 in fine units
+// if it fits below u, else d in coarse units (rounded up) + 1, unit bit set.
+func packUnit(d, fine, coarse, u int64) uint64 {
+	if v := (d + fine - 1) / fine; v <= u-2 {
+		return uint64(v + 1)
+	}
+	return uint64(u | min((d+coarse-1)/coarse, u-2) + 1)
+}
+
+func unpackUnit(v uint64, fine, coarse, u int64) int64 {
+	if v&uint64(u) != 0 {
+		return (int64(v&^uint64(u)) - 1) * coarse
+	}
+	return (int64(v) - 1) * fine
+}
 
 func packRoom(r room) uint64 {
 	var m uint64
-	ms := int64(time.Millisecond)
 	if r.retry >= 0 {
-		if r.retry <= retryNsMax {
-			m = uint64(r.retry) + 1
-		} else {
-			m = retryUnit | uint64(min((r.retry+ms-1)/ms, retryUnit-2)+1)
-		}
+		m = packUnit(r.retry, 1, int64(time.Millisecond), retryUnit)
 	}
 	if r.reset >= 0 {
-		m |= uint64(min((r.reset+ms-1)/ms, resetMsMax)+1) << retryBits
+		m |= packUnit(r.reset, int64(time.Millisecond), int64(time.Second), resetUnit) << retryBits
 	}
 	return m
 }
@@ -166,14 +178,11 @@ func packRoom(r room) uint64 {
 // unpackRoom reverses packRoom (reset rounded up to the ms); -1: unknown.
 func unpackRoom(m uint64) room {
 	r := unknownRoom
-	if v := m & (retryUnit - 1); v != 0 {
-		r.retry = int64(v - 1)
-		if m&retryUnit != 0 {
-			r.retry *= int64(time.Millisecond)
-		}
+	if v := m & (retryUnit<<1 - 1); v != 0 {
+		r.retry = unpackUnit(v, 1, int64(time.Millisecond), retryUnit)
 	}
 	if v := m >> retryBits; v != 0 {
-		r.reset = int64(v-1) * int64(time.Millisecond)
+		r.reset = unpackUnit(v, int64(time.Millisecond), int64(time.Second), resetUnit)
 	}
 	return r
 }

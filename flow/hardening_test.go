@@ -862,3 +862,65 @@ func TestUnexitedEntriesRetainNoMemory(t *testing.T) {
 	runtime.ReadMemStats(&after)
 	assert.Less(t, int64(after.HeapAlloc)-int64(before.HeapAlloc), int64(1<<20), "under 1 MiB for a million Entries never exited")
 }
+
+// A request whose window admission counted its pass, then gave it back
+// (its wait was cancelled), ends its part of a count that a Concurrency
+// rule loaded in between adopted: the count returns to 0.
+func TestAdoptedPassGivenBackEndsItsCount(t *testing.T) {
+	clock := stattest.NewClock(0)
+	entered := make(chan struct{}, 1)
+	release := make(chan struct{})
+	e, err := New(WithClock(clock), WithSleep(func(ctx context.Context, d time.Duration) error {
+		entered <- struct{}{}
+		<-release
+		return context.Canceled
+	}))
+	require.NoError(t, err)
+	old := []Rule{{Resource: "api", Threshold: 1000}, {Resource: "api", Behavior: Throttle, Threshold: 10, MaxQueueing: time.Second}}
+	load(t, e, old...)
+	en, err := e.Entry("api")
+	require.NoError(t, err)
+	en.Exit(nil)
+	done := make(chan error)
+	go func() {
+		_, err := e.Entry("api") // queued 100 ms behind the first
+		done <- err
+	}()
+	<-entered
+	node := e.registry.Lookup("api")
+	require.Equal(t, int64(1), node.Inflight(), "its pass is counted while it waits")
+	load(t, e, append(old, Rule{Resource: "api", Metric: Concurrency, Threshold: 1})...)
+	assert.Equal(t, int64(1), node.Concurrency(), "adopted")
+	close(release)
+	assert.ErrorIs(t, <-done, context.Canceled)
+	assert.Zero(t, node.Inflight())
+	assert.Zero(t, node.Concurrency(), "nothing in flight")
+	assert.Zero(t, e.adopting.Load(), "no node holds adopted requests")
+}
+
+// Exits racing the count a Concurrency rule adopts end exactly what it
+// counted: once every request exited, nothing is left.
+func TestExitsRacingAnAdoptionLeaveNothing(t *testing.T) {
+	e, _ := newEngine(t, stat.NewMonotonic())
+	rounds := 300
+	if testing.Short() {
+		rounds = 50
+	}
+	for round := range rounds {
+		name := fmt.Sprintf("r%d", round)
+		ens := make([]Entry, 8)
+		for i := range ens {
+			var err error
+			ens[i], err = e.Entry(name)
+			require.NoError(t, err)
+		}
+		var wg sync.WaitGroup
+		for i := range ens {
+			wg.Go(func() { ens[i].Exit(nil) })
+		}
+		load(t, e, Rule{Resource: name, Metric: Concurrency, Threshold: 100})
+		wg.Wait()
+		require.Zero(t, e.registry.Lookup(name).Concurrency(), "round %d: nothing in flight", round)
+	}
+	assert.Zero(t, e.adopting.Load(), "no node holds adopted requests")
+}

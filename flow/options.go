@@ -141,7 +141,15 @@ var timers = sync.Pool{New: func() any {
 }}
 
 func putTimer(t *time.Timer) {
-	t.Stop()
+	if !t.Stop() {
+		// Fired: with asynchronous timer channels (a main module before
+		// Go 1.23, or GODEBUG asynctimerchan=1) the value may wait in
+		// the channel; the next wait must not find it.
+		select {
+		case <-t.C:
+		default:
+		}
+	}
 	timers.Put(t)
 }
 

@@ -289,3 +289,26 @@ func TestRetryReadLaterIsNeverShorter(t *testing.T) {
 		assert.GreaterOrEqual(t, r, reset, "read at %v", at)
 	}
 }
+
+// A blocked Entry's room, packed into one word, reads back never shorter
+// than it was, to the ns for retries up to 8 s, the ms for resets up to
+// 6 days, and up to the 30 days a GCRA rule can take to refill.
+func TestPackedRoomIsNeverShorter(t *testing.T) {
+	for _, d := range []time.Duration{0, 1, 999, time.Millisecond, 1500 * ms, 8 * time.Second, 9 * time.Second, time.Hour,
+		27*time.Hour + 46*time.Minute + 40*time.Second, 6 * 24 * time.Hour, 7 * 24 * time.Hour, 30 * 24 * time.Hour} {
+		r := unpackRoom(packRoom(room{int64(d), int64(d)}))
+		assert.GreaterOrEqual(t, r.retry, int64(d), "retry %v", d)
+		assert.GreaterOrEqual(t, r.reset, int64(d), "reset %v", d)
+		if d <= 8*time.Second {
+			assert.Equal(t, int64(d), r.retry, "retry %v to the ns", d)
+		} else {
+			assert.Less(t, r.retry, int64(d+time.Millisecond), "retry %v to the ms", d)
+		}
+		if d <= 6*24*time.Hour {
+			assert.Less(t, r.reset, int64(d+time.Millisecond), "reset %v to the ms", d)
+		} else {
+			assert.Less(t, r.reset, int64(d+time.Second), "reset %v to the s", d)
+		}
+	}
+	assert.Equal(t, unknownRoom, unpackRoom(packRoom(unknownRoom)))
+}

@@ -65,7 +65,9 @@ type Node struct {
 	// counted at admission: in flight when a Concurrency rule was loaded
 	// (see adopt). Their Exits end it.
 	adopted atomic.Int64
-	_       [cpu.CacheLine - 16]byte
+	// adopting is set while adopt counts.
+	adopting atomic.Bool
+	_        [cpu.CacheLine - 20]byte
 
 	// fallbacks counts requests a global rule decided locally because its
 	// token source failed.
@@ -222,23 +224,40 @@ func (n *Node) ReleaseConcurrency(k int64) { n.concurrency.Sub(k) }
 // adopt never counts a request twice; it may miss one that was being
 // admitted under the old rules at that instant.
 func (n *Node) adopt() (added int64, first bool) {
-	in(n.second).Locked(func() { added = n.Inflight() - n.concurrency.Load() })
-	if added <= 0 {
-		return 0, false
-	}
-	// The concurrency first: a release of adopted requests never takes
-	// what is not counted yet.
-	n.concurrency.Add(added)
-	return added, n.adopted.Add(added) == added
+	// Flagged first, so that an Exit that finds nothing adopted while the
+	// count is being made waits for it (see releaseAdopted).
+	n.adopting.Store(true)
+	defer n.adopting.Store(false)
+	in(n.second).Locked(func() {
+		added = n.Inflight() - n.concurrency.Load()
+		if added <= 0 {
+			added = 0
+			return
+		}
+		// The concurrency first: a release of adopted requests never
+		// takes what is not counted yet.
+		n.concurrency.Add(added)
+		first = n.adopted.Add(added) == added
+	})
+	return added, first
 }
 
 // releaseAdopted ends up to k adopted requests: those an Exit of a request
-// no rule counted finds. It reports whether that ended the last.
+// no rule counted finds, or a request that gives its pass back. It reports
+// whether that ended the last. An Exit that finds none while adopt is
+// counting waits for the count (adopt holds the rotation lock throughout),
+// then looks again: the count may hold it.
 func (n *Node) releaseAdopted(k int64) (drained bool) {
+	counting := n.adopting.Load()
 	for {
 		a := n.adopted.Load()
 		if a <= 0 {
-			return false
+			if !counting {
+				return false
+			}
+			in(n.second).Locked(func() {})
+			counting = false
+			continue
 		}
 		d := min(a, k)
 		if n.adopted.CompareAndSwap(a, a-d) {
