@@ -1,7 +1,6 @@
 package flow
 
 import (
-	"context"
 	"fmt"
 	"math/rand"
 	"testing"
@@ -88,7 +87,7 @@ func BenchmarkClock(b *testing.B) {
 func BenchmarkResourceEntryExit(b *testing.B) {
 	for name, clock := range clocks(b) {
 		e := benchEngine(b, clock)
-		r, err := e.Resource("pass")
+		r, err := e.Resource("plain")
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -256,27 +255,17 @@ func BenchmarkMultiRuleEntryExit(b *testing.B) {
 // ResourceEntryExit.
 func BenchmarkResourceEntryExitBusy(b *testing.B) {
 	for name, clock := range clocks(b) {
-		e, err := New(WithClock(clock), WithTokenSource(sourceFunc(func(context.Context, GlobalRequest) (bool, error) { return true, nil })))
+		e, err := New(WithClock(clock), WithTokenSource(stubSource))
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := e.LoadRules([]Rule{
-			{Resource: "pass", Threshold: 1e12},
-			{Resource: "per-key", Threshold: 1e9, PerKey: true},
-			{Resource: "gcra", Threshold: 1e9, Behavior: GCRA, Burst: 100},
-			{Resource: "span-exact", Threshold: 1e9, SpanExact: true},
-			{Resource: "concurrency", Metric: Concurrency, Threshold: 1e9},
-			{Resource: "throttle", Threshold: 1e3, Behavior: Throttle, MaxQueueing: time.Second},
-			{Resource: "warm-up", Threshold: 1e9, Behavior: WarmUp, WarmUpPeriod: time.Second},
-			{Resource: "global", Threshold: 1e9, Global: true},
-			{Resource: "dry-run", Threshold: 10, DryRun: true},
-		}); err != nil {
+		if err := e.LoadRules(everyKind()); err != nil {
 			b.Fatal(err)
 		}
 		feed := e.Feed()
 		feed.Start()
 		b.Cleanup(feed.Close)
-		r, err := e.Resource("pass")
+		r, err := e.Resource("plain")
 		if err != nil {
 			b.Fatal(err)
 		}

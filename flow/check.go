@@ -31,10 +31,7 @@ func (e *Engine) enter(rr *resourceRules, node *stat.Node, opts []EntryOption) (
 	}
 	p, now := e.pinNow()
 	if rr == nil {
-		second(node).AddOn(p, now, metric.Pass, n)
-		if node.Dropped() {
-			node = e.recount(node, p, now, metric.Pass, n)
-		}
+		node = e.count(node, p, now, metric.Pass, n)
 		return e.admitted(node, p, now, n, false, nil, nil), nil
 	}
 	if gr := rr.singleGCRA; gr != nil && q.wait == 0 {
@@ -45,10 +42,7 @@ func (e *Engine) enter(rr *resourceRules, node *stat.Node, opts []EntryOption) (
 		if !ok {
 			ev = metric.Block
 		}
-		second(node).AddOn(p, now, ev, n)
-		if node.Dropped() {
-			node = e.recount(node, p, now, ev, n)
-		}
+		node = e.count(node, p, now, ev, n)
 		if !ok {
 			return blocked(0, rm), gr.be
 		}
@@ -64,10 +58,7 @@ func (e *Engine) enter(rr *resourceRules, node *stat.Node, opts []EntryOption) (
 		if !ok {
 			ev = metric.Block
 		}
-		second(node).AddOn(p, now, ev, n)
-		if node.Dropped() {
-			node = e.recount(node, p, now, ev, n)
-		}
+		node = e.count(node, p, now, ev, n)
 		if !ok {
 			return blocked(seen, rm), kr.blockError(&q)
 		}
@@ -97,22 +88,22 @@ func (e *Engine) enterSingle(rr *resourceRules, n int64) (Entry, error) {
 	now = max(now, r.Start())
 	node := rr.node
 	if rr.singleApart {
-		node = e.countApart(node, p, now, n)
+		node = e.count(node, p, now, metric.Pass, n)
 	}
 	return Entry{node: node, slot: e.none, start: now, meta: holdsNothing(n, p)}, nil
 }
 
 // holdsNothing is the meta word of an admission of n on stripe p that
-// holds nothing (see Entry).
-// (the low two bits, a claim's flags, clear).
+// holds nothing (see Entry): the low two bits, a claim's flags, clear.
 func holdsNothing(n int64, p int) uint64 { return uint64(n)<<32 | uint64(p&(1<<30-1))<<2 }
 
 // refuseSingle counts enterSingle's refusal and returns its Entry: the
 // retry time is computed from it when read (see Entry.RetryAfter).
 func (e *Engine) refuseSingle(rr *resourceRules, p int, now, n, seen int64) (Entry, error) {
+	// count, spelled out: the call would not inline, and a refusal costs
+	// no more than an admission.
 	second(rr.node).AddOn(p, now, metric.Block, n)
 	if rr.node.Dropped() {
-		// The rule set this request read was replaced, its resource let go.
 		e.recount(rr.node, p, now, metric.Block, n)
 	}
 	if rr.rules > 1 {
@@ -126,12 +117,14 @@ func (e *Engine) refuseSingle(rr *resourceRules, p int, now, n, seen int64) (Ent
 	return Entry{slot: rr.refusal, start: int64(math.Float64bits(float64(seen))), meta: uint64(max(now, 0))}, rr.singleBE
 }
 
-// countApart counts the pass of a span-exact window's admission on the
-// node's own window too, and returns the node it counted on.
-func (e *Engine) countApart(node *stat.Node, p int, now, n int64) *stat.Node {
-	second(node).AddOn(p, now, metric.Pass, n)
+// count counts event ev of n on node's second window and returns the node
+// it counted on: if the registry let node go meanwhile (the rule set this
+// request read was replaced, or the resource went idle during a wait), the
+// count went to a node no one reads and is made again on the live one.
+func (e *Engine) count(node *stat.Node, p int, now int64, ev metric.Event, n int64) *stat.Node {
+	second(node).AddOn(p, now, ev, n)
 	if node.Dropped() {
-		node = e.recount(node, p, now, metric.Pass, n)
+		node = e.recount(node, p, now, ev, n)
 	}
 	return node
 }
@@ -211,11 +204,7 @@ func (e *Engine) block(rr *resourceRules, h *held, p int, now, n int64, be *Bloc
 	if rr.rules > 1 {
 		rm = unknownRoom
 	}
-	second(rr.node).AddOn(p, now, metric.Block, n)
-	if rr.node.Dropped() {
-		// The rule set this request read was replaced, its resource let go.
-		e.recount(rr.node, p, now, metric.Block, n)
-	}
+	e.count(rr.node, p, now, metric.Block, n)
 	return blocked(seen, rm), be
 }
 
@@ -384,12 +373,7 @@ func (e *Engine) finish(rr *resourceRules, h *held, p int, now, wait int64, earl
 		shade(rr, p, ran, n, time.Duration(q.wait))
 	}
 	if !rr.countsNode {
-		second(node).AddOn(p, ran, metric.Pass, n)
-		if node.Dropped() {
-			// Its rules were replaced during a wait and the resource, idle
-			// by then, let go.
-			node = e.recount(node, p, ran, metric.Pass, n)
-		}
+		node = e.count(node, p, ran, metric.Pass, n)
 	}
 	if h.nbor > 0 && !h.borrowedFrom(second(node)) {
 		// It waited for a later bucket of a window of its own (a
