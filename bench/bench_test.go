@@ -66,9 +66,16 @@ func TestQuickRun(t *testing.T) {
 func TestEveryRuleKindIsMeasuredWithoutAllocating(t *testing.T) {
 	rows := kindsSection(config{duration: 20 * time.Millisecond}, func(string) {})
 	require.Len(t, rows, len(kindCases()))
+	allowed := 0.01
+	if raceEnabled {
+		// A quarter of what is put back is dropped and made anew: a
+		// wait's timer is three objects, so about 0.75 a call; a timer
+		// made at every call would be 3.
+		allowed = 1.5
+	}
 	for _, k := range rows {
 		assert.Positive(t, k.nsPerOp, k.name)
-		assert.Less(t, k.allocs, 0.01, "%s: allocs per Entry+Exit", k.name)
+		assert.Less(t, k.allocs, allowed, "%s: allocs per Entry+Exit", k.name)
 	}
 }
 
