@@ -87,7 +87,20 @@ func BenchmarkClock(b *testing.B) {
 func BenchmarkResourceEntryExit(b *testing.B) {
 	for name, clock := range clocks(b) {
 		e := benchEngine(b, clock)
-		r, err := e.Resource("plain")
+		r, err := e.Resource("pass")
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run("clock="+name, func(b *testing.B) { sweepEntryExit(b, r) })
+	}
+}
+
+// BenchmarkNoRuleEntryExit is Entry+Exit through the handle of a resource
+// without rules: its statistics alone, the least a counted request costs.
+func BenchmarkNoRuleEntryExit(b *testing.B) {
+	for name, clock := range clocks(b) {
+		e := benchEngine(b, clock)
+		r, err := e.Resource("unruled")
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -93,6 +93,14 @@ func (e *Engine) enterSingle(rr *resourceRules, n int64) (Entry, error) {
 	return Entry{node: node, slot: e.none, start: now, meta: holdsNothing(n, p)}, nil
 }
 
+// enterNone is Entry of one on a resource without rules: its pass counted
+// on node, nothing checked, nothing held.
+func (e *Engine) enterNone(node *stat.Node) Entry {
+	p, now := e.pinNow()
+	node = e.count(node, p, now, metric.Pass, 1)
+	return Entry{node: node, slot: e.none, start: now, meta: holdsNothing(1, p)}
+}
+
 // holdsNothing is the meta word of an admission of n on stripe p that
 // holds nothing (see Entry): the low two bits, a claim's flags, clear.
 func holdsNothing(n int64, p int) uint64 { return uint64(n)<<32 | uint64(p&(1<<30-1))<<2 }

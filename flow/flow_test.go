@@ -208,6 +208,22 @@ func TestNoRulePassesAndCounts(t *testing.T) {
 	snap, _ := e.Snapshot("free")
 	assert.InDelta(t, 10.0, snap.PassQPS, 1e-9)
 	assert.InDelta(t, 10.0, snap.SuccessQPS, 1e-9)
+
+	// Without options: by name and through a handle, one each.
+	h, err := e.Resource("free")
+	require.NoError(t, err)
+	for range 3 {
+		en, err := e.Entry("free")
+		require.NoError(t, err)
+		en.Exit(nil)
+		en, err = h.Entry()
+		require.NoError(t, err)
+		en.Exit(nil)
+	}
+	snap, _ = e.Snapshot("free")
+	assert.InDelta(t, 16.0, snap.PassQPS, 1e-9)
+	assert.InDelta(t, 16.0, snap.SuccessQPS, 1e-9)
+	assert.Zero(t, e.registry.Lookup("free").Concurrency())
 }
 
 func TestRegistryCapThroughEntry(t *testing.T) {
