@@ -1,12 +1,13 @@
 package flow
 
 import (
+	"context"
 	"testing"
-
-	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
+	"time"
 
 	"github.com/leapflow/leapflow/stat/stattest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // TestDryRunCountsWithoutBlocking: a dry-run rule blocks nothing and
@@ -71,4 +72,52 @@ func TestDryRunIsForQPSRejectRules(t *testing.T) {
 		require.ErrorAs(t, err, &re, "%+v", r)
 		assert.Equal(t, "DryRun", re.Field)
 	}
+}
+
+// A Throttle wait that is cancelled was never admitted: the dry-run rule
+// beside it counts nothing for it, and its window stays free for the
+// requests that do go (none of them counts as would-block).
+func TestDryRunCountsNoCancelledThrottleWait(t *testing.T) {
+	clock := stattest.NewClock(0)
+	e, err := New(WithClock(clock), WithSleep(func(ctx context.Context, d time.Duration) error {
+		return context.Canceled // every caller gives up its wait
+	}))
+	require.NoError(t, err)
+	load(t, e,
+		Rule{ID: "pace", Resource: "api", Threshold: 10, Behavior: Throttle, MaxQueueing: time.Second},
+		Rule{ID: "trial", Resource: "api", Threshold: 2, DryRun: true},
+	)
+	clock.Set(100 * ms)
+	admitted := 0
+	for range 6 {
+		if en, err := e.Entry("api"); err == nil {
+			admitted++
+			en.Exit(nil)
+		}
+	}
+	require.Equal(t, 1, admitted, "only the request that needed no wait")
+	assert.Equal(t, int64(0), e.DryRuns()[0].WouldBlock, "of 1 admitted request a threshold-2 rule blocks none")
+}
+
+// A priority request the real rule admits by borrowing from the next window
+// is shaded the same way by a dry-run twin of that rule (same threshold):
+// the twin reports no would-block the rule in force did not make.
+func TestDryRunTwinOfARealRuleAgreesOnPriorityBorrows(t *testing.T) {
+	clock := stattest.NewClock(0)
+	e, _ := newEngine(t, clock, WithOccupyTimeout(time.Second))
+	load(t, e,
+		Rule{ID: "real", Resource: "api", Threshold: 5},
+		Rule{ID: "twin", Resource: "api", Threshold: 5, DryRun: true},
+	)
+	clock.Set(100 * ms)
+	for i := range 8 {
+		var opts []EntryOption
+		if i >= 5 {
+			opts = append(opts, WithPriority())
+		}
+		en, err := e.Entry("api", opts...)
+		require.NoError(t, err, "the real rule admits all 8 (3 borrowed)")
+		en.Exit(nil)
+	}
+	assert.Equal(t, int64(0), e.DryRuns()[0].WouldBlock, "its twin in force would have admitted them too")
 }

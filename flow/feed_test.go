@@ -1,15 +1,16 @@
 package flow
 
 import (
+	"context"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
-
 	"github.com/leapflow/leapflow/stat"
 	"github.com/leapflow/leapflow/stat/stattest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/atomic"
 )
 
 // TestFeedStepByStep: on a fake clock, the engine's feed delivers each
@@ -106,4 +107,219 @@ func TestFeedStartAndClose(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	assert.Equal(t, int64(50), pass)
+}
+
+// A queued request cancelled before its second is delivered: its rate rules
+// count it at the instant it would go (second 12, where its throttle slot
+// is) and the cancel gives that back before delivery. No second is
+// delivered twice, none is negative, and the cancelled request is in none.
+func TestFeedDeliversEachSecondOnce(t *testing.T) {
+	clock := stattest.NewClock(10 * time.Second)
+	sleeping := make(chan struct{}, 1)
+	e, err := New(WithClock(clock), WithSleep(func(ctx context.Context, d time.Duration) error {
+		sleeping <- struct{}{}
+		<-ctx.Done()
+		return ctx.Err()
+	}))
+	require.NoError(t, err)
+	load(t, e, Rule{ID: "qps", Resource: "api", Threshold: 100},
+		Rule{ID: "pace", Resource: "api", Behavior: Throttle, Threshold: 1, MaxQueueing: 10 * time.Second})
+	f := e.Feed()
+	type key struct {
+		res   string
+		start int64
+	}
+	seen := map[key]int{}
+	var all []stat.Second
+	f.Subscribe(func(b []stat.Second) {
+		for _, s := range b {
+			seen[key{s.Resource, s.Start}]++
+			all = append(all, s)
+		}
+	})
+	clock.Set(11*time.Second + 100*time.Millisecond)
+	require.True(t, try(e, "api"))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() {
+		_, err := e.Entry("api", WithContext(ctx))
+		done <- err
+	}()
+	<-sleeping
+	clock.Set(13 * time.Second)
+	f.Poll() // second 11 of api: 2 passes
+	cancel()
+	require.Error(t, <-done)
+	clock.Set(13*time.Second + 500*time.Millisecond)
+	f.Poll() // the correction
+	f.Close()
+	var pass int64
+	for _, s := range all {
+		t.Logf("%+v", s)
+		pass += s.Pass
+		assert.GreaterOrEqual(t, s.Pass, int64(0), "a second with negative passes")
+	}
+	assert.Equal(t, int64(1), pass, "the cancelled request is in no second")
+	for k, n := range seen {
+		assert.Equal(t, 1, n, "second %v delivered %d times", k, n)
+	}
+}
+
+// A priority request borrows from the next bucket and is admitted when that
+// bucket starts. While it is in flight and the resource is otherwise idle,
+// the feed still delivers its pass (and Occupied) by time, and Inflight
+// reads the one request in flight.
+func TestFeedDeliversABorrowedPassByTime(t *testing.T) {
+	clock := stattest.NewClock(10 * time.Second)
+	e, err := New(WithClock(clock), WithSleep(func(ctx context.Context, d time.Duration) error {
+		clock.Advance(d)
+		return ctx.Err()
+	}))
+	require.NoError(t, err)
+	load(t, e, Rule{Resource: "api", Threshold: 1})
+	f := e.Feed()
+	var got []stat.Second
+	f.Subscribe(func(b []stat.Second) { got = append(got, b...) })
+	clock.Set(11 * time.Second)
+	require.True(t, try(e, "api"))
+	clock.Set(11*time.Second + 900*time.Millisecond) // full until 12 s
+	en, err := e.Entry("api", WithPriority())        // borrows 12.0, waits 100 ms
+	require.NoError(t, err)
+	require.Equal(t, int64(12*time.Second), en.Start())
+	for s := 13; s <= 20; s++ {
+		clock.Set(time.Duration(s) * time.Second)
+		f.Poll()
+	}
+	snap, ok := e.Snapshot("api")
+	require.True(t, ok)
+	assert.Equal(t, int64(1), snap.Inflight, "one request is in flight")
+	var pass, occ int64
+	for _, s := range got {
+		t.Logf("%+v", s)
+		pass += s.Pass
+		occ += s.Occupied
+	}
+	assert.Equal(t, int64(2), pass, "second 12's borrowed pass, delivered by time")
+	assert.Equal(t, int64(1), occ)
+	en.Exit(nil)
+}
+
+// Close after Start may be called twice (metriclog.Writer.Close closes the
+// engine's feed, and promflow's doc asks the user to close it too): the
+// second Close does nothing.
+func TestFeedClosesTwiceAfterStart(t *testing.T) {
+	e, err := New()
+	require.NoError(t, err)
+	f := e.Feed()
+	f.Start()
+	f.Close()
+	assert.NotPanics(t, f.Close)
+}
+
+// A subscriber may unsubscribe from inside its callback (after the delivery
+// it waited for): the feed does not hold, while a callback runs, the lock
+// that cancel takes.
+func TestFeedSubscriberMayCancelInsideItsCallback(t *testing.T) {
+	clock := stattest.NewClock(10 * time.Second)
+	e, _ := newEngine(t, clock)
+	f := e.Feed()
+	var cancel func()
+	cancel = f.Subscribe(func([]stat.Second) { cancel() })
+	done := make(chan struct{})
+	go func() {
+		f.Poll()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(2 * time.Second):
+		t.Fatal("Poll deadlocked on a subscriber that cancels itself")
+	}
+}
+
+// A clock that steps back a little across a second boundary (under
+// WithClock's 100 ms tolerance, so writes clamp into the newest bucket, in
+// the next second): Close delivers the seconds up to the newest bucket's,
+// so nothing written is lost.
+func TestFeedCloseDeliversTheNewestBucketAfterAStepBack(t *testing.T) {
+	clock := stattest.NewClock(10 * time.Second)
+	e, _ := newEngine(t, clock)
+	f := e.Feed()
+	var pass, success int64
+	f.Subscribe(func(b []stat.Second) {
+		for _, s := range b {
+			pass += s.Pass
+			success += s.Success
+		}
+	})
+	clock.Set(13 * time.Second)
+	require.True(t, try(e, "api")) // the newest bucket starts at 13 s
+	clock.Set(13*time.Second - 20*time.Millisecond)
+	require.True(t, try(e, "api")) // clamped into it
+	f.Close()
+	assert.Equal(t, int64(2), pass, "nothing is lost on Close")
+	assert.Equal(t, int64(2), success)
+}
+
+// hookClock is a manual clock that runs hook once, inside the read
+// it is armed for, and returns the reading taken before the hook: a
+// request that read the clock and was descheduled while others ran.
+type hookClock struct {
+	t     atomic.Int64
+	armed atomic.Bool
+	hook  func()
+}
+
+func (c *hookClock) Now() int64 {
+	v := c.t.Load()
+	if c.armed.CompareAndSwap(true, false) {
+		c.hook()
+	}
+	return v
+}
+
+// A request reads the clock just before a second boundary; meanwhile the
+// registry lets its idle resource go (a new resource needed the room), so
+// flow counts its pass again on the node Replace makes, at the request's
+// time, in the second before that node was made. The feed still delivers
+// that pass, once.
+func TestFeedDeliversARecountedPass(t *testing.T) {
+	clock := &hookClock{}
+	clock.t.Store(int64(10 * time.Second))
+	e, err := New(WithClock(clock), WithMaxResources(1))
+	require.NoError(t, err)
+	f := e.Feed()
+	var pass, success int64
+	f.Subscribe(func(b []stat.Second) {
+		for _, s := range b {
+			if s.Resource == "victim" {
+				pass += s.Pass
+				success += s.Success
+			}
+		}
+	})
+	clock.t.Store(int64(11 * time.Second))
+	require.True(t, try(e, "victim"))
+	for s := 12; s <= 75; s++ {
+		clock.t.Store(int64(time.Duration(s) * time.Second))
+		f.Poll()
+	}
+	clock.t.Store(int64(75*time.Second + 900*time.Millisecond))
+	clock.hook = func() {
+		clock.t.Store(int64(76*time.Second + 100*time.Millisecond))
+		require.True(t, try(e, "other"), "the registry lets victim go")
+	}
+	clock.armed.Store(true)
+	before := e.registry.Lookup("victim")
+	en, err := e.Entry("victim") // reads 75.9 s
+	require.NoError(t, err)
+	require.NotSame(t, before, e.registry.Lookup("victim"), "recounted on a new node")
+	en.Exit(nil)
+	for s := 77; s <= 80; s++ {
+		clock.t.Store(int64(time.Duration(s) * time.Second))
+		f.Poll()
+	}
+	f.Close()
+	assert.Equal(t, int64(2), success)
+	assert.Equal(t, int64(2), pass, "every pass is delivered once")
 }

@@ -15,11 +15,10 @@ import (
 	"github.com/leapflow/leapflow/stat/stattest"
 )
 
-// TestKeyedKeysListChangeLosesCounts (a bug an adversarial pass found, fixed; the test keeps it fixed): moving a key into (or out of) the
-// rule's Keys moves it between its table state and a spec state, which do
-// not share counts: a key that used its whole window gets the new
-// threshold again in the same window, above both thresholds.
-func TestKeyedKeysListChangeLosesCounts(t *testing.T) {
+// Moving a key into (or out of) the rule's Keys moves it between its table
+// state and a spec state: the counts move with it, so a key that used its
+// whole window gets no new threshold in the same window.
+func TestKeyedKeysListChangeKeepsCounts(t *testing.T) {
 	e, _ := newEngine(t, stattest.NewClock(time.Hour))
 	r := Rule{ID: "u", Resource: "api", Threshold: 4, PerKey: true}
 	load(t, e, r)

@@ -9,11 +9,10 @@ import (
 	"github.com/leapflow/leapflow/stat/stattest"
 )
 
-// TestKeyedGlobalFallbackReloadKeepsCounts (a bug an adversarial pass found, fixed; the test keeps it fixed): TestPerKeyReloadKeepsCounts
-// for a Global PerKey rule's local fallback (its source down): a reload
-// that changes MaxKeys must keep each key's count, as for a local PerKey
-// rule; the fallback's table is made anew, empty, so a key that spent its
-// LocalShare is admitted it again.
+// TestPerKeyReloadKeepsCounts for a Global PerKey rule's local fallback
+// (its source down): a reload that changes MaxKeys keeps each key's count,
+// as for a local PerKey rule, so a key that spent its LocalShare is not
+// admitted it again.
 func TestKeyedGlobalFallbackReloadKeepsCounts(t *testing.T) {
 	src := &fakeSource{}
 	src.err.Store(errors.New("down"))

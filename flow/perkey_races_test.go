@@ -40,13 +40,12 @@ func returnsWithin(d time.Duration, fn func()) bool {
 	}
 }
 
-// TestKeyedMigrateShrinkHangsOldSetRequest (a bug an adversarial pass found, fixed; the test keeps it fixed): a reload that lowers MaxKeys
-// migrates states into a smaller table, evicting most of them there (dead
-// set), while they are still in the old table's sets. A request that read
-// the old rule set just before the reload (in flight across LoadRules)
-// finds such a state in the old table, sees it dead, looks the key up again
-// in the old table, finds the same dead state, and spins forever.
-func TestKeyedMigrateShrinkHangsOldSetRequest(t *testing.T) {
+// A reload that lowers MaxKeys migrates states into a smaller table,
+// evicting most of them there, while they are still in the old table's
+// sets. A request that read the old rule set just before the reload (in
+// flight across LoadRules) and finds such a state dead looks the key up
+// again and returns: it never spins.
+func TestKeyedShrinkingMaxKeysNeverHangsARequest(t *testing.T) {
 	e, _ := newEngine(t, stattest.NewClock(time.Hour))
 	rule := Rule{ID: "u", Resource: "api", Threshold: 1000, PerKey: true, MaxKeys: 64}
 	load(t, e, rule)
@@ -79,13 +78,11 @@ func TestKeyedMigrateShrinkHangsOldSetRequest(t *testing.T) {
 	assert.Zero(t, hung, "requests on the old rule set that never returned (spinning on a dead state)")
 }
 
-// TestKeyedMigrateGrowHangsNewSetKey (a bug an adversarial pass found, fixed; the test keeps it fixed): a reload that raises MaxKeys migrates
-// the old table's states (the same pointers) into the new table. A request
-// still on the old rule set adds a key to the old table and evicts one of
-// them there, marking it dead, but it is live in the new table. From then
-// on every request for that key on the new rule set spins forever (find
-// returns the dead state, Table.Admit reports dead, repeat).
-func TestKeyedMigrateGrowHangsNewSetKey(t *testing.T) {
+// A reload that raises MaxKeys migrates the old table's states (the same
+// pointers) into the new table. A request still on the old rule set that
+// evicts one of them there does not make it dead for the new table: every
+// later request for that key on the new rule set returns.
+func TestKeyedGrowingMaxKeysNeverHangsAKey(t *testing.T) {
 	e, _ := newEngine(t, stattest.NewClock(time.Hour))
 	rule := Rule{ID: "u", Resource: "api", Threshold: 1000, PerKey: true, MaxKeys: 4}
 	load(t, e, rule)
@@ -117,12 +114,10 @@ func TestKeyedMigrateGrowHangsNewSetKey(t *testing.T) {
 	assert.Zero(t, hung, "keys whose requests on the new rule set never return")
 }
 
-// TestKeyedThrottleEvictionResetsPacing (a bug an adversarial pass found, fixed; the test keeps it fixed): a per-key Throttle key whose
-// timeline restarted at now (an idle key's first request) is evicted with
-// head == now, which evict treats as "nothing to keep" (at <= now). Seen
-// again, it starts from an empty timeline: each eviction gives it a free
-// request, so its rate is unbounded.
-func TestKeyedThrottleEvictionResetsPacing(t *testing.T) {
+// A per-key Throttle key whose timeline restarted at now (an idle key's
+// first request) keeps its pacing when evicted and seen again: an eviction
+// gives it no free request, so its rate stays bounded.
+func TestKeyedThrottleEvictionKeepsPacing(t *testing.T) {
 	clock := stattest.NewClock(time.Hour)
 	e, _ := newEngine(t, clock)
 	// 1 per second per key, no queueing: a second request within 1s is refused.
@@ -143,11 +138,10 @@ func TestKeyedThrottleEvictionResetsPacing(t *testing.T) {
 	assert.LessOrEqual(t, admittedHot, 1, "hot key at 1/s admitted %d times in 100ms once evicted between requests", admittedHot)
 }
 
-// TestKeyedSpecStatesLeakAcrossReloads (a bug an adversarial pass found, fixed; the test keeps it fixed): states of keys listed in Keys are
-// kept in the table across reloads, but never dropped when a reload lists
-// other keys: reloading with rotating Keys lists grows memory without
-// bound (the rule tracks far more than MaxKeys + len(Keys)).
-func TestKeyedSpecStatesLeakAcrossReloads(t *testing.T) {
+// A reload that lists other Keys drops the spec states of the keys no
+// longer listed: reloading with rotating Keys lists holds at most MaxKeys +
+// len(Keys) states.
+func TestKeyedSpecStatesAreDroppedByAReload(t *testing.T) {
 	e, _ := newEngine(t, stattest.NewClock(time.Hour))
 	for round := range 50 {
 		keys := make([]KeyLimit, 100)
@@ -197,14 +191,12 @@ func worstWindow(starts []int64, bucket int64) (most int, at int64) {
 	return most, at
 }
 
-// TestKeyedRealClockTinyWindowHammer (a bug an adversarial pass found, fixed; the test keeps it fixed): one PerKey rule with StatInterval 1ms
-// (buckets of 250µs) and more busy goroutines than cores over a few keys,
-// on the real clock: a goroutine descheduled between reading the head and
-// reading/resetting its bucket word (keytable's Table.Admit: `if !epochIs(w, b)
-// { slot.CompareAndSwap(w, packBucket(b, 0)) }`) resets a newer bucket's
-// word to its stale epoch, erasing live counts. Checked on Start per key,
-// windows aligned to bucket starts.
-func TestKeyedRealClockTinyWindowHammer(t *testing.T) {
+// One PerKey rule with StatInterval 1ms (buckets of 250µs) and more busy
+// goroutines than cores over a few keys, on the real clock: a goroutine
+// descheduled between reading the head and resetting its bucket word never
+// erases a newer bucket's live counts. Checked on Start per key, windows
+// aligned to bucket starts.
+func TestKeyedTinyWindowHoldsOnABusyRealClock(t *testing.T) {
 	e, err := New()
 	require.NoError(t, err)
 	const limit = 5 // per 1ms window
@@ -237,12 +229,10 @@ func TestKeyedRealClockTinyWindowHammer(t *testing.T) {
 	}
 }
 
-// TestKeyedReloadMaxKeysUnderLoadHangs (a bug an adversarial pass found, fixed; the test keeps it fixed): the realistic form of the migrate
-// tests: requests hammer many keys while rules reload back and forth
-// between two MaxKeys. Some requests never return (they spin on a state
-// marked dead by the other table). The goroutines are checked for progress
-// after the load stops; cleanup clears dead flags so they can finish.
-func TestKeyedReloadMaxKeysUnderLoadHangs(t *testing.T) {
+// Requests hammer many keys while rules reload back and forth between two
+// MaxKeys: every request returns. The goroutines are checked for progress
+// after the load stops.
+func TestKeyedReloadingMaxKeysUnderLoadNeverHangs(t *testing.T) {
 	e, err := New()
 	require.NoError(t, err)
 	rule := Rule{ID: "u", Resource: "api", Threshold: 1e6, PerKey: true, MaxKeys: 8}
@@ -281,13 +271,11 @@ func TestKeyedReloadMaxKeysUnderLoadHangs(t *testing.T) {
 	assert.True(t, finished, "request goroutines stuck after %d reloads", len(tables)-1)
 }
 
-// TestKeyedConcMigrateSharesPinnedMapUnderTwoLocks (a bug an adversarial pass found, fixed; the test keeps it fixed): after a reload that
-// changes MaxKeys of a PerKey Concurrency rule, the new table shares the
-// old table's pinned map (Migrate: t.pinned = old.pinned) but guards it
-// with its own specMu. Entries admitted under the old rule set release
-// through the old table (old.specMu) while the new table pins/unpins
-// (new.specMu): unsynchronised map access (run with -race).
-func TestKeyedConcMigrateSharesPinnedMapUnderTwoLocks(t *testing.T) {
+// After a reload that changes MaxKeys of a PerKey Concurrency rule, entries
+// admitted under the old rule set release through the old table while the
+// new table pins and unpins: the pinned keys are shared under one lock (run
+// with -race).
+func TestKeyedConcurrencyMigrationGuardsPinnedKeysWithOneLock(t *testing.T) {
 	e, err := New()
 	require.NoError(t, err)
 	rule := Rule{ID: "c", Resource: "api", Metric: Concurrency, Threshold: 1000, PerKey: true, MaxKeys: 4}
@@ -332,13 +320,12 @@ func TestKeyedConcMigrateSharesPinnedMapUnderTwoLocks(t *testing.T) {
 	}
 }
 
-// TestKeyedConcPinnedNoLeakHammer (a bug an adversarial pass found, fixed; the test keeps it fixed): many goroutines enter and exit on many
-// keys through a tiny PerKey Concurrency table: keys are evicted while in
-// flight (pinned) and their requests exit concurrently with the pinning.
-// Once everything exited, no state may stay pinned. Rounds of one second
-// until a leak shows (up to 12: the race is narrow, about one round in six
-// hits it under -race on 2 cores).
-func TestKeyedConcPinnedNoLeakHammer(t *testing.T) {
+// Many goroutines enter and exit on many keys through a tiny PerKey
+// Concurrency table: keys are evicted while in flight (pinned) and their
+// requests exit concurrently with the pinning. Once everything exited, no
+// state stays pinned. Up to 12 rounds of one second each (the race is
+// narrow: about one round in six hit it under -race on 2 cores).
+func TestKeyedConcurrencyUnpinsEveryEvictedKey(t *testing.T) {
 	e, err := New()
 	require.NoError(t, err)
 	load(t, e, Rule{Resource: "api", Metric: Concurrency, Threshold: 3, PerKey: true, MaxKeys: 4})
@@ -377,12 +364,11 @@ func isBlocked(err error) bool {
 
 func errorsAs(err error, target any) bool { return errors.As(err, target) }
 
-// TestKeyedDefaultIntervalWholeWindowSteps (a bug an adversarial pass found, fixed; the test keeps it fixed): the same stale reset with the
-// default 1s StatInterval: a key whose head moves by a whole window (four
-// buckets: the same word) while another request sits between reading the
-// head and reading its word. Here the clock steps by exactly 1s, until a
-// window holds more than the threshold (or 5 s pass).
-func TestKeyedDefaultIntervalWholeWindowSteps(t *testing.T) {
+// The default 1s StatInterval: a key whose head moves by a whole window
+// (four buckets: the same word) while another request sits between reading
+// the head and reading its word keeps its counts. The clock steps by
+// exactly 1s; no window holds more than the threshold (checked for 5 s).
+func TestKeyedWholeWindowStepsKeepCounts(t *testing.T) {
 	clock := stattest.NewClock(time.Hour)
 	e, _ := newEngine(t, clock)
 	const limit = 5

@@ -4,10 +4,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leapflow/leapflow/stat/stattest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/leapflow/leapflow/stat/stattest"
 )
 
 // A reload that adds a span-exact rule seeds its window with what the
@@ -32,4 +31,108 @@ func TestReloadSeedsAtTheNewestBucketAfterASmallStepBack(t *testing.T) {
 	assert.Zero(t, drain(e, "api"), "[11s, 12s] holds the 4 passed before the reload already")
 	clock.Set(13*time.Second + 200*time.Millisecond)
 	assert.Equal(t, 4, drain(e, "api"), "once they left every span")
+}
+
+// tenWaiting fills a plain 10/s rule at 100 ms, then has 10 requests
+// borrow its bucket at 1 s at 200 ms (returning their stamps), and sets the
+// clock to 300 ms, for a reload.
+func tenWaiting(t *testing.T) (*Engine, *stattest.Clock, []stamp) {
+	t.Helper()
+	clock := stattest.NewClock(0)
+	e, _ := newEngine(t, clock)
+	load(t, e, Rule{Resource: "api", Threshold: 10})
+	require.Len(t, greedy(t, e, clock, "api", 100*ms), 10)
+	clock.Set(200 * ms)
+	var st []stamp // the borrowed stamps and what the new rules admit
+	for range 10 {
+		en, err := e.Entry("api", WithWait(time.Second))
+		require.NoError(t, err)
+		st = append(st, stamp{en.Start(), 1})
+		en.Exit(nil)
+	}
+	clock.Set(300 * ms)
+	return e, clock, st
+}
+
+// Requests that borrowed a future bucket under the old rules (WithWait) are
+// counted in the node only when their bucket lands; a reload that turns the
+// rule span-exact still counts them, and admits no second threshold within
+// 1 s of their stamps.
+func TestReloadToSpanExactSeesBorrowedPasses(t *testing.T) {
+	e, clock, st := tenWaiting(t)
+	load(t, e, Rule{Resource: "api", Threshold: 10, SpanExact: true})
+	// The waiters arrive at 1 s (their bucket lands), then 1.45 s.
+	st = append(st, greedy(t, e, clock, "api", 1000*ms, 1450*ms)...)
+	t.Logf("stamps: %v", st)
+	assert.LessOrEqual(t, mostInSpan(st, int64(time.Second)), int64(10),
+		"a span-exact 10/s rule: at most 10 in any 1 s span of stamps")
+}
+
+// The same for a rule of a new StatInterval (2 s, 4 buckets: any span under
+// 1.5 s admits at most its 10).
+func TestNewIntervalWindowSeesBorrowedPasses(t *testing.T) {
+	e, clock, st := tenWaiting(t)
+	load(t, e, Rule{Resource: "api", Threshold: 10}, Rule{Resource: "api", Threshold: 5, StatInterval: 2 * time.Second})
+	// The waiters arrive at 1 s (their bucket lands), then 2.1 s.
+	st = append(st, greedy(t, e, clock, "api", 1000*ms, 2100*ms)...)
+	t.Logf("stamps: %v", st)
+	assert.LessOrEqual(t, mostInSpan(st, int64(1400*ms)), int64(10),
+		"a 2 s rule of 10 with 4 buckets: at most 10 in any span under 1.5 s")
+}
+
+// A plain 10/s rule admits 10 at 0.5 s; at 0.6 s a reload turns the same
+// rule span-exact (only SpanExact changes). The span-exact window starts
+// from the passes the node holds, so it admits nothing more until they
+// leave it (as the same rule reloaded plain would).
+func TestReloadTurningSpanExactOnKeepsWhatPassed(t *testing.T) {
+	clock := stattest.NewClock(0)
+	e, _ := newEngine(t, clock)
+	load(t, e, Rule{Resource: "api", Threshold: 10})
+	st := greedy(t, e, clock, "api", 500*ms)
+	assert.Len(t, st, 10)
+	clock.Set(600 * ms)
+	load(t, e, Rule{Resource: "api", Threshold: 10, SpanExact: true})
+	st = append(st, greedy(t, e, clock, "api", 600*ms)...)
+	t.Logf("stamps: %v", st)
+	assert.LessOrEqual(t, mostInSpan(st, int64(time.Second)), int64(10),
+		"a span-exact 10/s rule: at most 10 in any 1 s span of stamps")
+}
+
+// The same when a tighter span-exact rule (10) is added beside a plain one
+// (100/s): the passes the plain rule admitted just before count in the
+// span-exact window.
+func TestSpanExactRuleAddedBesidePlainSeesItsPasses(t *testing.T) {
+	clock := stattest.NewClock(0)
+	e, _ := newEngine(t, clock)
+	load(t, e, Rule{Resource: "api", Threshold: 100})
+	clock.Set(500 * ms)
+	var st []stamp
+	for range 10 {
+		en, err := e.Entry("api")
+		if err != nil {
+			break
+		}
+		st = append(st, stamp{en.Start(), 1})
+		en.Exit(nil)
+	}
+	load(t, e, Rule{Resource: "api", Threshold: 100}, Rule{Resource: "api", Threshold: 10, SpanExact: true})
+	st = append(st, greedy(t, e, clock, "api", 600*ms)...)
+	t.Logf("stamps: %v", st)
+	assert.LessOrEqual(t, mostInSpan(st, int64(time.Second)), int64(10))
+}
+
+// A reload that adds a rule of another StatInterval (a window the resource
+// did not count in yet) gives that window what the resource just passed: a
+// 2 s rule of 20 per window added after 30 passes admits none of its 20
+// until they have left it.
+func TestNewIntervalWindowIsSeeded(t *testing.T) {
+	clock := stattest.NewClock(0)
+	e, _ := newEngine(t, clock)
+	load(t, e, Rule{Resource: "api", Threshold: 100})
+	st := greedy(t, e, clock, "api", 500*ms)
+	assert.Len(t, st, 100)
+	clock.Set(600 * ms)
+	load(t, e, Rule{Resource: "api", Threshold: 100}, Rule{Resource: "api", Threshold: 10, StatInterval: 2 * time.Second})
+	assert.Empty(t, greedy(t, e, clock, "api", 1600*ms), "the 2 s window holds the 100 passes")
+	assert.NotEmpty(t, greedy(t, e, clock, "api", 2700*ms), "once they have left it")
 }

@@ -8,13 +8,14 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/leapflow/leapflow/stat"
+	"github.com/leapflow/leapflow/stat/stattest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/leapflow/leapflow/stat/stattest"
 )
 
 // stamp is n admissions at engine time t (Entry.Start).
@@ -317,3 +318,282 @@ func TestGlobalSpanExactFallsBackSpanExact(t *testing.T) {
 type sourceFunc func(ctx context.Context, req GlobalRequest) (bool, error)
 
 func (f sourceFunc) Acquire(ctx context.Context, req GlobalRequest) (bool, error) { return f(ctx, req) }
+
+// Span-exact and plain rules together, with plain entries, waits (some cut
+// short by their context) and batches on the real clock with the CPU
+// oversubscribed: every continuous span of the stamps holds the threshold.
+func TestSpanExactHoldsOnABusyRealClock(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		clock func() stat.Clock
+	}{
+		{"monotonic", stat.NewMonotonic},
+		{"coarse", stat.DefaultClock},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const threshold = 30
+			interval := 20 * time.Millisecond
+			e, err := New(WithClock(tc.clock()), WithSpanBuckets(10))
+			require.NoError(t, err)
+			require.NoError(t, e.LoadRules([]Rule{
+				{Resource: "api", Threshold: threshold * float64(time.Second/interval), StatInterval: interval, SpanExact: true},
+				{Resource: "api2", Threshold: threshold * float64(time.Second/interval), StatInterval: interval, SpanExact: true},
+				{Resource: "api2", Threshold: 1000, Behavior: GCRA, Burst: 10},
+			}))
+			stop := make(chan struct{})
+			var spin sync.WaitGroup
+			for range runtime.GOMAXPROCS(0) * 8 {
+				spin.Add(1)
+				go func() {
+					defer spin.Done()
+					x := 0
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						for i := range 1000 {
+							x += i
+						}
+					}
+				}()
+			}
+			var mu sync.Mutex
+			stamps := map[string][]stamp{}
+			var bad atomic.Int64
+			var wg sync.WaitGroup
+			deadline := time.Now().Add(700 * time.Millisecond)
+			for g := range 64 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					r := rand.New(rand.NewPCG(uint64(g), 3))
+					for time.Now().Before(deadline) {
+						res := []string{"api", "api2"}[r.IntN(2)]
+						n := 1 + r.IntN(3)
+						var en Entry
+						var err error
+						switch r.IntN(4) {
+						case 0:
+							en, err = e.Entry(res, WithCount(n))
+						case 1:
+							ctx, cancel := context.WithTimeout(context.Background(), time.Duration(r.Int64N(int64(10*time.Millisecond))))
+							en, err = e.Wait(ctx, res, WithCount(n))
+							cancel()
+						case 2:
+							en, err = e.Entry(res, WithCount(n), WithWait(time.Duration(r.Int64N(int64(25*time.Millisecond)))))
+						case 3:
+							en, err = e.Entry(res, WithPriority())
+							n = 1
+						}
+						if err == nil {
+							mu.Lock()
+							stamps[res] = append(stamps[res], stamp{en.Start(), int64(n)})
+							mu.Unlock()
+							en.Exit(nil)
+						} else if !errors.Is(err, context.DeadlineExceeded) && !errors.As(err, new(*BlockError)) {
+							bad.Add(1)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			close(stop)
+			spin.Wait()
+			assert.Zero(t, bad.Load())
+			for res, st := range stamps {
+				t.Logf("%s: %d stamps", res, len(st))
+				assert.LessOrEqual(t, mostInSpan(st, int64(interval)), int64(threshold), res)
+				if res == "api2" {
+					for _, l := range []time.Duration{time.Millisecond, 10 * time.Millisecond, 100 * time.Millisecond} {
+						assert.LessOrEqual(t, mostInSpan(st, int64(l)), 10+int64(l)/int64(time.Millisecond)+1, fmt.Sprintf("gcra span %v", l))
+					}
+				}
+			}
+		})
+	}
+}
+
+// A span-exact rule (12 per 500 ms) with a Throttle rule on the same
+// resource, so every request that queues is aligned; goroutines advance the
+// fake clock. Every continuous 500 ms span of the engine's stamps holds 12.
+func TestSpanExactHoldsWithAThrottleUnderHammer(t *testing.T) {
+	const threshold = 12
+	for _, tc := range []struct {
+		name  string
+		extra []Rule
+		wait  bool
+		batch bool
+	}{
+		{"throttle", []Rule{{Resource: "api", Threshold: 30, Behavior: Throttle, MaxQueueing: 50 * ms}}, false, false},
+		{"throttle-batch", []Rule{{Resource: "api", Threshold: 30, Behavior: Throttle, MaxQueueing: 50 * ms}}, false, true},
+		{"throttle-wait", []Rule{{Resource: "api", Threshold: 30, Behavior: Throttle, MaxQueueing: 50 * ms}}, true, false},
+		{"gcra-wait", []Rule{{Resource: "api", Threshold: 30, Behavior: GCRA, Burst: 3}}, true, false},
+		{"plain-wait", []Rule{{Resource: "api", Threshold: 24}}, true, false},
+		{"plain", []Rule{{Resource: "api", Threshold: 24}}, false, false},
+		{"plain-batch", []Rule{{Resource: "api", Threshold: 24}}, false, true},
+	} {
+		for _, g := range []int{1, 4, 32} {
+			t.Run(fmt.Sprintf("%s/goroutines=%d", tc.name, g), func(t *testing.T) {
+				e, clock, _ := waitEngine(t)
+				load(t, e, append([]Rule{{Resource: "api", Threshold: 2 * threshold, SpanExact: true, StatInterval: 500 * ms}}, tc.extra...)...)
+				var mu sync.Mutex
+				var st []stamp
+				var wg sync.WaitGroup
+				for i := range g {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						r := rand.New(rand.NewPCG(uint64(i), 11))
+						for range 6000 / g {
+							clock.Advance(time.Duration(r.Int64N(int64(3 * ms))))
+							var opts []EntryOption
+							if tc.wait && r.IntN(2) == 0 {
+								opts = append(opts, WithWait(time.Duration(r.Int64N(int64(time.Second)))))
+							}
+							n := 1
+							if tc.batch {
+								n = 1 + r.IntN(4)
+								opts = append(opts, WithCount(n))
+							}
+							en, err := e.Entry("api", opts...)
+							if err == nil {
+								mu.Lock()
+								st = append(st, stamp{en.Start(), int64(n)})
+								mu.Unlock()
+								en.Exit(nil)
+							}
+						}
+					}()
+				}
+				wg.Wait()
+				assert.LessOrEqual(t, mostInSpan(st, int64(500*ms)), int64(threshold))
+			})
+		}
+	}
+}
+
+// Span-exact windows of 1, 2 and 10 buckets, alone and with a Throttle rule
+// (align), plain entries, batches and waits cut short at every point of the
+// wait, on a fake clock the waits move: every continuous span holds the
+// threshold.
+func TestSpanExactHoldsUnderWaitHammer(t *testing.T) {
+	const threshold = 12
+	for _, k := range []int{1, 2, 10} {
+		for _, cut := range []float64{-1, 0, 0.5, 1, 1.5, 3} {
+			t.Run(fmt.Sprintf("buckets=%d/cut=%v", k, cut), func(t *testing.T) {
+				e, clock, s := waitEngine(t, WithSpanBuckets(k))
+				var rmu sync.Mutex
+				rng := rand.New(rand.NewPCG(uint64(k), 9))
+				s.cancel = func() bool {
+					rmu.Lock()
+					defer rmu.Unlock()
+					return cut >= 0 && rng.IntN(3) == 0
+				}
+				s.cutAt = cut
+				load(t, e,
+					Rule{Resource: "span", Threshold: 2 * threshold, SpanExact: true, StatInterval: 500 * ms},
+					Rule{Resource: "combo", Threshold: 2 * threshold, SpanExact: true, StatInterval: 500 * ms},
+					Rule{Resource: "combo", Threshold: 30, Behavior: Throttle, MaxQueueing: 50 * ms},
+					Rule{Resource: "combo", Threshold: threshold * 2},
+				)
+				res := []string{"span", "combo"}
+				var mu sync.Mutex
+				stamps := map[string][]stamp{}
+				var wg sync.WaitGroup
+				for i := range 32 {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						r := rand.New(rand.NewPCG(uint64(i), 11))
+						for j := range 300 {
+							name := res[j%2]
+							clock.Advance(time.Duration(r.Int64N(int64(3 * ms))))
+							n := 1 + r.IntN(4)
+							var opts []EntryOption
+							opts = append(opts, WithCount(n))
+							if r.IntN(2) == 0 {
+								opts = append(opts, WithWait(time.Duration(r.Int64N(int64(time.Second)))))
+							}
+							en, err := e.Entry(name, opts...)
+							if err == nil {
+								mu.Lock()
+								stamps[name] = append(stamps[name], stamp{en.Start(), int64(n)})
+								mu.Unlock()
+								en.Exit(nil)
+							} else if !errors.Is(err, context.Canceled) && !errors.As(err, new(*BlockError)) {
+								t.Errorf("unexpected error: %v", err)
+								return
+							}
+						}
+					}()
+				}
+				wg.Wait()
+				for name, st := range stamps {
+					assert.LessOrEqual(t, mostInSpan(st, int64(500*ms)), int64(threshold), name)
+				}
+				// Nothing stranded.
+				s.cancel = nil
+				clock.Advance(5 * time.Second)
+				got := 0
+				for {
+					en, err := e.Entry("span")
+					if err != nil {
+						break
+					}
+					en.Exit(nil)
+					got++
+				}
+				assert.Equal(t, threshold, got)
+			})
+		}
+	}
+}
+
+// A span-exact rule (12 per 500 ms, buckets of 50 ms) beside a plain rule
+// (1 s, buckets of 250 ms); an Exit at 1.26 s makes the plain window's
+// bucket of 1.25 s, then the clock steps back 90 ms (under the 100 ms the
+// engine absorbs). A request at 1.17 s is stamped in the span bucket it is
+// counted in, so every 500 ms span of the engine's stamps holds the
+// threshold (the proof in the package doc assumes it).
+func TestSpanExactStampsInTheBucketItCounts(t *testing.T) {
+	clock := stattest.NewClock(0)
+	e, _ := newEngine(t, clock)
+	load(t, e,
+		Rule{Resource: "api", Threshold: 24, StatInterval: 500 * ms, SpanExact: true},
+		Rule{Resource: "api", Threshold: 1000})
+	var st []stamp
+	clock.Set(time.Second)
+	en, err := e.Entry("api")
+	require.NoError(t, err)
+	st = append(st, stamp{en.Start(), 1})
+	clock.Set(1260 * ms)
+	en.Exit(nil) // makes the 1 s window's bucket of 1.25 s
+	clock.Set(1170 * ms)
+	st = append(st, greedy(t, e, clock, "api", 1170*ms, 1700*ms)...)
+	t.Logf("stamps: %v", st)
+	assert.LessOrEqual(t, mostInSpan(st, int64(500*ms)), int64(12))
+}
+
+// A waiter admitted against a later bucket of a Reject or span-exact window
+// counts as Pass and OccupiedPass there, as the doc says, both in the
+// resource's statistics.
+func TestSpanExactWaiterCountsOccupied(t *testing.T) {
+	for _, span := range []bool{false, true} {
+		e, clock, _ := waitEngine(t)
+		load(t, e, Rule{Resource: "api", Threshold: 4, SpanExact: span})
+		clock.Set(100 * ms)
+		for range 4 {
+			en, err := e.Entry("api")
+			require.NoError(t, err)
+			en.Exit(nil)
+		}
+		en, err := e.Entry("api", WithWait(2*time.Second))
+		require.NoError(t, err, "span=%v", span)
+		en.Exit(nil)
+		snap, ok := e.Snapshot("api")
+		require.True(t, ok)
+		assert.Equal(t, 1.0, snap.OccupiedQPS, "span=%v: the waiter's occupied pass (stamp %d, now %d)", span, en.Start(), clock.Now())
+	}
+}

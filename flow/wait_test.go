@@ -9,12 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leapflow/leapflow/stat/stattest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/atomic"
 	"golang.org/x/time/rate"
-
-	"github.com/leapflow/leapflow/stat/stattest"
 )
 
 // clockSleeper sleeps by moving a fake clock to at least now+d, unless
@@ -468,4 +467,179 @@ func TestBorrowOfAnUnmadeBucketLapsesAfterItsWindow(t *testing.T) {
 			})
 		}
 	}
+}
+
+// mostInAlignedWindow is the most stamps in any window of four 250 ms
+// buckets (the 1 s window a Reject rule limits).
+func mostInAlignedWindow(st []stamp) int64 {
+	own := map[int64]int64{}
+	for _, x := range st {
+		own[x.t/int64(250*ms)] += x.n
+	}
+	var best int64
+	for b := range own {
+		best = max(best, own[b]+own[b-1]+own[b-2]+own[b-3])
+	}
+	return best
+}
+
+func admitAll(t *testing.T, e *Engine, clock *stattest.Clock, at time.Duration, k int, opts func(i int) []EntryOption) []stamp {
+	t.Helper()
+	clock.Set(at)
+	var st []stamp
+	for i := range k {
+		en, err := e.Entry("api", opts(i)...)
+		if err != nil {
+			continue
+		}
+		st = append(st, stamp{en.Start(), 1})
+		en.Exit(nil)
+	}
+	return st
+}
+
+// A Reject rule whose window also holds a WarmUp rule, on a resource where
+// a Throttle rule makes requests wait: each request is counted in the
+// bucket of the instant it goes, so the Reject threshold holds on the
+// engine's own stamps (a control without the WarmUp rule holds as well).
+func TestWaitCountsAtTheInstantItGoesBesideAWarmUpRule(t *testing.T) {
+	for _, withWarm := range []bool{false, true} {
+		t.Run(fmt.Sprintf("warmup=%v", withWarm), func(t *testing.T) {
+			clock := stattest.NewClock(0)
+			e, _ := newEngine(t, clock)
+			rules := []Rule{
+				{Resource: "api", Threshold: 10},
+				{Resource: "api", Threshold: 20, Behavior: Throttle, MaxQueueing: 2 * time.Second},
+			}
+			if withWarm {
+				// Cold rate 1000/3 per second: never the tighter limit.
+				rules = append(rules, Rule{Resource: "api", Threshold: 1000, Behavior: WarmUp, WarmUpPeriod: 10 * time.Second})
+			}
+			load(t, e, rules...)
+			none := func(int) []EntryOption { return nil }
+			st := admitAll(t, e, clock, 990*ms, 20, none)
+			st = append(st, admitAll(t, e, clock, 1750*ms, 20, none)...)
+			assert.LessOrEqual(t, mostInAlignedWindow(st), int64(10), "Reject 10/s on the stamps %v", st)
+		})
+	}
+}
+
+// A PerKey Throttle rule makes requests wait; a Reject rule on the same
+// resource counts each request at the instant it goes, so the Reject
+// threshold holds on the engine's own stamps.
+func TestWaitCountsAtTheInstantItGoesUnderAPerKeyThrottle(t *testing.T) {
+	clock := stattest.NewClock(0)
+	e, _ := newEngine(t, clock)
+	load(t, e,
+		Rule{Resource: "api", Threshold: 10},
+		Rule{Resource: "api", Threshold: 1, Behavior: Throttle, PerKey: true, MaxQueueing: 2 * time.Second})
+	// Five keys, twice each at 0.9 s: the second of each goes at 1.9 s, all
+	// ten counted in the bucket of 0.9 s.
+	st := admitAll(t, e, clock, 900*ms, 10, func(i int) []EntryOption { return []EntryOption{WithKey(fmt.Sprint("k", i%5))} })
+	require.Len(t, st, 10)
+	// At 1.9 s that bucket has left the window: ten new keys pass too.
+	st = append(st, admitAll(t, e, clock, 1900*ms, 10, func(i int) []EntryOption { return []EntryOption{WithKey(fmt.Sprint("n", i))} })...)
+	assert.LessOrEqual(t, mostInAlignedWindow(st), int64(10), "Reject 10/s on the stamps %v", st)
+}
+
+// gatedSleeper hands every wait to the test, which decides when it ends
+// and how (nil: the wait ran its course; an error: the context ended).
+// It never moves the clock: a waiter's Entry.Start is now + its wait.
+type gatedSleeper struct{ calls chan gatedWait }
+
+type gatedWait struct {
+	d   time.Duration
+	end chan error
+}
+
+func (s *gatedSleeper) sleep(ctx context.Context, d time.Duration) error {
+	w := gatedWait{d: d, end: make(chan error)}
+	s.calls <- w
+	return <-w.end
+}
+
+type enterResult struct {
+	en  Entry
+	err error
+}
+
+// startWaiter runs one Entry with a long wait in a goroutine and returns
+// its sleep call (so the request holds what it took) and its result.
+func startWaiter(e *Engine, s *gatedSleeper, res string) (gatedWait, chan enterResult) {
+	out := make(chan enterResult, 1)
+	go func() {
+		en, err := e.Entry(res, WithWait(time.Hour))
+		out <- enterResult{en, err}
+	}()
+	return <-s.calls, out
+}
+
+// giveBackScenario: k waiters take slots 1..k ahead, m more take k+1..k+m
+// and go, then the first k cancel; m new waiters follow. Returns the
+// stamps of every admitted request.
+func giveBackScenario(t *testing.T, rule Rule, k, m int) []stamp {
+	clock := stattest.NewClock(0)
+	s := &gatedSleeper{calls: make(chan gatedWait)}
+	e, err := New(WithClock(clock), WithSleep(s.sleep))
+	require.NoError(t, err)
+	load(t, e, rule)
+	var st []stamp
+	// A: the burst, at once.
+	en, err := e.Entry("api")
+	require.NoError(t, err)
+	st = append(st, stamp{en.Start(), 1})
+	en.Exit(nil)
+	// B1..Bk wait (and will cancel).
+	var bw []gatedWait
+	var bo []chan enterResult
+	for range k {
+		w, o := startWaiter(e, s, "api")
+		bw, bo = append(bw, w), append(bo, o)
+	}
+	// C1..Cm wait and go.
+	for range m {
+		w, o := startWaiter(e, s, "api")
+		w.end <- nil
+		r := <-o
+		require.NoError(t, r.err)
+		st = append(st, stamp{r.en.Start(), 1})
+		r.en.Exit(nil)
+	}
+	// B1..Bk's contexts end: they give back what they took.
+	for i := range k {
+		bw[i].end <- context.Canceled
+		r := <-bo[i]
+		require.ErrorIs(t, r.err, context.Canceled)
+	}
+	// D1..Dm wait and go.
+	for range m {
+		w, o := startWaiter(e, s, "api")
+		w.end <- nil
+		r := <-o
+		require.NoError(t, r.err)
+		st = append(st, stamp{r.en.Start(), 1})
+		r.en.Exit(nil)
+	}
+	return st
+}
+
+// A GCRA waiter whose context ends gives back only what no later request
+// reserved behind it: new requests are scheduled after the survivors, and
+// the rule never admits more than its rate.
+func TestCancelledGCRAWaitNeverOverAdmits(t *testing.T) {
+	const k, m = 10, 10
+	st := giveBackScenario(t, Rule{Resource: "api", Threshold: 1, Behavior: GCRA, Burst: 1}, k, m)
+	// At 1/s with Burst 1, a span of L seconds holds at most 1 + L (+1).
+	l := int64(m) * int64(time.Second)
+	assert.LessOrEqual(t, mostInSpan(st, l), int64(1+m+1), "GCRA 1/s burst 1: stamps %v", st)
+}
+
+// The same for a Throttle rule: cancelled slots are given back only where
+// no one holds a slot behind them, so no two requests get the same slot.
+func TestCancelledThrottleWaitNeverOverAdmits(t *testing.T) {
+	const k, m = 10, 10
+	st := giveBackScenario(t, Rule{Resource: "api", Threshold: 1, Behavior: Throttle, MaxQueueing: time.Millisecond}, k, m)
+	// Throttle at 1/s: consecutive stamps at least 1 s apart.
+	l := int64(m) * int64(time.Second)
+	assert.LessOrEqual(t, mostInSpan(st, l), int64(m), "Throttle 1/s: stamps %v", st)
 }

@@ -57,15 +57,11 @@ func TestAdmitUpToLimitPerWindow(t *testing.T) {
 	})
 }
 
-// TestAdmitLateClearOldKeepsNewerCounts (a bug an adversarial pass found,
-// fixed; the test keeps it fixed; it was flow's
-// TestKeyedClearOldDelayedErasesNewerBucket): Admit moves the head from h
-// to b (b-h >= Buckets) and then calls clearOld(b). If that goroutine is
-// descheduled between the two for more than a window (cheap with
-// StatInterval 1ms), others move the head on and count in newer buckets;
-// its late clearOld(b) then overwrites a live bucket b+5 word (epoch e+8
-// is neither e nor e+Buckets), erasing counts in the current window. Here
-// the delayed tail is played by calling clearOld as the late goroutine
+// Admit moves the head from h to b (b-h >= Buckets) and then calls
+// clearOld(b). If that goroutine is descheduled between the two for more
+// than a window (cheap with StatInterval 1ms), others move the head on and
+// count in newer buckets; its late clearOld(b) leaves their words alone.
+// Here the delayed tail is played by calling clearOld as the late goroutine
 // would.
 func TestAdmitLateClearOldKeepsNewerCounts(t *testing.T) {
 	tbl, st := windowState()
