@@ -5,6 +5,8 @@ import (
 	"math"
 	"time"
 
+	"go.uber.org/atomic"
+
 	"github.com/leapflow/leapflow/internal/gcra"
 	"github.com/leapflow/leapflow/internal/keytable"
 	"github.com/leapflow/leapflow/internal/pace"
@@ -78,6 +80,10 @@ type resourceRules struct {
 	node       *stat.Node
 	concLimit  int64 // -1: no concurrency rule
 	concBE     *BlockError
+	// adopting is set, from before the rule set is published until
+	// Engine.adopt has counted what is in flight, on a resource that gains
+	// a Concurrency rule: its requests wait for the count.
+	adopting   atomic.Bool
 	groups     []windowGroup
 	countsNode bool // a group admits on the node's second window
 	paced      []pacedRule

@@ -1,6 +1,10 @@
 package flow
 
-import "github.com/leapflow/leapflow/stat"
+import (
+	"runtime"
+
+	"github.com/leapflow/leapflow/stat"
+)
 
 var concurrencyKind = kind{
 	is:       func(r *Rule) bool { return r.Metric == Concurrency },
@@ -21,6 +25,11 @@ func compileConcurrency(c *compiling) {
 // Concurrency limit.
 func (rr *resourceRules) takeConcurrency(h *held, now, n int64, rf *refusal) bool {
 	node := rr.node
+	for rr.adopting.Load() {
+		// The rule is new: what is in flight is being counted (adopt),
+		// and this request would not see it. Nothing is counted yet.
+		runtime.Gosched()
+	}
 	seen, ok := node.AcquireConcurrency(n, rr.concLimit)
 	if !ok {
 		*rf = refusal{rr.concBE, float64(seen), unknownRoom}
@@ -49,24 +58,39 @@ func validateConcurrency(r *Rule, i int) error {
 	return nil
 }
 
-// adopt counts, in the concurrency of each resource that next gives a
-// Concurrency rule and old did not, the requests in flight there that no
-// rule counted (the node's Inflight gauge: passes minus completions), so
-// that the new rule sees them; their Exits end the count (see
-// Entry.Exit). It runs after next is published: a request admitted under
-// next counts itself. A request that was admitted under old at that
-// instant, its pass not yet counted, is missed until it exits.
-func (e *Engine) adopt(old, next *ruleSet) {
+// toAdopt returns the resources next gives a Concurrency rule that old did
+// not (or gives a new node), each marked adopting: their requests under
+// next wait until adopt has counted what is in flight. It runs before next
+// is published.
+func toAdopt(old, next *ruleSet) []*resourceRules {
+	var out []*resourceRules
 	for name, rr := range next.byResource {
 		if was := old.byResource[name]; rr.concLimit < 0 || (was != nil && was.concLimit >= 0 && was.node == rr.node) {
 			continue
 		}
+		rr.adopting.Store(true)
+		out = append(out, rr)
+	}
+	return out
+}
+
+// adopt counts, in the concurrency of each resource of toAdopt, the
+// requests in flight there that no rule counted (the node's Inflight
+// gauge: passes minus completions), so that the new rule sees them; their
+// Exits end the count (see Entry.Exit). It runs after next is published;
+// a request under next waits for it before it counts anything (see
+// takeConcurrency), so that it is never counted twice nor admitted
+// without the count. A request that was admitted under old at that
+// instant, its pass not yet counted, is missed until it exits.
+func (e *Engine) adopt(rrs []*resourceRules) {
+	for _, rr := range rrs {
 		// Counted before the node holds any adopted: an Exit that finds
 		// e.adopting at 0 completed before the gauge was read.
 		e.adopting.Inc()
 		if added, first := e.pins.Adopt(rr.node); added == 0 || !first {
 			e.adopting.Dec()
 		}
+		rr.adopting.Store(false)
 	}
 }
 

@@ -199,9 +199,10 @@ func (e *Engine) LoadRules(rules []Rule) error {
 	}
 	old := e.rules.Load()
 	next := compile(e, norm, byName, bounds, old)
+	adopting := toAdopt(old, next)
 	e.rules.Store(next)
 	e.seedWindows(old, next)
-	e.adopt(old, next)
+	e.adopt(adopting)
 	var dropped []string
 	for _, name := range resourcesOf(old.rules) {
 		if byName[name] == nil {
