@@ -3,6 +3,7 @@ package dashboard
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -13,12 +14,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leapflow/leapflow/flow"
+	"github.com/leapflow/leapflow/stat/stattest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
-
-	"github.com/leapflow/leapflow/flow"
-	"github.com/leapflow/leapflow/stat/stattest"
 )
 
 // The default clock's ticker lives as long as the process; goleak checks
@@ -231,3 +231,43 @@ func TestHistoryFromAMetricLog(t *testing.T) {
 }
 
 func itoa(v int64) string { return strconv.FormatInt(v, 10) }
+
+// MaxHistoryPoints bounds the points kept for all resources together, even
+// when one delivery holds more resources than the bound.
+func TestHistoryStaysWithinMaxHistoryPoints(t *testing.T) {
+	clock := stattest.NewClock(10 * time.Second)
+	eng, err := flow.New(flow.WithClock(clock), flow.WithMaxResources(1000))
+	require.NoError(t, err)
+	t.Cleanup(eng.Feed().Close)
+	h, err := New(eng, Options{MaxHistoryPoints: 10})
+	require.NoError(t, err)
+	clock.Set(11*time.Second + time.Millisecond)
+	for i := range 500 {
+		en, err := eng.Entry(fmt.Sprintf("r%d", i))
+		require.NoError(t, err)
+		en.Exit(nil)
+	}
+	clock.Set(13 * time.Second)
+	eng.Feed().Poll()
+	d := h.(*server)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	assert.LessOrEqual(t, d.points, 10)
+}
+
+// A metric log holding a line the writer can leave behind (a line cut by a
+// crash, then appended to) does not stop New: the dashboard starts with the
+// lines that read.
+func TestHistoryFileWithACrashRemnantStarts(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "m.log")
+	now := time.Now().Truncate(time.Second)
+	line := func(ts time.Time, res string) string {
+		return strings.Join([]string{itoa(ts.UnixMilli()), ts.UTC().Format(time.DateTime), res, "1", "0", "1", "0", "5", "0", "0"}, "|")
+	}
+	cut := line(now.Add(-3*time.Second), "api")[:20]
+	body := line(now.Add(-4*time.Second), "api") + "\n" + cut + line(now.Add(-2*time.Second), "api") + "\n" + line(now.Add(-time.Second), "api") + "\n"
+	require.NoError(t, os.WriteFile(path, []byte(body), 0o600))
+	eng := engine(t, stattest.NewClock(0))
+	_, err := New(eng, Options{HistoryFile: path})
+	require.NoError(t, err)
+}

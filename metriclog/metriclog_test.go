@@ -1,6 +1,7 @@
 package metriclog
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -9,13 +10,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
-
 	"github.com/leapflow/leapflow/flow"
 	"github.com/leapflow/leapflow/stat"
 	"github.com/leapflow/leapflow/stat/stattest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 )
 
 // lumberjack's mill goroutine outlives its Logger (one per path: see
@@ -171,4 +171,75 @@ func TestParseErrors(t *testing.T) {
 	l, err := ParseLine(strings.TrimSuffix(string(AppendLine(nil, &s)), "\n"))
 	require.NoError(t, err)
 	assert.Equal(t, Line{Time: s.Time.UTC(), Resource: "r", Pass: 1, Success: 4, AvgRT: 2 * time.Millisecond}, l)
+}
+
+// A delivery larger than the writer's buffer is written whole lines at a
+// time: a rotation between two writes never splits a line across two files,
+// and ReadFiles reads every line.
+func TestRotationNeverSplitsALine(t *testing.T) {
+	clock := stattest.NewClock(10 * time.Second)
+	const resources = 3600
+	eng := engine(t, clock, resources+10)
+	path := filepath.Join(t.TempDir(), "m.log")
+	w, err := NewWriter(eng, path, Options{MaxSize: 1, MaxBackups: -1})
+	require.NoError(t, err)
+	want := 0
+	for s := 11; s <= 16; s++ {
+		clock.Set(time.Duration(s)*time.Second + time.Millisecond)
+		for i := range resources {
+			enter(t, eng, fmt.Sprintf("resource-with-a-longish-name-%05d", i), 1, nil)
+		}
+		want += resources
+		clock.Set(time.Duration(s+2) * time.Second)
+		eng.Feed().Poll()
+	}
+	require.NoError(t, w.Close())
+	files, _ := filepath.Glob(filepath.Join(filepath.Dir(path), "*"))
+	t.Logf("%d files", len(files))
+	n := 0
+	err = ReadFiles(path, func(Line) error { n++; return nil })
+	require.NoError(t, err)
+	assert.Equal(t, want, n)
+}
+
+// A line cut short by a crash is fine as the last line of a file; the
+// writer, appending after a restart, starts on a new line, so the remnant
+// is skipped and every line after it reads.
+func TestAppendAfterACrashRemnantStartsANewLine(t *testing.T) {
+	clock := stattest.NewClock(10 * time.Second)
+	eng := engine(t, clock, 16)
+	path := filepath.Join(t.TempDir(), "m.log")
+	require.NoError(t, os.WriteFile(path, []byte("1764558000000|2026-12-01 03:00:00|api|1|0|1|0|0|0|0\n1764558001000|2026-12-01 03:0"), 0o644))
+	w, err := NewWriter(eng, path, Options{})
+	require.NoError(t, err)
+	clock.Set(11*time.Second + time.Millisecond)
+	enter(t, eng, "api", 2, nil)
+	clock.Set(12*time.Second + time.Millisecond)
+	enter(t, eng, "api", 3, nil)
+	clock.Set(14 * time.Second)
+	eng.Feed().Poll()
+	require.NoError(t, w.Close())
+	raw, _ := os.ReadFile(path)
+	t.Logf("%q", raw)
+	var got []Line
+	err = ReadFilesSkipBad(path, func(l Line) error { got = append(got, l); return nil })
+	require.NoError(t, err, "the lines written after the restart are readable")
+	assert.Len(t, got, 3, "the remnant of the cut line is skipped, the lines after it kept")
+	err = ReadFiles(path, func(Line) error { return nil })
+	assert.ErrorContains(t, err, "line 2", "a strict reader names the remnant")
+}
+
+// Two writers on one engine (two files), or a writer and the engine's own
+// shutdown (eng.Feed().Close(), as promflow asks): each may close the
+// engine's feed.
+func TestTwoWritersMayCloseTheFeed(t *testing.T) {
+	clock := stattest.NewClock(10 * time.Second)
+	eng := engine(t, clock, 16)
+	dir := t.TempDir()
+	w1, err := NewWriter(eng, filepath.Join(dir, "a.log"), Options{})
+	require.NoError(t, err)
+	w2, err := NewWriter(eng, filepath.Join(dir, "b.log"), Options{})
+	require.NoError(t, err)
+	require.NoError(t, w1.Close())
+	assert.NotPanics(t, func() { _ = w2.Close() })
 }

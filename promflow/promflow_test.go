@@ -1,20 +1,20 @@
 package promflow
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/leapflow/leapflow/flow"
+	"github.com/leapflow/leapflow/stat/stattest"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
-
-	"github.com/leapflow/leapflow/flow"
-	"github.com/leapflow/leapflow/stat/stattest"
 )
 
 // The default clock's ticker lives as long as the process.
@@ -199,4 +199,89 @@ func TestWouldBlock(t *testing.T) {
 leapflow_rule_would_block_total{resource="api",rule="trial"} 2
 `
 	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want), "leapflow_rule_would_block_total", "leapflow_rule_threshold"))
+}
+
+func passedOf(t *testing.T, reg *prometheus.Registry, res string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != "leapflow_requests_passed_total" {
+			continue
+		}
+		for _, m := range mf.Metric {
+			for _, l := range m.Label {
+				if l.GetName() == "resource" && l.GetValue() == res {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return -1
+}
+
+// A Throttle request queued behind a Reject rule, cancelled after its
+// second was delivered: no Prometheus counter goes down.
+func TestCountersNeverDecreaseOnALateCancel(t *testing.T) {
+	clock := stattest.NewClock(10 * time.Second)
+	sleeping := make(chan struct{}, 1)
+	eng, err := flow.New(flow.WithClock(clock), flow.WithSleep(func(ctx context.Context, d time.Duration) error {
+		sleeping <- struct{}{}
+		<-ctx.Done()
+		return ctx.Err()
+	}))
+	require.NoError(t, err)
+	require.NoError(t, eng.LoadRules([]flow.Rule{
+		{ID: "qps", Resource: "api", Threshold: 100},
+		{ID: "pace", Resource: "api", Behavior: flow.Throttle, Threshold: 1, MaxQueueing: 10 * time.Second},
+	}))
+	c := New(eng)
+	defer eng.Feed().Close()
+	defer c.Close()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+
+	clock.Set(11*time.Second + 100*time.Millisecond)
+	en, err := eng.Entry("api") // no wait
+	require.NoError(t, err)
+	en.Exit(nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() {
+		_, err := eng.Entry("api", flow.WithContext(ctx)) // queued 1 s
+		done <- err
+	}()
+	<-sleeping
+	clock.Set(14 * time.Second)
+	eng.Feed().Poll()
+	before := passedOf(t, reg, "api")
+	require.Equal(t, 2.0, before, "second 11: both passes")
+	cancel()
+	require.Error(t, <-done)
+	clock.Set(16 * time.Second)
+	eng.Feed().Poll()
+	after := passedOf(t, reg, "api")
+	require.GreaterOrEqual(t, after, before, "a counter must never decrease across scrapes")
+}
+
+// Resource names are arbitrary bytes (stat only checks the length; an
+// httpflow.WithResource may use request paths): one that is not valid UTF-8
+// does not fail the scrape: Gather succeeds with every resource in it.
+func TestInvalidUTF8ResourceNameIsExported(t *testing.T) {
+	clock := stattest.NewClock(10 * time.Second)
+	eng := engine(t, clock, flow.Rule{Resource: "ok", Threshold: 100})
+	c := New(eng)
+	defer c.Close()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	clock.Set(11*time.Second + time.Millisecond)
+	for _, res := range []string{"bad\xff", "ok"} {
+		en, err := eng.Entry(res)
+		require.NoError(t, err)
+		en.Exit(nil)
+	}
+	clock.Set(13 * time.Second)
+	eng.Feed().Poll()
+	_, err := reg.Gather()
+	require.NoError(t, err, "one hostile name must not fail the whole scrape")
 }

@@ -2,15 +2,16 @@ package rulefile
 
 import (
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/leapflow/leapflow/flow"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/leapflow/leapflow/flow"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files")
@@ -173,4 +174,142 @@ func TestEachFieldDecodes(t *testing.T) {
 		tc.set(&w)
 		assert.Equal(t, []flow.Rule{w}, rules, tc.extra)
 	}
+}
+
+// noPanic runs Check, turning a panic into a test failure.
+func noPanic(t *testing.T, in string) (rules []flow.Rule, err error) {
+	t.Helper()
+	defer func() {
+		if v := recover(); v != nil {
+			t.Errorf("Check(%q) panicked: %v", in, v)
+		}
+	}()
+	return Check("f.yaml", []byte(in))
+}
+
+// Parse never panics on what YAML allows: a number written with an
+// exponent, a quoted number, a !!str tag, a tagged null or map for rules.
+// Each is read or refused with an error.
+func TestParseNeverPanics(t *testing.T) {
+	for _, in := range []string{
+		"rules:\n  - resource: a\n    threshold: 1e3\n",
+		"rules:\n  - resource: a\n    threshold: 1e12\n", // MaxThreshold itself
+		"rules:\n  - resource: a\n    threshold: \"5\"\n",
+		"rules:\n  - resource: a\n    threshold: !!str 5\n",
+		"rules:\n  - resource: a\n    threshold: 5\n    global: true\n    localShare: 1e-05\n",
+		`{"rules": [{"resource": "a", "threshold": 5e-400}]}`,
+		"rules: !!null\n",
+		"rules: !!map {}\n",
+	} {
+		noPanic(t, in)
+	}
+}
+
+// What Format writes reads back to the same rules: exponents, names that
+// YAML would read as numbers or indicators, tabs and carriage returns.
+func TestFormatRoundTrips(t *testing.T) {
+	for _, r := range []flow.Rule{
+		{Resource: "a", Threshold: 5, Global: true, LocalShare: 0.00001},
+		{Resource: "a", Threshold: 0.000001},
+		{Resource: ".nan", Threshold: 1},
+		{Resource: ".inf", Threshold: 1},
+		{Resource: "? a", Threshold: 1},
+		{Resource: "a\tb", Threshold: 1},
+		{Resource: "a\rb", Threshold: 1},
+	} {
+		out, err := Format([]flow.Rule{r})
+		require.NoError(t, err)
+		func() {
+			defer func() {
+				if v := recover(); v != nil {
+					t.Errorf("%q: reading Format's output %q panicked: %v", r.Resource, out, v)
+				}
+			}()
+			back, err := Parse("f", out)
+			if assert.NoError(t, err, "Format wrote %q", out) && assert.Len(t, back, 1) {
+				assert.Equal(t, r.Resource, back[0].Resource, "Format wrote %q", out)
+			}
+		}()
+	}
+}
+
+// A plain scalar that looks like a number keeps its text in a string field:
+// key 00123 (a tenant, a zip code) stays 00123, 1.50 stays 1.50, .nan stays
+// .nan.
+func TestNumericLookingNamesKeepTheirText(t *testing.T) {
+	rules, err := Check("f", []byte("rules:\n  - id: 1.50\n    resource: 0x1F\n    threshold: 5\n    perKey: true\n    keys:\n      - key: 00123\n        threshold: 1\n"))
+	if err != nil {
+		return // refusing unquoted numbers is a fix too
+	}
+	assert.Equal(t, "00123", rules[0].Keys[0].Key)
+	assert.Equal(t, "0x1F", rules[0].Resource)
+	assert.Equal(t, "1.50", rules[0].ID)
+}
+
+// Every document of a file is read: the rules of a second document are not
+// dropped.
+func TestSecondDocumentIsNotIgnored(t *testing.T) {
+	rules, err := Check("f", []byte("rules:\n  - resource: a\n    threshold: 5\n---\nrules:\n  - resource: b\n    threshold: 6\n"))
+	if err == nil {
+		assert.Len(t, rules, 2, "the second document's rules were dropped without an error")
+	}
+}
+
+// A fractional maxKeys is an error naming the field, never truncated (under
+// 1 it would become 0 and then the default).
+func TestFractionalMaxKeysIsAnError(t *testing.T) {
+	for _, v := range []string{"0.5", "5.5"} {
+		rules, err := Check("f", []byte("rules:\n  - resource: a\n    threshold: 5\n    perKey: true\n    maxKeys: "+v+"\n"))
+		assert.Error(t, err, "maxKeys: %s read as %v", v, rules)
+	}
+}
+
+// An explicit 0 is 0 or an error, never the default: localShare,
+// coldFactor, maxKeys and statInterval.
+func TestExplicitZeroIsNotADefault(t *testing.T) {
+	for _, in := range []string{
+		"rules:\n  - resource: a\n    threshold: 5\n    global: true\n    localShare: 0\n",
+		"rules:\n  - resource: a\n    threshold: 5\n    behavior: WarmUp\n    warmUpPeriod: 1s\n    coldFactor: 0\n",
+		"rules:\n  - resource: a\n    threshold: 5\n    perKey: true\n    maxKeys: 0\n",
+		"rules:\n  - resource: a\n    threshold: 5\n    statInterval: 0s\n",
+	} {
+		rules, err := Check("f", []byte(in))
+		if err == nil {
+			d := rules[0].WithDefaults()
+			t.Errorf("%q accepted, in force as localShare=%v coldFactor=%v maxKeys=%v statInterval=%v", in, d.LocalShare, d.ColdFactor, d.MaxKeys, d.StatInterval)
+		}
+	}
+}
+
+// A type error in flow style (every JSON file) names the key of the value,
+// not the first key of the line.
+func TestTypeErrorNamesTheRightKeyInJSON(t *testing.T) {
+	_, err := Check("f.json", []byte(`{"rules": [{"resource": "a", "threshold": "five"}]}`))
+	assert.ErrorContains(t, err, `threshold: "five" is not a number`)
+	_, err = Check("f.json", []byte("{\"rules\": [\n {\"resource\": \"a\", \"global\": 5, \"threshold\": 1}]}"))
+	assert.ErrorContains(t, err, `global: "5" is not true or false`)
+}
+
+// Which unknown key is reported does not depend on map order.
+func TestUnknownKeyErrorIsDeterministic(t *testing.T) {
+	seen := map[string]bool{}
+	for range 50 {
+		_, err := Check("f", []byte("rules:\n  - resource: a\n    threshold: 5\n    aaa: 1\n    bbb: 2\n    ccc: 3\n"))
+		seen[err.Error()] = true
+	}
+	assert.Len(t, seen, 1, "%v", seen)
+}
+
+// Merge keys over aliases never expand exponentially: a file of a few
+// hundred bytes built to do so is read (or refused) at once, so a
+// FileSource (and its Stop) never stalls on it.
+func TestMergeKeysAreBounded(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("rules:\n  - &r0 {resource: a, threshold: 1}\n")
+	for i := 1; i < 8; i++ {
+		fmt.Fprintf(&b, "  - &r%d {<<: [*r%d, *r%d, *r%d, *r%d, *r%d, *r%d, *r%d, *r%d]}\n", i, i-1, i-1, i-1, i-1, i-1, i-1, i-1, i-1)
+	}
+	start := time.Now()
+	_, _ = Check("f", []byte(b.String()))
+	assert.Less(t, time.Since(start), 500*time.Millisecond, "%d bytes", b.Len())
 }

@@ -3,16 +3,16 @@ package rulefile
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/leapflow/leapflow/flow"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/leapflow/leapflow/flow"
 )
 
 const debounce = 150 * time.Millisecond
@@ -249,4 +249,102 @@ func TestDebounceOnAnInjectedClock(t *testing.T) {
 	last.fn()
 	require.Eventually(t, func() bool { return s.Reloads() == 2 }, 5*time.Second, time.Millisecond)
 	assert.Equal(t, 4.0, eng.Rules()[0].Threshold, "the final content")
+}
+
+// A rule file that is a symlink (not a ConfigMap ..data swap) is read
+// through the link, and edits of its target are seen, in the same directory
+// or another one.
+func TestSourceSeesEditsOfASymlinkTarget(t *testing.T) {
+	for _, elsewhere := range []bool{false, true} {
+		dir := t.TempDir()
+		tdir := dir
+		if elsewhere {
+			tdir = t.TempDir()
+		}
+		target := filepath.Join(tdir, "rules.prod.yaml")
+		require.NoError(t, os.WriteFile(target, []byte(rulesOf("1")), 0o644))
+		require.NoError(t, os.Symlink(target, filepath.Join(dir, "rules.yaml")))
+		eng, s, _ := watch(t, filepath.Join(dir, "rules.yaml"))
+		settled(t, s, 1, "start")
+		require.NoError(t, os.WriteFile(target, []byte(rulesOf("2")), 0o644))
+		require.Eventually(t, func() bool { return s.Reloads() == 2 }, 10*time.Second, 10*time.Millisecond, "target elsewhere: %v", elsewhere)
+		assert.Equal(t, 2.0, threshold(t, eng), "target elsewhere: %v", elsewhere)
+	}
+}
+
+// Once the watched directory is removed, re-creating it is seen: the source
+// reads the file again and LastError says what happened.
+func TestSourceSeesItsDirectoryRecreated(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "conf")
+	require.NoError(t, os.Mkdir(dir, 0o755))
+	path := filepath.Join(dir, "rules.yaml")
+	require.NoError(t, os.WriteFile(path, []byte(rulesOf("1")), 0o644))
+	eng, s, _ := watch(t, path)
+	settled(t, s, 1, "start")
+	require.NoError(t, os.RemoveAll(dir))
+	require.Eventually(t, func() bool { return s.LastError() != nil }, 5*time.Second, 10*time.Millisecond)
+	require.NoError(t, os.Mkdir(dir, 0o755))
+	require.NoError(t, os.WriteFile(path, []byte(rulesOf("2")), 0o644))
+	require.Eventually(t, func() bool { return s.Reloads() == 2 }, 10*time.Second, 10*time.Millisecond, "last error: %v", s.LastError())
+	assert.Equal(t, 2.0, threshold(t, eng))
+}
+
+// The same for a directory missing at Start.
+func TestSourceSeesItsDirectoryCreatedAfterStart(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "conf")
+	path := filepath.Join(dir, "rules.yaml")
+	eng, err := flow.New()
+	require.NoError(t, err)
+	src := NewFileSource(path)
+	src.Debounce = debounce
+	s := Start(eng, src, Options{})
+	defer s.Stop()
+	require.Eventually(t, func() bool { return s.LastError() != nil }, 5*time.Second, 10*time.Millisecond)
+	require.NoError(t, os.Mkdir(dir, 0o755))
+	require.NoError(t, os.WriteFile(path, []byte(rulesOf("2")), 0o644))
+	require.Eventually(t, func() bool { return len(eng.Rules()) == 1 }, 10*time.Second, 10*time.Millisecond, "last error: %v", s.LastError())
+}
+
+// A directory source whose rule files are all removed (an rm before a cp in
+// a deploy) keeps its rules, as a missing or empty file does: clearing
+// every rule takes an explicit rules: [].
+func TestSourceKeepsRulesWhenItsDirectoryEmpties(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "a.yaml"), []byte(rulesOf("1")), 0o644))
+	eng, s, _ := watch(t, dir)
+	settled(t, s, 1, "start")
+	require.NoError(t, os.Remove(filepath.Join(dir, "a.yaml")))
+	require.Eventually(t, func() bool { return s.LastError() != nil }, 10*time.Second, 10*time.Millisecond)
+	assert.Len(t, eng.Rules(), 1, "the rules in force stay")
+}
+
+// When the kernel's event queue overflows (fsnotify's ErrEventOverflow) the
+// source reports it and reads the file again: the edit whose event was
+// dropped is applied, and LastError clears.
+func TestSourceRereadsAfterAnEventOverflow(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "rules.yaml")
+	require.NoError(t, os.WriteFile(path, []byte(rulesOf("1")), 0o644))
+	eng, err := flow.New()
+	require.NoError(t, err)
+	src := NewFileSource(path)
+	src.Debounce = 10 * time.Millisecond
+	release, blocked := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	s := Start(eng, src, Options{OnError: func(error) { once.Do(func() { close(blocked); <-release }) }})
+	defer s.Stop()
+	require.Eventually(t, func() bool { return s.Reloads() == 1 }, 5*time.Second, time.Millisecond)
+	// A bad write; the sync is held in OnError (any slow update will do).
+	require.NoError(t, os.WriteFile(path, []byte("rules:\n  - resource: api\n    treshold: 1\n"), 0o644))
+	<-blocked
+	for i := range 20000 { // other files' churn fills the kernel queue
+		f := filepath.Join(dir, fmt.Sprintf("x%d.txt", i))
+		require.NoError(t, os.WriteFile(f, nil, 0o644))
+		require.NoError(t, os.Remove(f))
+	}
+	require.NoError(t, os.WriteFile(path, []byte(rulesOf("9")), 0o644))
+	close(release)
+	require.Eventually(t, func() bool { return eng.Rules()[0].Threshold == 9 && s.LastError() == nil }, 10*time.Second, 10*time.Millisecond,
+		"the final content is applied and the error cleared (last error: %v)", s.LastError())
 }
