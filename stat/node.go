@@ -338,10 +338,6 @@ func (n *Node) MinRT(now int64) time.Duration {
 	return time.Duration(v)
 }
 
-// MaxSuccessRate returns the highest success rate per second reached by one
-// bucket of the last second.
-func (n *Node) MaxSuccessRate(now int64) float64 { return n.second.MaxRate(now, metric.Success) }
-
 // PreviousSecond returns event e's count in the whole second before the one
 // holding now.
 func (n *Node) PreviousSecond(now int64, e metric.Event) int64 {
@@ -378,7 +374,7 @@ func (n *Node) span(lo, hi int64, e metric.Event) int64 {
 }
 
 // Snapshot is every statistic of a node at one instant. The *QPS fields
-// and AvgRT, MinRT and MaxSuccessQPS are sliding: they cover the second
+// and AvgRT and MinRT are sliding: they cover the second
 // window's buckets valid at the instant (the last second, in buckets of
 // 250 ms by default), so they move as buckets come and go, up and down
 // under steady load when requests are few. For steady per-second figures,
@@ -388,46 +384,40 @@ type Snapshot struct {
 	// Per second, over the sliding last second.
 	PassQPS, BlockQPS, SuccessQPS, ExceptionQPS, OccupiedQPS float64
 	// Over the sliding last second (0 when nothing completed).
-	AvgRT, MinRT time.Duration
-	Inflight     int64 // admitted and not exited, now
-	// The highest success rate one bucket of the sliding last second
-	// reached, per second.
-	MaxSuccessQPS  float64
-	PrevPass       int64 // the previous whole second
-	PrevBlock      int64
-	MinutePass     int64 // the last 60 seconds
-	MinuteBlock    int64
-	MinuteSuccess  int64
-	MinuteErrors   int64
-	BorrowedFuture int64 // admitted against future buckets, not yet current
-	Fallbacks      int64 // decided by a global rule's fallback, ever
-	Keyless        int64 // checked by a per-key rule without a key, ever
-	KeyEvictions   int64 // keys evicted by a per-key rule while active, ever
+	AvgRT, MinRT  time.Duration
+	Inflight      int64 // admitted and not exited, now
+	PrevPass      int64 // the previous whole second
+	PrevBlock     int64
+	MinutePass    int64 // the last 60 seconds
+	MinuteBlock   int64
+	MinuteSuccess int64
+	MinuteErrors  int64
+	Fallbacks     int64 // decided by a global rule's fallback, ever
+	Keyless       int64 // checked by a per-key rule without a key, ever
+	KeyEvictions  int64 // keys evicted by a per-key rule while active, ever
 }
 
 // Snapshot reads every statistic at now.
 func (n *Node) Snapshot(now int64) Snapshot {
 	return Snapshot{
-		Resource:       n.resource,
-		PassQPS:        n.Rate(now, metric.Pass),
-		BlockQPS:       n.Rate(now, metric.Block),
-		SuccessQPS:     n.Rate(now, metric.Success),
-		ExceptionQPS:   n.Rate(now, metric.Exception),
-		OccupiedQPS:    n.Rate(now, metric.OccupiedPass),
-		AvgRT:          n.AvgRT(now),
-		MinRT:          n.MinRT(now),
-		Inflight:       n.Inflight(),
-		MaxSuccessQPS:  n.MaxSuccessRate(now),
-		PrevPass:       n.PreviousSecond(now, metric.Pass),
-		PrevBlock:      n.PreviousSecond(now, metric.Block),
-		MinutePass:     n.Minute(now, metric.Pass),
-		MinuteBlock:    n.Minute(now, metric.Block),
-		MinuteSuccess:  n.Minute(now, metric.Success),
-		MinuteErrors:   n.Minute(now, metric.Exception),
-		BorrowedFuture: in(n.second).Borrowed(),
-		Fallbacks:      n.Fallbacks(),
-		Keyless:        n.Keyless(),
-		KeyEvictions:   n.KeyEvictions(),
+		Resource:      n.resource,
+		PassQPS:       n.Rate(now, metric.Pass),
+		BlockQPS:      n.Rate(now, metric.Block),
+		SuccessQPS:    n.Rate(now, metric.Success),
+		ExceptionQPS:  n.Rate(now, metric.Exception),
+		OccupiedQPS:   n.Rate(now, metric.OccupiedPass),
+		AvgRT:         n.AvgRT(now),
+		MinRT:         n.MinRT(now),
+		Inflight:      n.Inflight(),
+		PrevPass:      n.PreviousSecond(now, metric.Pass),
+		PrevBlock:     n.PreviousSecond(now, metric.Block),
+		MinutePass:    n.Minute(now, metric.Pass),
+		MinuteBlock:   n.Minute(now, metric.Block),
+		MinuteSuccess: n.Minute(now, metric.Success),
+		MinuteErrors:  n.Minute(now, metric.Exception),
+		Fallbacks:     n.Fallbacks(),
+		Keyless:       n.Keyless(),
+		KeyEvictions:  n.KeyEvictions(),
 	}
 }
 
