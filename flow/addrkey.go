@@ -4,16 +4,16 @@ import (
 	"net/netip"
 )
 
-// DefaultIPv6PrefixBits is how AddrKey groups IPv6 addresses: one key per
+// defaultIPv6PrefixBits is how AddrKey groups IPv6 addresses: one key per
 // /64, the smallest block a site is usually given. A per-IP limit keyed
 // by the full address is no limit for a caller who rotates addresses
 // within its /64 (2^64 of them).
-const DefaultIPv6PrefixBits = 64
+const defaultIPv6PrefixBits = 64
 
 // AddrKey returns the per-key limit key of a client address: an IPv4
 // address (or an IPv4-mapped IPv6 one) as itself, an IPv6 address as its
 // /64 ("2001:db8:1:2::/64"); the zone is dropped. The zero Addr gives "".
-func AddrKey(a netip.Addr) string { return AddrKeyBits(a, 32, DefaultIPv6PrefixBits) }
+func AddrKey(a netip.Addr) string { return AddrKeyBits(a, 32, defaultIPv6PrefixBits) }
 
 // AddrKeyBits is AddrKey with the prefix lengths to group IPv4 and IPv6
 // addresses by (clamped to 0-32 and 0-128): 24 gives one key per IPv4 /24,

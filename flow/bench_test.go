@@ -203,7 +203,7 @@ func BenchmarkGCRAEntryExit(b *testing.B) {
 	}
 	if err := e.LoadRules([]Rule{
 		{Resource: "reject", Threshold: 1e12},
-		{Resource: "gcra", Threshold: 1e12, Behavior: GCRA, Burst: MaxBurst},
+		{Resource: "gcra", Threshold: 1e12, Behavior: GCRA, Burst: maxBurst},
 		{Resource: "span-exact", Threshold: 1e12, SpanExact: true},
 	}); err != nil {
 		b.Fatal(err)

@@ -211,7 +211,7 @@ func (e *Engine) resourceRules(next *ruleSet, r *Rule, nodes map[string]*stat.No
 }
 
 // perWindow is a per-second threshold as a count per window of interval.
-// Thresholds are at most MaxThreshold and intervals at most an hour, so the
+// Thresholds are at most maxThreshold and intervals at most an hour, so the
 // count stays far below the counters' headroom.
 func perWindow(threshold float64, interval time.Duration) int64 {
 	return int64(math.Floor(threshold * interval.Seconds()))

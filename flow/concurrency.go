@@ -15,7 +15,7 @@ var concurrencyKind = kind{
 
 // compileConcurrency keeps the resource's smallest Concurrency limit.
 func compileConcurrency(c *compiling) {
-	limit := int64(c.r.Threshold) // at most MaxThreshold: no overflow
+	limit := int64(c.r.Threshold) // at most maxThreshold: no overflow
 	if rr := c.rr; rr.concLimit < 0 || limit < rr.concLimit {
 		rr.concLimit, rr.concBE = limit, newBlockError(c.r, ReasonConcurrency)
 	}

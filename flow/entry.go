@@ -15,14 +15,14 @@ import (
 	"github.com/leapflow/leapflow/stat"
 )
 
-// MaxCount is the largest batch WithCount accepts: with thresholds at most
-// MaxThreshold, no counter can come near the top of its word.
-const MaxCount = 1 << 30
+// maxCount is the largest batch WithCount accepts: with thresholds at most
+// maxThreshold, no counter can come near the top of its word.
+const maxCount = 1 << 30
 
 // ErrInvalidCount matches the error of an Entry whose WithCount is below 1
-// or above MaxCount. Such a request is neither admitted nor counted as
+// or above 2^30. Such a request is neither admitted nor counted as
 // blocked.
-var ErrInvalidCount = errors.New("flow: WithCount must be in [1, MaxCount]")
+var ErrInvalidCount = errors.New("flow: WithCount must be in [1, 2^30]")
 
 // EntryOption modifies one Entry call. Options are plain values, so passing
 // them allocates nothing.
@@ -51,7 +51,7 @@ type request struct {
 	hasWait bool
 }
 
-// WithCount makes the request count as n (a batch), 1 <= n <= MaxCount: it
+// WithCount makes the request count as n (a batch), 1 <= n <= 2^30: it
 // is admitted or blocked whole, and moves pass or block counts by n.
 func WithCount(n int) EntryOption { return EntryOption{count: int64(n), hasCount: true} }
 
@@ -62,7 +62,7 @@ func WithPriority() EntryOption { return EntryOption{priority: true} }
 
 // WithWait lets the request wait up to d for room under its rate rules
 // instead of being blocked (x/time/rate's Wait and Reserve), 0 <= d <=
-// MaxWait:
+// an hour:
 //   - a Reject rule's window admits it now against the earliest later
 //     bucket within d that keeps every window containing it within the
 //     threshold (at most one window ahead), and it waits for that bucket
@@ -80,14 +80,14 @@ func WithPriority() EntryOption { return EntryOption{priority: true} }
 // rules, PerKey windows and Global rules do not make a request wait.
 func WithWait(d time.Duration) EntryOption { return EntryOption{wait: d, hasWait: true} }
 
-// MaxWait is the longest wait WithWait accepts, and how long Engine.Wait
+// longestWait is the longest wait WithWait accepts, and how long Engine.Wait
 // waits at most when its context has no deadline.
-const MaxWait = time.Hour
+const longestWait = time.Hour
 
 // ErrInvalidWait matches the error of an Entry whose WithWait is below 0
-// or above MaxWait. Such a request is neither admitted nor counted as
+// or above an hour. Such a request is neither admitted nor counted as
 // blocked.
-var ErrInvalidWait = errors.New("flow: WithWait must be in [0, MaxWait]")
+var ErrInvalidWait = errors.New("flow: WithWait must be in [0, 1h]")
 
 // WithContext bounds any wait (throttling, borrowing) and is passed to the
 // TokenSource of global rules.
@@ -340,7 +340,7 @@ func (e *Engine) Entry(resource string, opts ...EntryOption) (Entry, error) {
 
 // Wait is Entry for a request that waits for room under its rate rules
 // rather than being blocked, as long as ctx allows: up to ctx's deadline,
-// or MaxWait when it has none (see WithWait for what each rule does and
+// or an hour when it has none (see WithWait for what each rule does and
 // the cancel rule). It returns at once, blocked, when no wait within that
 // would admit the request; ctx ending during the wait returns ctx's error
 // with everything taken given back. opts may add WithCount or WithKey; a
@@ -360,9 +360,9 @@ func (r *Resource) Wait(ctx context.Context, opts ...EntryOption) (Entry, error)
 // WithWait up to its deadline, then opts, each WithWait among them cut to
 // that deadline (the last WithWait given wins).
 func waitOptions(buf []EntryOption, ctx context.Context, opts []EntryOption) []EntryOption {
-	d := MaxWait
+	d := longestWait
 	if dl, ok := ctx.Deadline(); ok {
-		d = min(max(time.Until(dl), 0), MaxWait)
+		d = min(max(time.Until(dl), 0), longestWait)
 	}
 	buf = append(buf, WithContext(ctx), WithWait(d))
 	for _, o := range opts {
@@ -472,16 +472,16 @@ func parseOptions(q *request, opts []EntryOption) error {
 			q.key, q.hasKey = o.key, true
 		}
 		if o.hasWait {
-			if o.wait < 0 || o.wait > MaxWait {
+			if o.wait < 0 || o.wait > longestWait {
 				return fmt.Errorf("%w, got %v", ErrInvalidWait, o.wait)
 			}
 			q.wait, q.hasWait = int64(o.wait), true
 		}
 	}
-	if q.n < 1 || q.n > MaxCount {
+	if q.n < 1 || q.n > maxCount {
 		return fmt.Errorf("%w, got %d", ErrInvalidCount, q.n)
 	}
-	if q.hasKey && (q.key == "" || len(q.key) > MaxKeyLen) {
+	if q.hasKey && (q.key == "" || len(q.key) > maxKeyLen) {
 		return fmt.Errorf("%w, got %d bytes", ErrInvalidKey, len(q.key))
 	}
 	return nil
@@ -515,14 +515,14 @@ func (e *Engine) pinNow() (int, int64) {
 }
 
 // ErrInvalidKey matches the error of an Entry whose WithKey is empty or
-// longer than MaxKeyLen. Such a request is neither admitted nor counted as
+// longer than 1024 bytes. Such a request is neither admitted nor counted as
 // blocked.
-var ErrInvalidKey = errors.New("flow: WithKey must be 1 to MaxKeyLen bytes")
+var ErrInvalidKey = errors.New("flow: WithKey must be 1 to 1024 bytes")
 
 // WithKey names the caller a request comes from (a user ID, an API key, a
 // client address: see AddrKey), for the resource's PerKey rules; on a
 // resource without them it changes nothing, but an empty key, or one
-// longer than MaxKeyLen, is an error (ErrInvalidKey) on every resource.
+// longer than 1024 bytes, is an error (ErrInvalidKey) on every resource.
 // No key bytes are kept (a tracked key is two hashes of it), so key may
 // point into a buffer the caller reuses.
 func WithKey(key string) EntryOption { return EntryOption{key: key, hasKey: true} }

@@ -58,13 +58,13 @@ func validateGCRA(r *Rule, i int) error {
 		return nil
 	}
 	switch {
-	case r.Burst < 1 || r.Burst > MaxBurst:
-		return bad("Burst", r.Burst, fmt.Sprintf("must be in [1, %d]", MaxBurst))
+	case r.Burst < 1 || r.Burst > maxBurst:
+		return bad("Burst", r.Burst, fmt.Sprintf("must be in [1, %d]", maxBurst))
 	case r.PerKey || r.RelatedResource != "" || r.DryRun:
 		return bad("Behavior", r.Behavior, "GCRA is for plain local or Global rules (not PerKey, related or DryRun)")
 	case r.Threshold > 0 && r.Threshold < minPacedRate:
 		return bad("Threshold", r.Threshold, "must be 0 or at least 0.001 (one request per 1000 s) for GCRA")
-	case r.StatInterval != DefaultStatInterval:
+	case r.StatInterval != defaultStatInterval:
 		return bad("StatInterval", r.StatInterval, "must be 1s (or left zero) for GCRA rules, which have no window")
 	case r.Threshold > 0 && float64(r.Burst)/r.Threshold > maxGCRARefill.Seconds():
 		return bad("Burst", r.Burst, fmt.Sprintf("takes %.4g s to refill at Threshold %g, more than a GCRA rule allows (%v)", float64(r.Burst)/r.Threshold, r.Threshold, maxGCRARefill))

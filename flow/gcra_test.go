@@ -175,7 +175,7 @@ func TestGCRARuleChecks(t *testing.T) {
 // int64 at the slowest rates and largest bursts).
 func TestGCRARefillIsBounded(t *testing.T) {
 	e, _ := newEngine(t, stattest.NewClock(0))
-	err := e.LoadRules([]Rule{{Resource: "a", Threshold: 0.001, Behavior: GCRA, Burst: MaxBurst}})
+	err := e.LoadRules([]Rule{{Resource: "a", Threshold: 0.001, Behavior: GCRA, Burst: maxBurst}})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "Burst")
 	assert.Contains(t, err.Error(), "to refill")

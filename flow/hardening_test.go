@@ -47,7 +47,7 @@ func TestBadOptionsAreErrorsFromNew(t *testing.T) {
 func TestThresholdAndCountBounds(t *testing.T) {
 	e, _ := newEngine(t, stattest.NewClock(0))
 	load(t, e, Rule{Resource: "conc", Metric: Concurrency, Threshold: 5})
-	for _, th := range []float64{1e19, math.MaxFloat64, float64(math.MaxInt64), MaxThreshold * 2} {
+	for _, th := range []float64{1e19, math.MaxFloat64, float64(math.MaxInt64), maxThreshold * 2} {
 		for _, m := range []Metric{QPS, Concurrency} {
 			err := e.LoadRules([]Rule{{Resource: "conc", Metric: Concurrency, Threshold: 5}, {Resource: "conc", Metric: m, Threshold: th}})
 			var re *RuleError
@@ -56,22 +56,22 @@ func TestThresholdAndCountBounds(t *testing.T) {
 			assert.Equal(t, 1, re.Index)
 		}
 	}
-	load(t, e, Rule{Resource: "max", Threshold: MaxThreshold, StatInterval: time.Hour}, Rule{Resource: "conc", Metric: Concurrency, Threshold: 5})
+	load(t, e, Rule{Resource: "max", Threshold: maxThreshold, StatInterval: time.Hour}, Rule{Resource: "conc", Metric: Concurrency, Threshold: 5})
 	for range 2 {
-		en, err := e.Entry("max", WithCount(MaxCount))
+		en, err := e.Entry("max", WithCount(maxCount))
 		require.NoError(t, err, "the largest threshold is no limit to the largest batch")
 		en.Exit(nil)
 	}
 	for range 2 {
-		en, err := e.Entry("free", WithCount(MaxCount))
+		en, err := e.Entry("free", WithCount(maxCount))
 		require.NoError(t, err)
 		en.Exit(nil)
 	}
 	snap, _ := e.Snapshot("free")
-	assert.Equal(t, float64(2*MaxCount), snap.PassQPS, "no counter wraps")
+	assert.Equal(t, float64(2*maxCount), snap.PassQPS, "no counter wraps")
 	assert.Equal(t, int64(0), snap.Inflight)
 
-	for _, n := range []int{0, -1, MaxCount + 1, math.MaxInt, math.MinInt} {
+	for _, n := range []int{0, -1, maxCount + 1, math.MaxInt, math.MinInt} {
 		en, err := e.Entry("conc", WithCount(n))
 		assert.ErrorIs(t, err, ErrInvalidCount, "count %d", n)
 		assert.ErrorContains(t, err, fmt.Sprintf("got %d", n))
@@ -93,7 +93,7 @@ func TestThresholdAndCountBounds(t *testing.T) {
 func TestThrottleRefusesBatchesItCannotPace(t *testing.T) {
 	e, _ := newEngine(t, stattest.NewClock(time.Hour))
 	load(t, e, Rule{Resource: "slow", Threshold: minPacedRate, Behavior: Throttle, MaxQueueing: 10 * time.Minute})
-	_, err := e.Entry("slow", WithCount(MaxCount))
+	_, err := e.Entry("slow", WithCount(maxCount))
 	assert.ErrorIs(t, err, ErrBlocked, "its cost overflows int64")
 	_, err = e.Entry("slow")
 	assert.NoError(t, err, "the slowest pace starts a single request")
@@ -108,7 +108,7 @@ func TestThrottleRefusesBatchesItCannotPace(t *testing.T) {
 		assert.ErrorIs(t, e.LoadRules([]Rule{r}), ErrInvalidRule, "%+v", r)
 	}
 	load(t, e, Rule{Resource: "fast", Threshold: 10, Behavior: Throttle})
-	_, err = e.Entry("fast", WithCount(MaxCount))
+	_, err = e.Entry("fast", WithCount(maxCount))
 	assert.NoError(t, err, "an idle pacer starts any batch")
 	_, err = e.Entry("fast")
 	assert.ErrorIs(t, err, ErrBlocked, "and then owes its whole cost")

@@ -33,10 +33,10 @@ func defaultConfig() config {
 		clock:         stat.DefaultClock(),
 		maxResources:  stat.DefaultMaxResources,
 		sampleCount:   stat.DefaultSampleCount,
-		spanBuckets:   DefaultSpanBuckets,
-		occupyTimeout: DefaultOccupyTimeout,
+		spanBuckets:   defaultSpanBuckets,
+		occupyTimeout: defaultOccupyTimeout,
 		sleep:         sleep,
-		maxKeys:       DefaultEngineMaxKeys,
+		maxKeys:       defaultEngineMaxKeys,
 	}
 }
 
@@ -83,7 +83,7 @@ func WithMaxResources(n int) Option { return func(cfg *config) { cfg.maxResource
 func WithSampleCount(n int) Option { return func(cfg *config) { cfg.sampleCount = n } }
 
 // WithSpanBuckets sets the bucket count n of span-exact rules' windows
-// (default DefaultSpanBuckets): they admit against n+1 buckets of W/n, so
+// (default 10): they admit against n+1 buckets of W/n, so
 // they hold the threshold in every span of W and admit a steady n/(n+1)
 // of it. More buckets admit closer to the threshold and cost about 0.4 KB
 // each per resource on two cores (a bucket keeps a cache line of counts
@@ -92,11 +92,11 @@ func WithSampleCount(n int) Option { return func(cfg *config) { cfg.sampleCount 
 // most 1000.
 func WithSpanBuckets(n int) Option { return func(cfg *config) { cfg.spanBuckets = n } }
 
-// DefaultSpanBuckets is the bucket count of span-exact windows when
+// defaultSpanBuckets is the bucket count of span-exact windows when
 // WithSpanBuckets is not given: 10 buckets admit a steady 10/11 (91%) of
 // the threshold, where the 4 of the plain second window would admit 80%
 // (see the bench's precision table).
-const DefaultSpanBuckets = 10
+const defaultSpanBuckets = 10
 
 // maxSpanBuckets bounds WithSpanBuckets.
 const maxSpanBuckets = 1000
@@ -115,8 +115,8 @@ func WithSleep(fn func(ctx context.Context, d time.Duration) error) Option {
 	return func(cfg *config) { cfg.sleep = fn }
 }
 
-// DefaultOccupyTimeout is how long priority requests may wait by default.
-const DefaultOccupyTimeout = 500 * time.Millisecond
+// defaultOccupyTimeout is how long priority requests may wait by default.
+const defaultOccupyTimeout = 500 * time.Millisecond
 
 // sleep is the default wait: a timer, cut short by ctx.
 func sleep(ctx context.Context, d time.Duration) error {
@@ -153,12 +153,12 @@ func putTimer(t *time.Timer) {
 	timers.Put(t)
 }
 
-// DefaultEngineMaxKeys is the most keys an engine's PerKey rules may track
+// defaultEngineMaxKeys is the most keys an engine's PerKey rules may track
 // together (the sum of their MaxKeys) unless WithMaxKeys says otherwise.
-const DefaultEngineMaxKeys = 1_000_000
+const defaultEngineMaxKeys = 1_000_000
 
 // WithMaxKeys bounds the sum of MaxKeys over an engine's PerKey rules
-// (default DefaultEngineMaxKeys): each tracked key costs about 230 bytes,
+// (default 1,000,000): each tracked key costs about 230 bytes,
 // so the default bounds per-key state near 230 MB.
 func WithMaxKeys(n int) Option { return func(cfg *config) { cfg.maxKeys = n } }
 

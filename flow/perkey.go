@@ -332,8 +332,8 @@ func (r *Rule) validatePerKey(i int) error {
 		return bad("Behavior", r.Behavior, "must be Reject or Throttle for a PerKey rule")
 	case r.RelatedResource != "":
 		return bad("RelatedResource", r.RelatedResource, "cannot be combined with PerKey")
-	case r.MaxKeys < 1 || r.MaxKeys > MaxMaxKeys:
-		return bad("MaxKeys", r.MaxKeys, fmt.Sprintf("must be in [1, %d]", MaxMaxKeys))
+	case r.MaxKeys < 1 || r.MaxKeys > maxMaxKeys:
+		return bad("MaxKeys", r.MaxKeys, fmt.Sprintf("must be in [1, %d]", maxMaxKeys))
 	case len(r.Keys) > maxKeyLimits:
 		return bad("Keys", len(r.Keys), fmt.Sprintf("must list at most %d keys", maxKeyLimits))
 	}
@@ -346,12 +346,12 @@ func (r *Rule) validatePerKey(i int) error {
 		switch {
 		case kl.Key == "":
 			return bad(field+".Key", `""`, "must not be empty")
-		case len(kl.Key) > MaxKeyLen:
-			return bad(field+".Key", names.Abbrev(kl.Key), fmt.Sprintf("must be at most %d bytes", MaxKeyLen))
+		case len(kl.Key) > maxKeyLen:
+			return bad(field+".Key", names.Abbrev(kl.Key), fmt.Sprintf("must be at most %d bytes", maxKeyLen))
 		case seen[kl.Key]:
 			return bad(field+".Key", names.Abbrev(kl.Key), "is listed twice")
-		case math.IsNaN(kl.Threshold) || math.IsInf(kl.Threshold, 0) || kl.Threshold < 0 || kl.Threshold > MaxThreshold:
-			return bad(field+".Threshold", kl.Threshold, fmt.Sprintf("must be a finite number in [0, %g]", float64(MaxThreshold)))
+		case math.IsNaN(kl.Threshold) || math.IsInf(kl.Threshold, 0) || kl.Threshold < 0 || kl.Threshold > maxThreshold:
+			return bad(field+".Threshold", kl.Threshold, fmt.Sprintf("must be a finite number in [0, %g]", float64(maxThreshold)))
 		}
 		seen[kl.Key] = true
 		if err := r.validateKeyThreshold(i, field+".Threshold", kl.Threshold); err != nil {
@@ -365,8 +365,8 @@ func (r *Rule) validatePerKey(i int) error {
 // compact state holds.
 func (r *Rule) validateKeyThreshold(i int, field string, t float64) error {
 	switch {
-	case r.Metric == QPS && r.Behavior == Reject && perWindow(t, r.StatInterval) > MaxKeyWindowCount:
-		return r.errorf(i, field, t, "admits %d per window, more than a key's window holds (MaxKeyWindowCount, %d)", perWindow(t, r.StatInterval), int64(MaxKeyWindowCount))
+	case r.Metric == QPS && r.Behavior == Reject && perWindow(t, r.StatInterval) > maxKeyWindowCount:
+		return r.errorf(i, field, t, "admits %d per window, more than a key's window holds (%d)", perWindow(t, r.StatInterval), int64(maxKeyWindowCount))
 	case r.Behavior == Throttle && t > 0 && t < minPacedRate:
 		return r.errorf(i, field, t, "must be 0 or at least 0.001 (one request per 1000 s) for Throttle")
 	}
@@ -375,15 +375,15 @@ func (r *Rule) validateKeyThreshold(i int, field string, t float64) error {
 
 // Per-key bounds.
 const (
-	// DefaultMaxKeys is the MaxKeys of a PerKey rule with none.
-	DefaultMaxKeys = 100_000
-	// MaxMaxKeys is the largest MaxKeys a rule accepts.
-	MaxMaxKeys = 1 << 24
-	// MaxKeyLen is the longest key WithKey accepts, in bytes.
-	MaxKeyLen = 1024
-	// MaxKeyWindowCount is the most a PerKey QPS rule (or a specific key)
+	// defaultMaxKeys is the MaxKeys of a PerKey rule with none.
+	defaultMaxKeys = 100_000
+	// maxMaxKeys is the largest MaxKeys a rule accepts.
+	maxMaxKeys = 1 << 24
+	// maxKeyLen is the longest key WithKey accepts, in bytes.
+	maxKeyLen = 1024
+	// maxKeyWindowCount is the most a PerKey QPS rule (or a specific key)
 	// may admit per window: Threshold x StatInterval / 1s.
-	MaxKeyWindowCount = 1<<32 - 1
+	maxKeyWindowCount = 1<<32 - 1
 	// maxKeyLimits bounds a rule's Keys.
 	maxKeyLimits = 10_000
 )

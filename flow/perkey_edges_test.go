@@ -91,9 +91,9 @@ func TestKeyedTwoIntervalsUndo(t *testing.T) {
 func TestKeyedSpecificZeroAndHuge(t *testing.T) {
 	e, _ := newEngine(t, stattest.NewClock(time.Hour))
 	load(t, e,
-		Rule{Resource: "q", Threshold: 2, PerKey: true, Keys: []KeyLimit{{Key: "z", Threshold: 0}, {Key: "h", Threshold: MaxKeyWindowCount}}},
-		Rule{Resource: "c", Metric: Concurrency, Threshold: 2, PerKey: true, Keys: []KeyLimit{{Key: "z", Threshold: 0}, {Key: "h", Threshold: MaxThreshold}}},
-		Rule{Resource: "p", Threshold: 2, Behavior: Throttle, PerKey: true, Keys: []KeyLimit{{Key: "z", Threshold: 0}, {Key: "h", Threshold: MaxThreshold}}},
+		Rule{Resource: "q", Threshold: 2, PerKey: true, Keys: []KeyLimit{{Key: "z", Threshold: 0}, {Key: "h", Threshold: maxKeyWindowCount}}},
+		Rule{Resource: "c", Metric: Concurrency, Threshold: 2, PerKey: true, Keys: []KeyLimit{{Key: "z", Threshold: 0}, {Key: "h", Threshold: maxThreshold}}},
+		Rule{Resource: "p", Threshold: 2, Behavior: Throttle, PerKey: true, Keys: []KeyLimit{{Key: "z", Threshold: 0}, {Key: "h", Threshold: maxThreshold}}},
 	)
 	for _, res := range []string{"q", "c", "p"} {
 		assert.Zero(t, admitted(e, res, "z", 5), res)
@@ -101,7 +101,7 @@ func TestKeyedSpecificZeroAndHuge(t *testing.T) {
 			continue // a 1ns cost on a still clock with no queueing admits one: as the resource pacer
 		}
 		assert.Equal(t, 5, admitted(e, res, "h", 5), res)
-		en, err := e.Entry(res, WithKey("h"), WithCount(MaxCount))
+		en, err := e.Entry(res, WithKey("h"), WithCount(maxCount))
 		assert.NoError(t, err, res)
 		en.Exit(nil)
 	}

@@ -44,7 +44,7 @@ func admitted(e *Engine, resource, key string, tries int) int {
 }
 
 func TestPerKeyValidation(t *testing.T) {
-	long := strings.Repeat("k", MaxKeyLen+1)
+	long := strings.Repeat("k", maxKeyLen+1)
 	for _, tc := range []struct {
 		rules []Rule
 		want  string
@@ -52,7 +52,7 @@ func TestPerKeyValidation(t *testing.T) {
 		{[]Rule{{Resource: "api", PerKey: true, Behavior: WarmUp, WarmUpPeriod: time.Second}}, "Behavior must be Reject or Throttle for a PerKey rule, got WarmUp"},
 		{[]Rule{{Resource: "api", PerKey: true, RelatedResource: "db"}}, "RelatedResource cannot be combined with PerKey, got db"},
 		{[]Rule{{Resource: "api", PerKey: true, MaxKeys: -1}}, "MaxKeys must be in [1, 16777216], got -1"},
-		{[]Rule{{Resource: "api", PerKey: true, MaxKeys: MaxMaxKeys + 1}}, "MaxKeys must be in [1, 16777216], got 16777217"},
+		{[]Rule{{Resource: "api", PerKey: true, MaxKeys: maxMaxKeys + 1}}, "MaxKeys must be in [1, 16777216], got 16777217"},
 		{[]Rule{{Resource: "api", MaxKeys: 10}}, "MaxKeys is used only by PerKey rules and must be left zero here, got 10"},
 		{[]Rule{{Resource: "api", Keys: []KeyLimit{{Key: "a", Threshold: 1}}}}, "Keys is used only by PerKey rules and must be left zero here, got 1"},
 		{[]Rule{{Resource: "api", PerKey: true, Keys: []KeyLimit{{Key: "", Threshold: 1}}}}, `Keys[0].Key must not be empty, got ""`},
@@ -83,7 +83,7 @@ func TestPerKeyDefaultsAndRoundTrip(t *testing.T) {
 	load(t, e, Rule{Resource: "api", Threshold: 3, PerKey: true, Keys: keys})
 	got := e.Rules()
 	require.Len(t, got, 1)
-	assert.Equal(t, DefaultMaxKeys, got[0].MaxKeys)
+	assert.Equal(t, defaultMaxKeys, got[0].MaxKeys)
 	keys[0].Threshold = 1 // the caller's slice is theirs
 	assert.Equal(t, 30.0, e.Rules()[0].Keys[0].Threshold)
 	require.NoError(t, e.LoadRules(got), "the normalised rules load again")
@@ -93,14 +93,14 @@ func TestPerKeyDefaultsAndRoundTrip(t *testing.T) {
 func TestWithKeyErrors(t *testing.T) {
 	e, _ := newEngine(t, stattest.NewClock(0))
 	load(t, e, Rule{Resource: "api", Threshold: 3, PerKey: true})
-	for _, key := range []string{"", strings.Repeat("x", MaxKeyLen+1)} {
+	for _, key := range []string{"", strings.Repeat("x", maxKeyLen+1)} {
 		en, err := e.Entry("api", WithKey(key))
 		require.ErrorIs(t, err, ErrInvalidKey)
 		en.Exit(nil)
 	}
 	snap, _ := e.Snapshot("api")
 	assert.Zero(t, snap.PassQPS+snap.BlockQPS, "neither admitted nor blocked")
-	assert.True(t, try(e, "api", WithKey(strings.Repeat("x", MaxKeyLen))), "MaxKeyLen bytes is a key")
+	assert.True(t, try(e, "api", WithKey(strings.Repeat("x", maxKeyLen))), "maxKeyLen bytes is a key")
 }
 
 // TestPerKeyRejectSteps: each key has its own sliding window of four

@@ -46,7 +46,7 @@ const (
 var ErrReservationDone = errors.New("flow: the reservation was entered or cancelled already")
 
 // Reserve admits a request for the earliest instant its rate rules allow
-// within its wait (WithWait, WithWait(0) for now only; MaxWait when not
+// within its wait (WithWait, WithWait(0) for now only; an hour when not
 // given) and returns at once, without waiting: the reservation says how
 // long until the request may go
 // (Delay), and the caller then enters it (Enter, or Wait to sleep until
@@ -63,7 +63,7 @@ func (e *Engine) Reserve(resource string, opts ...EntryOption) (*Reservation, er
 		return nil, err
 	}
 	if !q.hasWait && !q.priority {
-		q.wait = int64(MaxWait)
+		q.wait = int64(longestWait)
 	}
 	set := e.rules.Load()
 	rr := set.byResource[resource]

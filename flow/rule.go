@@ -22,7 +22,7 @@ type Rule struct {
 	// Metric is QPS (default) or Concurrency.
 	Metric Metric
 	// Threshold is the limit: admissions per second for QPS, requests in
-	// flight for Concurrency, from 0 (blocks everything) to MaxThreshold.
+	// flight for Concurrency, from 0 (blocks everything) to 10^12.
 	// Per window, a QPS rule admits floor(Threshold * StatInterval / 1s).
 	Threshold float64
 	// StatInterval is the window a QPS rule counts in (default 1 s; a
@@ -71,14 +71,14 @@ type Rule struct {
 	// and Concurrency rules; see the package doc for the memory bound.
 	PerKey bool
 	// MaxKeys is the most keys a PerKey rule tracks at once (default
-	// DefaultMaxKeys, at most MaxMaxKeys; left zero otherwise). Keys
+	// 100,000, at most 2^24; left zero otherwise). Keys
 	// listed in Keys are tracked beside them, never evicted.
 	MaxKeys int
 	// Keys gives specific keys of a PerKey rule their own thresholds (a
 	// premium tenant at ten times the rule's, a known abuser at 0).
 	Keys []KeyLimit
 	// Burst is a GCRA rule's bucket: the most requests admitted at once
-	// after an idle spell (default 1, at most MaxBurst; left zero
+	// after an idle spell (default 1, at most 2^30; left zero
 	// otherwise). In any span of length L a GCRA rule admits at most
 	// Burst + Threshold x L; a Global one across all instances together,
 	// while its source answers.
@@ -114,8 +114,8 @@ type KeyLimit struct {
 	Threshold float64
 }
 
-// MaxBurst is the largest Burst a GCRA rule accepts.
-const MaxBurst = 1 << 30
+// maxBurst is the largest Burst a GCRA rule accepts.
+const maxBurst = 1 << 30
 
 // maxGCRARefill is the longest a GCRA rule's bucket may take to refill
 // (Burst / Threshold): a local rule keeps it in int64 nanoseconds (Burst
@@ -124,21 +124,21 @@ const MaxBurst = 1 << 30
 // (2^53 ns is 104 days, and a decision adds up to twice this).
 const maxGCRARefill = 30 * 24 * time.Hour
 
-// MaxThreshold is the largest Threshold a rule accepts: a trillion a second
+// maxThreshold is the largest Threshold a rule accepts: a trillion a second
 // (or in flight) is beyond any real limit, and keeps every counter of an
 // hour-long window far from the top of its 64-bit word.
-const MaxThreshold = 1e12
+const maxThreshold = 1e12
 
 // minPacedRate is the smallest non-zero Threshold of a throttling rule: one
 // request per 1000 s. Slower paces are a misconfiguration, and their costs
 // near the top of int64.
 const minPacedRate = 1e-3
 
-// DefaultStatInterval is the window of a QPS rule with no StatInterval.
-const DefaultStatInterval = time.Second
+// defaultStatInterval is the window of a QPS rule with no StatInterval.
+const defaultStatInterval = time.Second
 
-// DefaultColdFactor is the cold factor of a warm-up rule with none.
-const DefaultColdFactor = 3.0
+// defaultColdFactor is the cold factor of a warm-up rule with none.
+const defaultColdFactor = 3.0
 
 // Name returns the rule's ID, or its resource when it has none: how errors
 // and middleware name it.
@@ -156,16 +156,16 @@ func (r Rule) WithDefaults() Rule { return r.withDefaults() }
 // withDefaults returns r with its zero-valued optional fields filled in.
 func (r Rule) withDefaults() Rule {
 	if r.Metric == QPS && r.StatInterval == 0 {
-		r.StatInterval = DefaultStatInterval
+		r.StatInterval = defaultStatInterval
 	}
 	if (r.Behavior == WarmUp || r.Behavior == WarmUpThrottle) && r.ColdFactor == 0 {
-		r.ColdFactor = DefaultColdFactor
+		r.ColdFactor = defaultColdFactor
 	}
 	if r.Global && r.Fallback == FallbackLocal && r.LocalShare == 0 {
 		r.LocalShare = 1
 	}
 	if r.PerKey && r.MaxKeys == 0 {
-		r.MaxKeys = DefaultMaxKeys
+		r.MaxKeys = defaultMaxKeys
 	}
 	if r.Behavior == GCRA && r.Burst == 0 {
 		r.Burst = 1
@@ -227,8 +227,8 @@ func (r *Rule) validate(i int) error {
 		return bad("RelatedResource", names.Abbrev(r.RelatedResource), fmt.Sprintf("must be at most %d bytes", stat.MaxNameLen))
 	case math.IsNaN(r.Threshold) || math.IsInf(r.Threshold, 0) || r.Threshold < 0:
 		return bad("Threshold", r.Threshold, "must be a finite number >= 0")
-	case r.Threshold > MaxThreshold:
-		return bad("Threshold", r.Threshold, fmt.Sprintf("must be at most MaxThreshold (%g)", float64(MaxThreshold)))
+	case r.Threshold > maxThreshold:
+		return bad("Threshold", r.Threshold, fmt.Sprintf("must be at most maxThreshold (%g)", float64(maxThreshold)))
 	case r.Metric > Concurrency:
 		return bad("Metric", r.Metric, "must be QPS or Concurrency")
 	case r.Behavior > GCRA:
@@ -256,7 +256,7 @@ func (r *Rule) validate(i int) error {
 // (pacing, GCRA) or read another's second window (related): StatInterval
 // must be left at its default.
 func (r *Rule) oneSecond(i int, what string) error {
-	if r.StatInterval != DefaultStatInterval {
+	if r.StatInterval != defaultStatInterval {
 		return r.errorf(i, "StatInterval", r.StatInterval, "must be 1s (or left zero) for "+what)
 	}
 	return nil
@@ -311,7 +311,7 @@ func describeRate(r *Rule) string {
 	if r.SpanExact {
 		s += " span-exact"
 	}
-	if r.StatInterval != 0 && r.StatInterval != DefaultStatInterval {
+	if r.StatInterval != 0 && r.StatInterval != defaultStatInterval {
 		s += " over " + r.StatInterval.String()
 	}
 	if r.WarmUpPeriod != 0 {

@@ -82,7 +82,7 @@ func waitEngine(t *testing.T, opts ...Option) (*Engine, *stattest.Clock, *clockS
 func TestWithWaitIsValidated(t *testing.T) {
 	e, _ := newEngine(t, stattest.NewClock(0))
 	load(t, e, Rule{Resource: "api", Threshold: 1})
-	for _, d := range []time.Duration{-1, MaxWait + 1} {
+	for _, d := range []time.Duration{-1, longestWait + 1} {
 		_, err := e.Entry("api", WithWait(d))
 		require.ErrorIs(t, err, ErrInvalidWait)
 		assert.Contains(t, err.Error(), d.String())

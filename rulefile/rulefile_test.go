@@ -193,7 +193,7 @@ func noPanic(t *testing.T, in string) (rules []flow.Rule, err error) {
 func TestParseNeverPanics(t *testing.T) {
 	for _, in := range []string{
 		"rules:\n  - resource: a\n    threshold: 1e3\n",
-		"rules:\n  - resource: a\n    threshold: 1e12\n", // MaxThreshold itself
+		"rules:\n  - resource: a\n    threshold: 1e12\n", // the largest threshold itself
 		"rules:\n  - resource: a\n    threshold: \"5\"\n",
 		"rules:\n  - resource: a\n    threshold: !!str 5\n",
 		"rules:\n  - resource: a\n    threshold: 5\n    global: true\n    localShare: 1e-05\n",

@@ -59,7 +59,7 @@ func (l *Limiter) Take(now, n, maxWait int64) (wait, tok int64, ok bool, retry, 
 	for {
 		tat := l.c.tat.Load()
 		next := max(tat, now) + cost
-		over := next - now - l.tolerance // maxWait <= flow's MaxWait: no overflow
+		over := next - now - l.tolerance // maxWait <= flow's longestWait: no overflow
 		if over > maxWait {
 			return 0, 0, false, over, max(tat-now, 0)
 		}

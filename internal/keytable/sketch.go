@@ -28,7 +28,7 @@ type sketch struct {
 // changed in place.
 type carry struct {
 	head   int64
-	counts [Buckets]uint32 // per-key limits fit: flow's MaxKeyWindowCount
+	counts [Buckets]uint32 // per-key limits fit: flow's maxKeyWindowCount
 }
 
 // at is the count carried in bucket x (0 outside the carry's window).
