@@ -64,11 +64,11 @@ func saturate(name string, clock stat.Clock, g int, d time.Duration, threshold i
 			time.Sleep(5 * time.Millisecond)
 		}
 	})
-	origin, start := eng.Clock().Now(), time.Now()
+	origin, start := clock.Now(), time.Now()
 	var maxLag time.Duration
 	for time.Since(start) < d {
 		time.Sleep(10 * time.Millisecond)
-		lag := time.Since(start) - time.Duration(eng.Clock().Now()-origin)
+		lag := time.Since(start) - time.Duration(clock.Now()-origin)
 		maxLag = max(maxLag, lag)
 	}
 	stop.Store(true)

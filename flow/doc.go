@@ -154,7 +154,7 @@
 // rate's Wait), WithWait(d) up to d, WithPriority up to the engine's
 // occupy timeout (Sentinel's priority), and Engine.Reserve takes the same
 // admission without sleeping, returning a Reservation with its Delay, to
-// Enter (or Wait) or Cancel (x/time/rate's Reserve). It is one mechanism
+// Entry or Cancel (x/time/rate's Reserve). It is one mechanism
 // for every rate rule:
 //   - a Reject (or span-exact) rule admits the request now against the
 //     earliest later bucket within the wait that keeps every window

@@ -105,35 +105,9 @@ func New(opts ...Option) (*Engine, error) {
 	return e, nil
 }
 
-var (
-	defaultOnce   sync.Once
-	defaultEngine *Engine
-)
-
-// Default returns the package's default engine, made on first use with no
-// options. The package-level functions use it.
-func Default() *Engine {
-	defaultOnce.Do(func() {
-		e, err := New()
-		if err != nil {
-			panic(err) // no options: cannot happen
-		}
-		defaultEngine = e
-	})
-	return defaultEngine
-}
-
-// LoadRules replaces the default engine's rules; see Engine.LoadRules.
-func LoadRules(rules []Rule) error { return Default().LoadRules(rules) }
-
-// Enter checks a request on the default engine; see Engine.Entry.
-func Enter(resource string, opts ...EntryOption) (Entry, error) {
-	return Default().Entry(resource, opts...)
-}
-
-// Clock returns the engine's clock: the one it was given, kept from
+// timeSource returns the engine's clock: the one it was given, kept from
 // stepping back (see WithClock).
-func (e *Engine) Clock() stat.Clock {
+func (e *Engine) timeSource() stat.Clock {
 	if e.coarse != nil {
 		return e.coarse
 	}

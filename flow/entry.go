@@ -405,9 +405,6 @@ func (e *Engine) Resource(name string) (*Resource, error) {
 	return r, nil
 }
 
-// Name returns the resource's name.
-func (r *Resource) Name() string { return r.name }
-
 // Entry is Engine.Entry for this resource.
 func (r *Resource) Entry(opts ...EntryOption) (Entry, error) {
 	e := r.eng

@@ -3,7 +3,6 @@ package flow
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math"
 	"sync"
 	"testing"
@@ -502,7 +501,7 @@ func TestResourceHandleFollowsReloads(t *testing.T) {
 	e, _ := newEngine(t, clock, WithMaxResources(1))
 	r, err := e.Resource("api")
 	require.NoError(t, err)
-	assert.Equal(t, "api", r.Name())
+	assert.Equal(t, "api", r.name)
 	for range 5 {
 		en, err := r.Entry()
 		require.NoError(t, err, "no rules yet")
@@ -522,21 +521,4 @@ func TestResourceHandleFollowsReloads(t *testing.T) {
 		en, _ := r.Entry()
 		en.Exit(nil)
 	}))
-}
-
-// defaultEngineRuns names a fresh resource for each run of
-// TestDefaultEngine: the default engine and its statistics outlive a run
-// (go test -count=N runs it again within the same second).
-var defaultEngineRuns atomic.Int64
-
-func TestDefaultEngine(t *testing.T) {
-	require.Same(t, Default(), Default())
-	res := fmt.Sprintf("default-engine-test-%d", defaultEngineRuns.Add(1))
-	require.NoError(t, LoadRules([]Rule{{Resource: res, Threshold: 1}}))
-	t.Cleanup(func() { _ = LoadRules(nil) })
-	en, err := Enter(res)
-	require.NoError(t, err)
-	en.Exit(nil)
-	_, err = Enter(res)
-	assert.ErrorIs(t, err, ErrBlocked)
 }

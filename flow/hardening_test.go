@@ -192,7 +192,7 @@ func TestCopiesExitOnceUnderHammer(t *testing.T) {
 	n := e.registry.Lookup("api")
 	assert.Zero(t, n.Concurrency(), "every admission released once")
 	total := int64(goroutines * held * rounds)
-	now := e.Clock().Now()
+	now := e.timeSource().Now()
 	assert.Equal(t, total, n.Minute(now, 0), "passes")
 	snap := n.Snapshot(now)
 	assert.Equal(t, total, snap.MinuteSuccess, "one success each")
@@ -502,7 +502,7 @@ func TestJitteryClockDoesNotRatchet(t *testing.T) {
 			}
 		}
 	}
-	assert.InDelta(t, base.Now(), e.Clock().Now(), float64(10*time.Millisecond), "engine time stays with the clock")
+	assert.InDelta(t, base.Now(), e.timeSource().Now(), float64(10*time.Millisecond), "engine time stays with the clock")
 	assert.LessOrEqual(t, admitted, 200, "1 s of clock time, 100/s: two windows at most")
 }
 
@@ -756,7 +756,7 @@ func TestUnixNanoClock(t *testing.T) {
 		clock.Advance(time.Second)
 	}
 	assert.Equal(t, 40, admitted)
-	assert.Equal(t, clock.Now(), e.Clock().Now())
+	assert.Equal(t, clock.Now(), e.timeSource().Now())
 }
 
 // Rule loads that add and drop a Concurrency rule on z race requests on z

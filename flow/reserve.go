@@ -1,7 +1,6 @@
 package flow
 
 import (
-	"context"
 	"errors"
 	"runtime"
 	"time"
@@ -49,14 +48,14 @@ var ErrReservationDone = errors.New("flow: the reservation was entered or cancel
 // within its wait (WithWait, WithWait(0) for now only; an hour when not
 // given) and returns at once, without waiting: the reservation says how
 // long until the request may go
-// (Delay), and the caller then enters it (Enter, or Wait to sleep until
-// then) or gives it up (Cancel, which gives back what it took under the
+// (Delay), and the caller then enters it (Entry, once Delay has passed)
+// or gives it up (Cancel, which gives back what it took under the
 // cancel rule of WithWait). A request no instant within the wait admits
 // is blocked, with the rule's *BlockError, as Entry would block it. A
 // Concurrency rule counts the request in flight from Reserve (until Exit
 // of the entered request, or Cancel). A resource without rules is
-// reserved for now. Reserve allocates the Reservation; Enter and Wait do
-// not allocate.
+// reserved for now. Reserve allocates the Reservation; Entry does not
+// allocate.
 func (e *Engine) Reserve(resource string, opts ...EntryOption) (*Reservation, error) {
 	q := request{n: 1}
 	if err := e.readOptions(&q, opts); err != nil {
@@ -68,7 +67,7 @@ func (e *Engine) Reserve(resource string, opts ...EntryOption) (*Reservation, er
 	set := e.rules.Load()
 	rr := set.byResource[resource]
 	if rr == nil {
-		// No rules: nothing to hold; Enter counts it.
+		// No rules: nothing to hold; Entry counts it.
 		if _, err := e.registry.Node(resource); err != nil {
 			return nil, err
 		}
@@ -81,7 +80,7 @@ func (e *Engine) Reserve(resource string, opts ...EntryOption) (*Reservation, er
 		return nil, err
 	}
 	r := &Reservation{st: st, e: e, name: resource, rr: rr, p: p, start: start, wait: wait}
-	// A reservation dropped without Enter or Cancel gives back what it
+	// A reservation dropped without Entry or Cancel gives back what it
 	// took when it is collected (a Concurrency rule's slot above all).
 	runtime.AddCleanup(r, func(st *reservedState) { st.cancel(e, rr) }, st)
 	return r, nil
@@ -93,13 +92,15 @@ func (r *Reservation) Delay() time.Duration {
 	return time.Duration(max(r.start+r.wait-r.e.now(), 0))
 }
 
-// Enter turns the reservation into the admitted request, stamped
+// Entry turns the reservation into the admitted request, stamped
 // (Entry.Start) and counted by its rules at its instant; call it once
 // Delay is 0. One entered earlier still counts at its instant in its
 // rules, so their bounds hold on the counts, not on when it ran; the
 // resource's statistics count it when it runs. It returns
-// ErrReservationDone after Enter or Cancel.
-func (r *Reservation) Enter() (Entry, error) {
+// ErrReservationDone after Entry or Cancel. To wait for the instant,
+// sleep for Delay (or select on a timer and the request's context, and
+// Cancel if the context ends first).
+func (r *Reservation) Entry() (Entry, error) {
 	st := r.st
 	if !st.state.CompareAndSwap(reserved, entered) {
 		return Entry{}, ErrReservationDone
@@ -113,20 +114,8 @@ func (r *Reservation) Enter() (Entry, error) {
 	return r.e.finish(r.rr, &st.h, r.p, r.start+r.wait, 0, true, &st.q)
 }
 
-// Wait sleeps until the reserved instant, or until ctx ends (then it
-// cancels the reservation and returns ctx's error), and enters it.
-func (r *Reservation) Wait(ctx context.Context) (Entry, error) {
-	if d := r.Delay(); d > 0 {
-		if err := r.e.wait(ctx, d); err != nil {
-			r.Cancel()
-			return Entry{}, err
-		}
-	}
-	return r.Enter()
-}
-
 // Cancel gives the reservation up: what it took goes back as the cancel
-// rule of WithWait says. It does nothing after Enter or a first Cancel.
+// rule of WithWait says. It does nothing after Entry or a first Cancel.
 // A reservation dropped without either is cancelled when the garbage
 // collector finds it unreachable, which may be long after: call Cancel.
 func (r *Reservation) Cancel() { r.st.cancel(r.e, r.rr) }

@@ -33,7 +33,7 @@ func TestReserveOnAWindow(t *testing.T) {
 	assert.Equal(t, 900*ms, r.Delay(), "the window frees at 1 s")
 	r.Cancel()
 	r.Cancel() // again: nothing
-	_, err = r.Enter()
+	_, err = r.Entry()
 	require.ErrorIs(t, err, ErrReservationDone)
 	r2, err := e.Reserve("api", WithCount(4))
 	require.NoError(t, err)
@@ -43,11 +43,11 @@ func TestReserveOnAWindow(t *testing.T) {
 	require.ErrorAs(t, err, &be, "no room within its wait: blocked")
 	clock.Set(time.Second)
 	assert.Zero(t, r2.Delay())
-	en, err := r2.Enter()
+	en, err := r2.Entry()
 	require.NoError(t, err)
 	assert.Equal(t, int64(time.Second), en.Start())
 	en.Exit(nil)
-	_, err = r2.Enter()
+	_, err = r2.Entry()
 	require.ErrorIs(t, err, ErrReservationDone)
 	r2.Cancel() // after Enter: nothing
 	_, err = e.Entry("api")
@@ -85,14 +85,14 @@ func TestReservationWaitCancelledGivesBack(t *testing.T) {
 	clock.Set(time.Second)
 	r, err := e.Reserve("api")
 	require.NoError(t, err)
-	en, err := r.Wait(context.Background())
+	en, err := waitReserved(r)
 	require.NoError(t, err)
 	en.Exit(nil)
 	r, err = e.Reserve("api")
 	require.NoError(t, err)
 	assert.Equal(t, time.Second, r.Delay())
 	s.cancel = func() bool { return true }
-	_, err = r.Wait(context.Background())
+	_, err = waitReserved(r)
 	require.ErrorIs(t, err, context.Canceled)
 	s.cancel = nil
 	r, err = e.Reserve("api")
@@ -105,7 +105,7 @@ func TestReserveWithoutRules(t *testing.T) {
 	r, err := e.Reserve("free", WithCount(3))
 	require.NoError(t, err)
 	assert.Zero(t, r.Delay())
-	en, err := r.Enter()
+	en, err := r.Entry()
 	require.NoError(t, err)
 	en.Exit(nil)
 	snap, ok := e.Snapshot("free")
@@ -152,13 +152,13 @@ func TestReserveHammer(t *testing.T) {
 							r.Cancel()
 							continue
 						case 1:
-							en, err = r.Wait(context.Background())
+							en, err = waitReserved(r)
 						default:
 							// Enter once the instant has come (the clock
 							// moved there by someone).
 							s := &clockSleeper{clock: clock}
 							s.advanceTo(clock.Now() + int64(r.Delay()))
-							en, err = r.Enter()
+							en, err = r.Entry()
 						}
 						if err != nil {
 							t.Errorf("unexpected error: %v", err)
@@ -200,7 +200,7 @@ func TestReservationEnterAllocatesNothing(t *testing.T) {
 	}
 	i := 0
 	assert.Zero(t, testing.AllocsPerRun(1000, func() {
-		en, err := rs[i].Enter()
+		en, err := rs[i].Entry()
 		i++
 		if err == nil {
 			en.Exit(nil)
@@ -393,7 +393,7 @@ func TestEarlyEnteredReservationCountsInThePresent(t *testing.T) {
 	require.Equal(t, 10*time.Second, last.Delay())
 	before, _ := e.Snapshot("api")
 	require.Equal(t, 100.0, before.PassQPS)
-	en, err = last.Enter() // early: its rule counted it at 11 s
+	en, err = last.Entry() // early: its rule counted it at 11 s
 	require.NoError(t, err)
 	assert.Equal(t, int64(11*time.Second), en.Start(), "stamped at its instant")
 	en.Exit(nil)
@@ -414,4 +414,16 @@ func TestEarlyEnteredReservationCountsInThePresent(t *testing.T) {
 	assert.Equal(t, 7.0, s3.BlockQPS)
 	assert.Equal(t, 0.0, s4.BlockQPS, "blocks at 3 s are not in the last second at 4.5 s")
 	assert.Equal(t, int64(7), s4.PrevBlock, "the 7 blocks are in second 3..4")
+}
+
+// waitReserved sleeps until r's instant on its engine's sleep (a fake
+// clock's in these tests), then enters it.
+func waitReserved(r *Reservation) (Entry, error) {
+	if d := r.Delay(); d > 0 {
+		if err := r.e.wait(context.Background(), d); err != nil {
+			r.Cancel()
+			return Entry{}, err
+		}
+	}
+	return r.Entry()
 }
