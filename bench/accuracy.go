@@ -11,7 +11,6 @@ import (
 
 	"github.com/leapflow/leapflow/bench/baseline"
 	"github.com/leapflow/leapflow/flow"
-	"github.com/leapflow/leapflow/stat"
 )
 
 // accLimiter is one contender of the accuracy runs. Its allow is called
@@ -30,7 +29,7 @@ type accLimiter struct {
 }
 
 // leapflowBuckets is the bucket count of leapflow's default window.
-const leapflowBuckets = stat.DefaultSampleCount
+const leapflowBuckets = 4 // flow's default sample count (WithSampleCount)
 
 // funcClock adapts a func to stat.Clock.
 type funcClock func() int64

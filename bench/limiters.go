@@ -109,7 +109,7 @@ func monotonic() (stat.Clock, func()) { return stat.NewMonotonic(), func() {} }
 func windows(n int) []*metric.Window {
 	ws := make([]*metric.Window, n)
 	for i := range ws {
-		w, err := metric.NewWindow(stat.DefaultSampleCount, time.Second)
+		w, err := metric.NewWindow(leapflowBuckets, time.Second)
 		if err != nil {
 			panic(err)
 		}

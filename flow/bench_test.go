@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leapflow/leapflow/internal/clocks"
 	"github.com/leapflow/leapflow/internal/hammer"
 	"github.com/leapflow/leapflow/stat"
 	"github.com/leapflow/leapflow/stat/stattest"
@@ -25,8 +26,8 @@ func benchEngine(b *testing.B, clock stat.Clock) *Engine {
 	return e
 }
 
-func clocks(b *testing.B) map[string]stat.Clock {
-	coarse := stat.NewCoarse(time.Millisecond)
+func benchClocks(b *testing.B) map[string]stat.Clock {
+	coarse := clocks.NewCoarse(time.Millisecond)
 	b.Cleanup(coarse.Stop)
 	return map[string]stat.Clock{"monotonic": stat.NewMonotonic(), "coarse": coarse}
 }
@@ -34,7 +35,7 @@ func clocks(b *testing.B) map[string]stat.Clock {
 // BenchmarkEntryExit is the pass path: Entry, then Exit, under a QPS rule
 // that never blocks.
 func BenchmarkEntryExit(b *testing.B) {
-	for name, clock := range clocks(b) {
+	for name, clock := range benchClocks(b) {
 		e := benchEngine(b, clock)
 		b.Run("clock="+name, func(b *testing.B) {
 			hammer.Sweep(b, hammer.Goroutines, func(_, n int) {
@@ -52,7 +53,7 @@ func BenchmarkEntryExit(b *testing.B) {
 
 // BenchmarkEntryBlocked is the block path: a full window.
 func BenchmarkEntryBlocked(b *testing.B) {
-	for name, clock := range clocks(b) {
+	for name, clock := range benchClocks(b) {
 		e := benchEngine(b, clock)
 		for range 10 {
 			_, _ = e.Entry("block")
@@ -72,7 +73,7 @@ func BenchmarkEntryBlocked(b *testing.B) {
 
 // BenchmarkClock is the cost of one clock read.
 func BenchmarkClock(b *testing.B) {
-	for name, clock := range clocks(b) {
+	for name, clock := range benchClocks(b) {
 		b.Run("clock="+name, func(b *testing.B) {
 			var sink int64
 			for b.Loop() {
@@ -85,7 +86,7 @@ func BenchmarkClock(b *testing.B) {
 
 // BenchmarkResourceEntryExit is the pass path through a Resource handle.
 func BenchmarkResourceEntryExit(b *testing.B) {
-	for name, clock := range clocks(b) {
+	for name, clock := range benchClocks(b) {
 		e := benchEngine(b, clock)
 		r, err := e.Resource("pass")
 		if err != nil {
@@ -98,7 +99,7 @@ func BenchmarkResourceEntryExit(b *testing.B) {
 // BenchmarkNoRuleEntryExit is Entry+Exit through the handle of a resource
 // without rules: its statistics alone, the least a counted request costs.
 func BenchmarkNoRuleEntryExit(b *testing.B) {
-	for name, clock := range clocks(b) {
+	for name, clock := range benchClocks(b) {
 		e := benchEngine(b, clock)
 		r, err := e.Resource("unruled")
 		if err != nil {
@@ -128,7 +129,7 @@ func zipfKeys(n int) []string {
 // 100,000 keys (all tracked after the warm-up), beside the same handle
 // with a plain rule: the per-key price.
 func BenchmarkPerKeyEntryExit(b *testing.B) {
-	coarse := stat.NewCoarse(time.Millisecond)
+	coarse := clocks.NewCoarse(time.Millisecond)
 	b.Cleanup(coarse.Stop)
 	stream := zipfKeys(100_000)
 	for _, perKey := range []bool{false, true} {
@@ -167,7 +168,7 @@ func BenchmarkPerKeyEntryExit(b *testing.B) {
 // with every goroutine on 4 hot keys: each key's state is one counter that
 // all cores write.
 func BenchmarkPerKeyHotKeys(b *testing.B) {
-	coarse := stat.NewCoarse(time.Millisecond)
+	coarse := clocks.NewCoarse(time.Millisecond)
 	b.Cleanup(coarse.Stop)
 	e, err := New(WithClock(coarse))
 	if err != nil {
@@ -267,7 +268,7 @@ func BenchmarkMultiRuleEntryExit(b *testing.B) {
 // started feed: a rule pays only for what it uses, so it runs as fast as
 // ResourceEntryExit.
 func BenchmarkResourceEntryExitBusy(b *testing.B) {
-	for name, clock := range clocks(b) {
+	for name, clock := range benchClocks(b) {
 		e, err := New(WithClock(clock), WithTokenSource(stubSource))
 		if err != nil {
 			b.Fatal(err)

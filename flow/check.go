@@ -10,15 +10,15 @@ import (
 	"github.com/leapflow/leapflow/internal/cpu"
 	"github.com/leapflow/leapflow/internal/keytable"
 	"github.com/leapflow/leapflow/internal/pace"
+	"github.com/leapflow/leapflow/internal/stats"
 	"github.com/leapflow/leapflow/internal/window"
 
 	"github.com/leapflow/leapflow/metric"
-	"github.com/leapflow/leapflow/stat"
 )
 
 // enter checks a request against rr (nil: no rules) and counts it on
 // node.
-func (e *Engine) enter(rr *resourceRules, node *stat.Node, opts []EntryOption) (Entry, error) {
+func (e *Engine) enter(rr *resourceRules, node *stats.Node, opts []EntryOption) (Entry, error) {
 	q := request{n: 1}
 	if len(opts) > 0 {
 		if err := e.readOptions(&q, opts); err != nil {
@@ -89,13 +89,17 @@ func (e *Engine) enterSingle(rr *resourceRules, n int64) (Entry, error) {
 	node := rr.node
 	if rr.singleApart {
 		node = e.count(node, p, now, metric.Pass, n)
+	} else if node.Dropped() {
+		// The window that admitted it is the node's: if a reload let the
+		// node go meanwhile, count it again on the live one (see count).
+		node = e.recount(node, p, now, metric.Pass, n)
 	}
 	return Entry{node: node, slot: e.none, start: now, meta: holdsNothing(n, p)}, nil
 }
 
 // enterNone is Entry of one on a resource without rules: its pass counted
 // on node, nothing checked, nothing held.
-func (e *Engine) enterNone(node *stat.Node) Entry {
+func (e *Engine) enterNone(node *stats.Node) Entry {
 	p, now := e.pinNow()
 	node = e.count(node, p, now, metric.Pass, 1)
 	return Entry{node: node, slot: e.none, start: now, meta: holdsNothing(1, p)}
@@ -129,7 +133,7 @@ func (e *Engine) refuseSingle(rr *resourceRules, p int, now, n, seen int64) (Ent
 // it counted on: if the registry let node go meanwhile (the rule set this
 // request read was replaced, or the resource went idle during a wait), the
 // count went to a node no one reads and is made again on the live one.
-func (e *Engine) count(node *stat.Node, p int, now int64, ev metric.Event, n int64) *stat.Node {
+func (e *Engine) count(node *stats.Node, p int, now int64, ev metric.Event, n int64) *stats.Node {
 	second(node).AddOn(p, now, ev, n)
 	if node.Dropped() {
 		node = e.recount(node, p, now, ev, n)
@@ -140,7 +144,7 @@ func (e *Engine) count(node *stat.Node, p int, now int64, ev metric.Event, n int
 // admitted returns the Entry of an admission; counted says whether a
 // Concurrency rule counted it, kc is the key state a PerKey Concurrency
 // rule counted it in (Exit releases both). Only those claim a slot.
-func (e *Engine) admitted(node *stat.Node, p int, start, n int64, counted bool, kc *keytable.State, kt *keytable.Table) Entry {
+func (e *Engine) admitted(node *stats.Node, p int, start, n int64, counted bool, kc *keytable.State, kt *keytable.Table) Entry {
 	if !counted && kc == nil {
 		return Entry{node: node, slot: e.none, start: start, meta: holdsNothing(n, p)}
 	}
@@ -149,9 +153,9 @@ func (e *Engine) admitted(node *stat.Node, p int, start, n int64, counted bool, 
 }
 
 // recount counts event ev again on the live node of a resource whose node
-// the registry let go while the request counted on it (see stat.Registry):
+// the registry let go while the request counted on it (see stats.Registry):
 // the first count went to a node no one reads.
-func (e *Engine) recount(node *stat.Node, p int, now int64, ev metric.Event, n int64) *stat.Node {
+func (e *Engine) recount(node *stats.Node, p int, now int64, ev metric.Event, n int64) *stats.Node {
 	for node.Dropped() {
 		node = e.pins.Replace(e.registry, node)
 		second(node).AddOn(p, now, ev, n)
@@ -382,6 +386,9 @@ func (e *Engine) finish(rr *resourceRules, h *held, p int, now, wait int64, earl
 	}
 	if !rr.countsNode {
 		node = e.count(node, p, ran, metric.Pass, n)
+	} else if node.Dropped() {
+		// A window admitted it on the node: recounted as in count.
+		node = e.recount(node, p, ran, metric.Pass, n)
 	}
 	if h.nbor > 0 && !h.borrowedFrom(second(node)) {
 		// It waited for a later bucket of a window of its own (a

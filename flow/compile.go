@@ -11,11 +11,11 @@ import (
 	"github.com/leapflow/leapflow/internal/keytable"
 	"github.com/leapflow/leapflow/internal/pace"
 	"github.com/leapflow/leapflow/internal/slots"
+	"github.com/leapflow/leapflow/internal/stats"
 	"github.com/leapflow/leapflow/internal/warmup"
 	"github.com/leapflow/leapflow/internal/window"
 
 	"github.com/leapflow/leapflow/metric"
-	"github.com/leapflow/leapflow/stat"
 )
 
 // ruleSet is an immutable compiled rule set, swapped in whole.
@@ -77,7 +77,7 @@ type resourceRules struct {
 	// short path too.
 	singleKey  *keyRule
 	singleGCRA *gcraRule
-	node       *stat.Node
+	node       *stats.Node
 	concLimit  int64 // -1: no concurrency rule
 	concBE     *BlockError
 	// adopting is set, from before the rule set is published until
@@ -136,12 +136,12 @@ type compiling struct {
 	k         ruleKey     // the rule's state
 	id        tableID     // a PerKey rule's key table
 	bound     BoundSource // a Global rule's bound token source, if any
-	related   *stat.Node  // a related-resource rule's other resource
+	related   *stats.Node // a related-resource rule's other resource
 }
 
 // compile builds the rule set of valid rules norm, whose resources' nodes
 // are in nodes. It cannot fail: everything that could was checked first.
-func compile(e *Engine, norm []Rule, nodes map[string]*stat.Node, bounds []BoundSource, old *ruleSet) *ruleSet {
+func compile(e *Engine, norm []Rule, nodes map[string]*stats.Node, bounds []BoundSource, old *ruleSet) *ruleSet {
 	next := &ruleSet{
 		rules:      norm,
 		byResource: map[string]*resourceRules{},
@@ -201,7 +201,7 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stat.Node, bounds []Bound
 
 // resourceRules returns r's resource's rules in the set being built,
 // adding them if needed.
-func (e *Engine) resourceRules(next *ruleSet, r *Rule, nodes map[string]*stat.Node) *resourceRules {
+func (e *Engine) resourceRules(next *ruleSet, r *Rule, nodes map[string]*stats.Node) *resourceRules {
 	rr := next.byResource[r.Resource]
 	if rr == nil {
 		rr = &resourceRules{node: nodes[r.Resource], concLimit: -1}
@@ -230,4 +230,4 @@ func reuse[V any](old map[ruleKey]V, k ruleKey, make func() V) V {
 func in(w *metric.Window) *window.Window { return (*window.Window)(w) }
 
 // second is node's second window, as flow counts on it.
-func second(node *stat.Node) *window.Window { return in(node.Second()) }
+func second(node *stats.Node) *window.Window { return in(node.Second()) }

@@ -3,7 +3,7 @@ package flow
 import (
 	"runtime"
 
-	"github.com/leapflow/leapflow/stat"
+	"github.com/leapflow/leapflow/internal/stats"
 )
 
 var concurrencyKind = kind{
@@ -96,7 +96,7 @@ func (e *Engine) adopt(rrs []*resourceRules) {
 
 // releaseAdopted ends, for the Exit of n requests on node that no rule
 // counted, as many of node's adopted requests.
-func (e *Engine) releaseAdopted(node *stat.Node, n int64) {
+func (e *Engine) releaseAdopted(node *stats.Node, n int64) {
 	if e.pins.ReleaseAdopted(node, n) {
 		e.adopting.Dec()
 	}

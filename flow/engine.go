@@ -3,9 +3,11 @@ package flow
 import (
 	"sync"
 
+	"github.com/leapflow/leapflow/internal/clocks"
 	"github.com/leapflow/leapflow/internal/keytable"
 	"github.com/leapflow/leapflow/internal/pins"
 	"github.com/leapflow/leapflow/internal/slots"
+	"github.com/leapflow/leapflow/internal/stats"
 
 	"go.uber.org/atomic"
 
@@ -21,13 +23,13 @@ type Engine struct {
 	// clock is what the engine reads when coarse is nil: the user's clock
 	// kept from stepping back (see WithClock).
 	clock stat.Clock
-	// coarse is set when the clock is a *stat.Coarse (the default): read
+	// coarse is set when the clock is a *clocks.Coarse (the default): read
 	// through it, the clock read inlines and takes the stripe hint the
 	// request already has. Entry and Exit spell that out (a helper would
 	// not inline).
-	coarse   *stat.Coarse
-	registry *stat.Registry
-	pins     pins.Protocol[*stat.Registry, *stat.Node, *stat.Coarse]
+	coarse   *clocks.Coarse
+	registry *stats.Registry
+	pins     pins.Protocol[*stats.Registry, *stats.Node, *clocks.Coarse]
 	// cached and behind are coarse's words when coarse is set: Exit reads
 	// the cached time without a refresh draw unless behind says it must.
 	cached *atomic.Int64
@@ -83,18 +85,18 @@ func New(opts ...Option) (*Engine, error) {
 	e.slots = slots.New(&e.site)
 	e.none = slots.Sentinel(&e.site)
 	e.clock = cfg.clock
-	if c, ok := cfg.clock.(*stat.Coarse); ok {
+	if c, ok := cfg.clock.(*clocks.Coarse); ok {
 		e.coarse = c // monotonic by construction
 	} else {
 		e.steady = &steady{c: cfg.clock}
 		e.clock = e.steady
 	}
-	reg, err := stat.NewRegistry(cfg.maxResources, stat.NodeConfig{SampleCount: cfg.sampleCount}, e.clock)
+	reg, err := stats.NewRegistry(cfg.maxResources, stats.NodeConfig{SampleCount: cfg.sampleCount}, e.clock)
 	if err != nil {
 		return nil, err // validated above: cannot happen
 	}
 	e.registry = reg
-	e.pins = pins.Stat.(pins.Protocol[*stat.Registry, *stat.Node, *stat.Coarse])
+	e.pins = pins.Stat.(pins.Protocol[*stats.Registry, *stats.Node, *clocks.Coarse])
 	if c := e.coarse; c != nil {
 		e.cached, e.behind = e.pins.Cached(c)
 		e.refreshMask = e.pins.RefreshMask
@@ -167,7 +169,7 @@ func (e *Engine) LoadRules(rules []Rule) error {
 	if err != nil {
 		return e.noRoom(norm, err)
 	}
-	byName := make(map[string]*stat.Node, len(names))
+	byName := make(map[string]*stats.Node, len(names))
 	for i, name := range names {
 		byName[name] = nodes[i]
 	}

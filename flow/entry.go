@@ -11,8 +11,8 @@ import (
 
 	"github.com/leapflow/leapflow/internal/cpu"
 	"github.com/leapflow/leapflow/internal/slots"
+	"github.com/leapflow/leapflow/internal/stats"
 	"github.com/leapflow/leapflow/metric"
-	"github.com/leapflow/leapflow/stat"
 )
 
 // maxCount is the largest batch WithCount accepts: with thresholds at most
@@ -97,7 +97,7 @@ func WithContext(ctx context.Context) EntryOption { return EntryOption{ctx: ctx}
 // is returned by value so that entering allocates nothing (see Exit for
 // what copies do).
 type Entry struct {
-	node *stat.Node // nil: blocked, or an error
+	node *stats.Node // nil: blocked, or an error
 	// slot leads back to the engine: for an admission, its claim or, when
 	// it holds nothing, the engine's sentinel;
 	// for a refusal by a resource's single window, the rules' refusal
@@ -283,7 +283,7 @@ func (en *Entry) Exit(err error) {
 }
 
 // release is Exit for an admission that claimed sl with word m.
-func (en *Entry) release(sl *slots.Slot[site], node *stat.Node, m uint64, err error) {
+func (en *Entry) release(sl *slots.Slot[site], node *stats.Node, m uint64, err error) {
 	e := sl.Owner().e
 	hn, hp := sl.Holder()
 	kc, kt, ok := e.slots.Release(sl, m)
@@ -382,7 +382,7 @@ func waitOptions(buf []EntryOption, ctx context.Context, opts []EntryOption) []E
 type Resource struct {
 	eng   *Engine
 	name  string
-	node  atomic.Pointer[stat.Node]
+	node  atomic.Pointer[stats.Node]
 	rules atomic.Pointer[resourceCache]
 }
 
@@ -498,7 +498,7 @@ func (e *Engine) readOptions(q *request, opts []EntryOption) error {
 
 // pinNow returns the caller's stripe hint and the time: the clock's cached
 // value, refreshed on one read in refreshMask+1 (a cheap draw) or while
-// the clock says every read must (see stat.Coarse; any other clock is
+// the clock says every read must (see clocks.Coarse; any other clock is
 // read every time). enterSingle spells it out: a call would not inline.
 func (e *Engine) pinNow() (int, int64) {
 	p, r := cpu.PinRand()

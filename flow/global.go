@@ -8,8 +8,8 @@ import (
 
 	"github.com/leapflow/leapflow/internal/gcra"
 	"github.com/leapflow/leapflow/internal/keytable"
+	"github.com/leapflow/leapflow/internal/stats"
 	"github.com/leapflow/leapflow/internal/window"
-	"github.com/leapflow/leapflow/stat"
 )
 
 // TokenSource decides global rules across instances (the Redis layer
@@ -177,7 +177,7 @@ func globalKey(r *Rule) string {
 // global asks the token source for rule g and applies its fallback when the
 // source fails. It returns the error to block with, or nil, and whether
 // the source itself refused.
-func (e *Engine) global(node *stat.Node, g *globalRule, h *held, i, p int, now int64, q *request) (*BlockError, bool) {
+func (e *Engine) global(node *stats.Node, g *globalRule, h *held, i, p int, now int64, q *request) (*BlockError, bool) {
 	ctx, n := q.ctx, q.n
 	if ctx == nil {
 		ctx = context.Background()

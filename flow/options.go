@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/leapflow/leapflow/internal/stats"
 	"github.com/leapflow/leapflow/stat"
 )
 
@@ -31,8 +32,8 @@ type sleepFunc func(ctx context.Context, d time.Duration) error
 func defaultConfig() config {
 	return config{
 		clock:         stat.DefaultClock(),
-		maxResources:  stat.DefaultMaxResources,
-		sampleCount:   stat.DefaultSampleCount,
+		maxResources:  stats.DefaultMaxResources,
+		sampleCount:   stats.DefaultSampleCount,
 		spanBuckets:   defaultSpanBuckets,
 		occupyTimeout: defaultOccupyTimeout,
 		sleep:         sleep,
@@ -72,13 +73,13 @@ func WithClock(c stat.Clock) Option {
 }
 
 // WithMaxResources caps the resources the engine keeps statistics for
-// (default stat.DefaultMaxResources). At the cap, resources that no rule
+// (default stats.DefaultMaxResources). At the cap, resources that no rule
 // names and that have been idle for a minute make room; past that, Entry on
 // a new resource returns an error matching stat.ErrTooManyResources.
 func WithMaxResources(n int) Option { return func(cfg *config) { cfg.maxResources = n } }
 
 // WithSampleCount sets the bucket count of every resource's 1 s window
-// (default stat.DefaultSampleCount); it must divide one second into whole
+// (default stats.DefaultSampleCount); it must divide one second into whole
 // nanoseconds.
 func WithSampleCount(n int) Option { return func(cfg *config) { cfg.sampleCount = n } }
 

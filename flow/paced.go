@@ -2,9 +2,9 @@ package flow
 
 import (
 	"github.com/leapflow/leapflow/internal/pace"
+	"github.com/leapflow/leapflow/internal/stats"
 	"github.com/leapflow/leapflow/internal/warmup"
 	"github.com/leapflow/leapflow/metric"
-	"github.com/leapflow/leapflow/stat"
 )
 
 type pacedRule struct {
@@ -15,7 +15,7 @@ type pacedRule struct {
 }
 
 // pace is the paced rule's rate at now.
-func (pr *pacedRule) pace(now int64, node *stat.Node) float64 {
+func (pr *pacedRule) pace(now int64, node *stats.Node) float64 {
 	if pr.warm != nil {
 		return pr.warm.Rate(now, func() int64 { return node.PreviousSecond(now, metric.Pass) })
 	}

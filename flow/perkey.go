@@ -8,7 +8,7 @@ import (
 	"github.com/leapflow/leapflow/internal/keytable"
 	"github.com/leapflow/leapflow/internal/names"
 	"github.com/leapflow/leapflow/internal/pace"
-	"github.com/leapflow/leapflow/stat"
+	"github.com/leapflow/leapflow/internal/stats"
 )
 
 // tableID identifies a per-key rule's table across reloads: everything
@@ -223,7 +223,7 @@ func (kr *keyRule) undo(h keyHeld, n int64) {
 }
 
 // keyless counts a request without a key checked by per-key rules.
-func keyless(node *stat.Node, q *request) {
+func keyless(node *stats.Node, q *request) {
 	if !q.hasKey {
 		node.AddKeyless()
 	}

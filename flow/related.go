@@ -1,12 +1,12 @@
 package flow
 
 import (
+	"github.com/leapflow/leapflow/internal/stats"
 	"github.com/leapflow/leapflow/metric"
-	"github.com/leapflow/leapflow/stat"
 )
 
 type relatedRule struct {
-	node      *stat.Node
+	node      *stats.Node
 	threshold float64
 	be        *BlockError
 }

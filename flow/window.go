@@ -4,9 +4,9 @@ import (
 	"math"
 	"time"
 
+	"github.com/leapflow/leapflow/internal/stats"
 	"github.com/leapflow/leapflow/internal/window"
 	"github.com/leapflow/leapflow/metric"
-	"github.com/leapflow/leapflow/stat"
 )
 
 // windowGroup is every Reject and WarmUp rule that counts in one window:
@@ -33,7 +33,7 @@ type windowID struct {
 }
 
 // window returns the node window a rule with this interval counts in.
-func (e *Engine) window(n *stat.Node, interval time.Duration) *window.Window {
+func (e *Engine) window(n *stats.Node, interval time.Duration) *window.Window {
 	if interval == time.Second {
 		return second(n)
 	}
@@ -48,7 +48,7 @@ func (e *Engine) window(n *stat.Node, interval time.Duration) *window.Window {
 // count in: n buckets of the interval (WithSpanBuckets) and one more, so
 // that an admission is checked against the last n+1 buckets (every span
 // of the interval lies within n+1 consecutive buckets).
-func (e *Engine) spanWindow(n *stat.Node, interval time.Duration) *window.Window {
+func (e *Engine) spanWindow(n *stats.Node, interval time.Duration) *window.Window {
 	k, span := spanShape(e.spanBuckets, interval)
 	w, err := n.Window(span, k)
 	if err != nil {
@@ -87,7 +87,7 @@ func (rr *resourceRules) group(w *window.Window, interval time.Duration) *window
 
 // limit is the group's limit at now, and the error of the rule that sets
 // it.
-func (g *windowGroup) limit(now int64, node *stat.Node) (int64, *BlockError) {
+func (g *windowGroup) limit(now int64, node *stats.Node) (int64, *BlockError) {
 	limit, be := g.static, g.staticBE
 	for _, wr := range g.warm {
 		// The closure lives on the stack (Rate keeps no reference to it);

@@ -23,7 +23,7 @@ import (
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m,
 		goleak.IgnoreTopFunction("gopkg.in/natefinch/lumberjack%2ev2.(*Logger).millRun"),
-		goleak.IgnoreTopFunction("github.com/leapflow/leapflow/stat.(*Coarse).run"))
+		goleak.IgnoreTopFunction("github.com/leapflow/leapflow/internal/clocks.(*Coarse).run"))
 }
 
 func engine(t *testing.T, clock *stattest.Clock, max int) *flow.Engine {

@@ -19,7 +19,7 @@ import (
 
 // The default clock's ticker lives as long as the process.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/leapflow/leapflow/stat.(*Coarse).run"))
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/leapflow/leapflow/internal/clocks.(*Coarse).run"))
 }
 
 func engine(t *testing.T, clock *stattest.Clock, rules ...flow.Rule) *flow.Engine {

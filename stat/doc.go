@@ -1,30 +1,30 @@
-// Package stat keeps per-resource statistics for flow: a Node per resource
-// with a second-level window, a minute of 1 s buckets and an in-flight gauge,
-// a Registry of nodes with a cap, and the Clock that every operation reads
-// once and passes down to metric.
+// Package stat holds what an engine's statistics are made of and read as:
+// the Clock every operation reads once, a resource's Snapshot (the sliding
+// last second, the previous whole second, the last minute, the in-flight
+// gauge) and the Second a Feed delivers for each resource and second. The
+// per-resource nodes and their registry are flow's own.
 //
 // # Clocks
 //
 // Clock.Now returns nanoseconds from an origin of the clock's choosing.
 // NewMonotonic reads Go's monotonic clock (time.Since), immune to wall-clock
 // steps; measured on the 2-core dev machine it costs 20-40 ns a call, a
-// third of an Entry. NewCoarse serves a cached value that a background
-// goroutine refreshes every tick and its readers refresh too (one read in
-// 16, at random), for the price of an atomic load and a random draw, at the
-// cost of that resolution in RTs and bucket edges; the readers' share keeps
-// it up when a saturated CPU starves the ticker (see Coarse for the bound).
-// Engines default to DefaultClock, one 1 ms Coarse clock per process. The
-// stattest package has a manual clock for tests.
+// third of an Entry. DefaultClock, what engines use when given none, serves
+// a cached value that a background goroutine refreshes every millisecond
+// and its readers refresh too (one read in 16, at random), for the price of
+// an atomic load and a random draw, at the cost of a millisecond in RTs and
+// bucket edges; the readers' share keeps it up when a saturated CPU starves
+// the ticker. The stattest package has a manual clock for tests.
 //
 // # Windows and precision
 //
-// A Node's second window defaults to 4 buckets of 250 ms. With n buckets
-// over W, any span shorter than W - W/n admits at most a rule's threshold
-// and a span of W at most twice it (see metric). More buckets tighten the
-// short-span guarantee (n = 10: 900 ms) but cost memory per resource (each
-// bucket is a few cache lines per P) and an allocation per bucket rotation;
-// 4 keeps every span under 750 ms exact at a quarter of Sentinel-golang's
-// memory for 10. Set NodeConfig.SampleCount to choose.
+// A resource's second window defaults to 4 buckets of 250 ms
+// (flow.WithSampleCount). With n buckets over W, any span shorter than
+// W - W/n admits at most a rule's threshold and a span of W at most twice
+// it (see metric). More buckets tighten the short-span guarantee (n = 10:
+// 900 ms) but cost memory per resource and an allocation per bucket
+// rotation; 4 keeps every span under 750 ms exact at a quarter of
+// Sentinel-golang's memory for 10.
 //
 // # Minute statistics
 //

@@ -1,10 +1,10 @@
-// Package pins carries the protocol between package stat and flow
+// Package pins carries the protocol between package stats and flow
 // without exporting it: pinning the nodes of the resources that flow's
 // rules name (the registry never lets them go), letting them go again,
 // replacing a node the registry let go while a request counted on it,
 // counting in a node's concurrency the requests in flight that no rule
 // counted (adoption), and reading a Coarse clock's cached value.
-// Package stat sets Stat when it starts; only leapflow's own packages can
+// Package stats sets Stat when it starts; only leapflow's own packages can
 // import this one.
 package pins
 
@@ -35,7 +35,7 @@ type Protocol[R, N, C any] struct {
 	// holds) in its concurrency; it reports whether that ended the last.
 	ReleaseAdopted func(n N, k int64) (drained bool)
 	// Cached returns the words of clock c: its cached time, and the flag
-	// that says reads must refresh it (see stat.Coarse).
+	// that says reads must refresh it (see clocks.Coarse).
 	Cached func(c C) (now *atomic.Int64, behind *atomic.Bool)
 	// Refresh is c's refresh for a reader that saw v: the time c holds
 	// after it. A reader refreshes when behind is set, and otherwise when
@@ -49,6 +49,6 @@ type Protocol[R, N, C any] struct {
 	Monotonic func(clock any) (origin time.Time, ok bool)
 }
 
-// Stat is package stat's Protocol[*stat.Registry, *stat.Node,
-// *stat.Coarse], set by its init (held as any: this package cannot name stat's types).
+// Stat is package stats' Protocol[*stats.Registry, *stats.Node,
+// *clocks.Coarse], set by its init (held as any: this package cannot name their types).
 var Stat any

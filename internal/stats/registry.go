@@ -1,7 +1,6 @@
-package stat
+package stats
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"sync"
@@ -9,33 +8,23 @@ import (
 
 	"go.uber.org/atomic"
 
+	"github.com/leapflow/leapflow/internal/clocks"
 	"github.com/leapflow/leapflow/internal/names"
 	"github.com/leapflow/leapflow/internal/pins"
+	"github.com/leapflow/leapflow/stat"
 )
-
-// ErrTooManyResources is the error (wrapped with the cap) returned for a new
-// resource once a Registry holds its maximum and none can be let go.
-var ErrTooManyResources = errors.New("stat: too many resources")
-
-// ErrInvalidName is the error (wrapped with the reason) returned for a
-// resource name that is empty or longer than MaxNameLen.
-var ErrInvalidName = errors.New("stat: invalid resource name")
 
 // DefaultMaxResources is the cap of a Registry made with max 0.
 const DefaultMaxResources = 10000
 
-// MaxNameLen is the longest resource name, in bytes: names end up in error
-// messages, logs and metric labels, which must stay bounded.
-const MaxNameLen = 1024
-
-// checkName returns an error matching ErrInvalidName if name is empty or
-// longer than MaxNameLen, and nil otherwise.
+// checkName returns an error matching stat.ErrInvalidName if name is empty or
+// longer than stat.MaxNameLen, and nil otherwise.
 func checkName(name string) error {
 	switch {
 	case name == "":
-		return fmt.Errorf("%w: must not be empty", ErrInvalidName)
-	case len(name) > MaxNameLen:
-		return fmt.Errorf("%w: %d bytes, more than %d (%s)", ErrInvalidName, len(name), MaxNameLen, names.Abbrev(name))
+		return fmt.Errorf("%w: must not be empty", stat.ErrInvalidName)
+	case len(name) > stat.MaxNameLen:
+		return fmt.Errorf("%w: %d bytes, more than %d (%s)", stat.ErrInvalidName, len(name), stat.MaxNameLen, names.Abbrev(name))
 	}
 	return nil
 }
@@ -57,7 +46,7 @@ type Registry struct {
 	count       atomic.Int64
 	max         int64
 	cfg         NodeConfig
-	clock       Clock
+	clock       stat.Clock
 	mu          sync.Mutex // serialises creation, pinning and reclaiming
 	lastReclaim int64      // guarded by mu
 	errFull     error      // built once: refusals allocate nothing
@@ -72,7 +61,7 @@ type Registry struct {
 // DefaultMaxResources), each with windows shaped by cfg; clock (nil: the
 // DefaultClock) times idleness. It returns an error naming the field and
 // value when one is invalid.
-func NewRegistry(max int, cfg NodeConfig, clock Clock) (*Registry, error) {
+func NewRegistry(max int, cfg NodeConfig, clock stat.Clock) (*Registry, error) {
 	if max < 0 {
 		return nil, fmt.Errorf("stat: max resources must be >= 0, got %d", max)
 	}
@@ -80,7 +69,7 @@ func NewRegistry(max int, cfg NodeConfig, clock Clock) (*Registry, error) {
 		max = DefaultMaxResources
 	}
 	if clock == nil {
-		clock = DefaultClock()
+		clock = stat.DefaultClock()
 	}
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
@@ -91,7 +80,7 @@ func NewRegistry(max int, cfg NodeConfig, clock Clock) (*Registry, error) {
 		cfg:         cfg,
 		clock:       clock,
 		lastReclaim: -reclaimEvery,
-		errFull:     fmt.Errorf("%w (cap %d)", ErrTooManyResources, max),
+		errFull:     fmt.Errorf("%w (cap %d)", stat.ErrTooManyResources, max),
 	}, nil
 }
 
@@ -104,8 +93,8 @@ func (r *Registry) Lookup(resource string) *Node {
 }
 
 // Node returns the node of resource, creating it if needed. It returns an
-// error matching ErrInvalidName for a bad name and one matching
-// ErrTooManyResources past the cap.
+// error matching stat.ErrInvalidName for a bad name and one matching
+// stat.ErrTooManyResources past the cap.
 func (r *Registry) Node(resource string) (*Node, error) {
 	if n := r.Lookup(resource); n != nil {
 		return n, nil
@@ -127,7 +116,7 @@ func (r *Registry) Node(resource string) (*Node, error) {
 // pin returns the nodes of resources, creating those missing, and pins
 // them all, so that the registry never lets them go; or, if the cap leaves
 // no room for the missing ones, it changes nothing and returns an error
-// matching ErrTooManyResources (or ErrInvalidName). It is flow's, which
+// matching stat.ErrTooManyResources (or stat.ErrInvalidName). It is flow's, which
 // keeps the pins in step with its rules (through internal/pins).
 func (r *Registry) pin(resources []string) ([]*Node, error) {
 	for _, name := range resources {
@@ -262,7 +251,7 @@ func (r *Registry) Cap() int { return int(r.max) }
 // late, a write from a goroutine that read the clock long before) go out
 // with the next second handed out of that resource: every count is handed
 // out once. One caller at a time: flow.Feed is the one.
-func (r *Registry) Seconds(now int64, partial bool, fn func(Second)) {
+func (r *Registry) Seconds(now int64, partial bool, fn func(stat.Second)) {
 	r.feeding.Store(true)
 	if hi := now - second - (now-second)%second; hi > r.fedTo.Load() {
 		r.fedTo.Store(hi)
@@ -279,14 +268,14 @@ func (r *Registry) Range(fn func(n *Node) bool) {
 }
 
 func init() {
-	pins.Stat = pins.Protocol[*Registry, *Node, *Coarse]{
+	pins.Stat = pins.Protocol[*Registry, *Node, *clocks.Coarse]{
 		Pin: (*Registry).pin, Unpin: (*Registry).unpin, Replace: (*Registry).replace,
 		Adopt: (*Node).adopt, ReleaseAdopted: (*Node).releaseAdopted,
-		Cached:  func(c *Coarse) (*atomic.Int64, *atomic.Bool) { return &c.now, &c.behind },
-		Refresh: (*Coarse).refresh, RefreshMask: refreshEvery - 1,
+		Cached:  (*clocks.Coarse).Words,
+		Refresh: (*clocks.Coarse).Refresh, RefreshMask: clocks.RefreshEvery - 1,
 		Monotonic: func(c any) (time.Time, bool) {
-			m, ok := c.(monotonic)
-			return m.origin, ok
+			m, ok := c.(clocks.Monotonic)
+			return m.Origin, ok
 		},
 	}
 }

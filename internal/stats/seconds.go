@@ -1,36 +1,11 @@
-package stat
+package stats
 
 import (
 	"time"
 
 	"github.com/leapflow/leapflow/metric"
+	"github.com/leapflow/leapflow/stat"
 )
-
-// Second is what one resource counted in one second of the engine clock:
-// its completed seconds are read through Registry.Seconds, each once.
-type Second struct {
-	Resource string
-	// Start is the engine clock's reading at the second's start (a whole
-	// second); Time is the wall-clock time a Feed maps it to.
-	Start int64
-	Time  time.Time
-	// Pass, Block, Success and Exception count requests; Occupied the
-	// passes admitted against a future window (priority borrowing); RT is
-	// the sum of the completed requests' response times and MinRT the
-	// smallest (0 when none completed).
-	Pass, Block, Success, Exception, Occupied int64
-	RT, MinRT                                 time.Duration
-	// MaxConcurrency is the most requests in flight a Concurrency rule
-	// counted in the second (0 for a resource without one: in-flight is
-	// not counted per request otherwise).
-	MaxConcurrency int64
-	// Fallbacks counts requests global rules decided by their fallback
-	// since the node's previous delivery (they are counted when they
-	// happen, not by second).
-	Fallbacks int64
-	// Partial marks the second still running when a feed closed.
-	Partial bool
-}
 
 // secondFeed is a node's state for Registry.Seconds, guarded by the
 // node's feedMu.
@@ -113,7 +88,7 @@ func (n *Node) handOver(start int64, c metric.Counts) {
 // deliver hands fn each second of the node that completed by now (see
 // Registry.Seconds); with partial, every second up to now's, the last one
 // marked partial.
-func (n *Node) deliver(now int64, partial bool, fn func(Second)) {
+func (n *Node) deliver(now int64, partial bool, fn func(stat.Second)) {
 	in(n.second).Settle(now)
 	if partial {
 		// The seconds not handed over yet are read from the second window
@@ -124,7 +99,7 @@ func (n *Node) deliver(now int64, partial bool, fn func(Second)) {
 	n.deliverLocked(now, partial, fn)
 }
 
-func (n *Node) deliverLocked(now int64, partial bool, fn func(Second)) {
+func (n *Node) deliverLocked(now int64, partial bool, fn func(stat.Second)) {
 	// After Settle, every bucket that ended a window or more before now
 	// was handed over: the seconds before hi are complete.
 	hi := now - second
@@ -216,11 +191,11 @@ func positive(c metric.Counts) bool {
 }
 
 // emit hands fn the second starting at start, if it holds anything.
-func (n *Node) emit(start int64, c metric.Counts, fallbacks int64, partial bool, fn func(Second)) bool {
+func (n *Node) emit(start int64, c metric.Counts, fallbacks int64, partial bool, fn func(stat.Second)) bool {
 	if c.Zero() && fallbacks == 0 {
 		return false
 	}
-	sec := Second{
+	sec := stat.Second{
 		Resource: n.resource, Start: start,
 		Pass: c.Pass, Block: c.Block, Success: c.Success, Exception: c.Exception, Occupied: c.Occupied,
 		RT: time.Duration(c.RT), MaxConcurrency: c.MaxConcurrency, Fallbacks: fallbacks, Partial: partial,

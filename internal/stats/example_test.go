@@ -1,15 +1,15 @@
-package stat_test
+package stats_test
 
 import (
 	"fmt"
 	"time"
 
+	"github.com/leapflow/leapflow/internal/stats"
 	"github.com/leapflow/leapflow/metric"
-	"github.com/leapflow/leapflow/stat"
 )
 
 func ExampleNode_Snapshot() {
-	n, _ := stat.NewNode("api", stat.NodeConfig{})
+	n, _ := stats.NewNode("api", stats.NodeConfig{})
 	sec := int64(time.Second)
 	w := n.Second()
 	w.Add(0, metric.Pass, 3)

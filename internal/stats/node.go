@@ -1,4 +1,4 @@
-package stat
+package stats
 
 import (
 	"fmt"
@@ -12,6 +12,7 @@ import (
 	"github.com/leapflow/leapflow/internal/cpu"
 	"github.com/leapflow/leapflow/internal/window"
 	"github.com/leapflow/leapflow/metric"
+	"github.com/leapflow/leapflow/stat"
 )
 
 // NodeConfig shapes the windows of every Node of a Registry.
@@ -175,7 +176,7 @@ func NewNode(resource string, cfg NodeConfig) (*Node, error) {
 // Resource returns the resource name.
 func (n *Node) Resource() string { return n.resource }
 
-// Second returns the 1 s window: rules on the default interval admit
+// stat.Second returns the 1 s window: rules on the default interval admit
 // against it, and every request of the resource is counted in it.
 func (n *Node) Second() *metric.Window { return n.second }
 
@@ -373,33 +374,9 @@ func (n *Node) span(lo, hi int64, e metric.Event) int64 {
 	return n.minute.SumRange(lo, hi, e) + n.second.SumRange(lo, hi, e)
 }
 
-// Snapshot is every statistic of a node at one instant. The *QPS fields
-// and AvgRT and MinRT are sliding: they cover the second
-// window's buckets valid at the instant (the last second, in buckets of
-// 250 ms by default), so they move as buckets come and go, up and down
-// under steady load when requests are few. For steady per-second figures,
-// read completed seconds (flow.Feed, Registry.Seconds), each whole.
-type Snapshot struct {
-	Resource string
-	// Per second, over the sliding last second.
-	PassQPS, BlockQPS, SuccessQPS, ExceptionQPS, OccupiedQPS float64
-	// Over the sliding last second (0 when nothing completed).
-	AvgRT, MinRT  time.Duration
-	Inflight      int64 // admitted and not exited, now
-	PrevPass      int64 // the previous whole second
-	PrevBlock     int64
-	MinutePass    int64 // the last 60 seconds
-	MinuteBlock   int64
-	MinuteSuccess int64
-	MinuteErrors  int64
-	Fallbacks     int64 // decided by a global rule's fallback, ever
-	Keyless       int64 // checked by a per-key rule without a key, ever
-	KeyEvictions  int64 // keys evicted by a per-key rule while active, ever
-}
-
-// Snapshot reads every statistic at now.
-func (n *Node) Snapshot(now int64) Snapshot {
-	return Snapshot{
+// stat.Snapshot reads every statistic at now.
+func (n *Node) Snapshot(now int64) stat.Snapshot {
+	return stat.Snapshot{
 		Resource:      n.resource,
 		PassQPS:       n.Rate(now, metric.Pass),
 		BlockQPS:      n.Rate(now, metric.Block),

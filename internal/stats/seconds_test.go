@@ -1,4 +1,4 @@
-package stat
+package stats
 
 import (
 	"math/rand/v2"
@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/leapflow/leapflow/metric"
+	"github.com/leapflow/leapflow/stat"
 	"github.com/leapflow/leapflow/stat/stattest"
 )
 
@@ -17,11 +18,11 @@ const ms = int64(time.Millisecond)
 
 // collect polls r at now and returns what it handed out, by resource and
 // second start.
-func collect(r *Registry, now int64, partial bool) map[string]map[int64]Second {
-	out := map[string]map[int64]Second{}
-	r.Seconds(now, partial, func(s Second) {
+func collect(r *Registry, now int64, partial bool) map[string]map[int64]stat.Second {
+	out := map[string]map[int64]stat.Second{}
+	r.Seconds(now, partial, func(s stat.Second) {
 		if out[s.Resource] == nil {
-			out[s.Resource] = map[int64]Second{}
+			out[s.Resource] = map[int64]stat.Second{}
 		}
 		if _, dup := out[s.Resource][s.Start]; dup {
 			panic("a second handed out twice in one call")
@@ -32,11 +33,11 @@ func collect(r *Registry, now int64, partial bool) map[string]map[int64]Second {
 }
 
 // registry returns a registry whose feed started (nothing handed out yet).
-func registry(t *testing.T, clock Clock) *Registry {
+func registry(t *testing.T, clock stat.Clock) *Registry {
 	t.Helper()
 	r, err := NewRegistry(100, NodeConfig{}, clock)
 	require.NoError(t, err)
-	r.Seconds(clock.Now(), false, func(Second) { panic("nothing to hand out yet") })
+	r.Seconds(clock.Now(), false, func(stat.Second) { panic("nothing to hand out yet") })
 	return r
 }
 
@@ -58,13 +59,13 @@ func TestSecondsStepByStep(t *testing.T) {
 
 	assert.Empty(t, collect(r, 1999*ms, false), "second 0 completes a window after it ends")
 	got := collect(r, 2000*ms, false)
-	assert.Equal(t, map[string]map[int64]Second{"api": {0: {
+	assert.Equal(t, map[string]map[int64]stat.Second{"api": {0: {
 		Resource: "api", Start: 0, Pass: 3, Block: 1, Success: 2, Exception: 1,
 		RT: 40 * time.Millisecond, MinRT: 10 * time.Millisecond, MaxConcurrency: 2,
 	}}}, got)
 	assert.Empty(t, collect(r, 2500*ms, false), "once")
 	got = collect(r, 10_000*ms, false)
-	assert.Equal(t, Second{Resource: "api", Start: 1000 * ms, Pass: 1}, got["api"][1000*ms],
+	assert.Equal(t, stat.Second{Resource: "api", Start: 1000 * ms, Pass: 1}, got["api"][1000*ms],
 		"an idle resource's last busy second goes out by time")
 	assert.Len(t, got["api"], 1, "empty seconds are skipped")
 	assert.Empty(t, collect(r, 20_000*ms, false))
@@ -79,7 +80,7 @@ func TestSecondsPartialOnClose(t *testing.T) {
 	n.Second().Add(1500*ms, metric.Pass, 2)
 	n.Second().Add(2100*ms, metric.Pass, 4)
 	got := collect(r, 2200*ms, true)
-	assert.Equal(t, map[int64]Second{
+	assert.Equal(t, map[int64]stat.Second{
 		0:         {Resource: "api", Start: 0, Pass: 1},
 		1000 * ms: {Resource: "api", Start: 1000 * ms, Pass: 2},
 		2000 * ms: {Resource: "api", Start: 2000 * ms, Pass: 4, Partial: true},
@@ -97,12 +98,12 @@ func TestSecondsMatchAnOracle(t *testing.T) {
 		clock := stattest.NewClock(0)
 		r := registry(t, clock)
 		names := []string{"a", "b", "c"}
-		want := map[string]map[int64]*Second{}
-		got := map[string]map[int64]Second{}
-		take := func(m map[string]map[int64]Second) {
+		want := map[string]map[int64]*stat.Second{}
+		got := map[string]map[int64]stat.Second{}
+		take := func(m map[string]map[int64]stat.Second) {
 			for res, secs := range m {
 				if got[res] == nil {
-					got[res] = map[int64]Second{}
+					got[res] = map[int64]stat.Second{}
 				}
 				for s, sec := range secs {
 					_, dup := got[res][s]
@@ -122,12 +123,12 @@ func TestSecondsMatchAnOracle(t *testing.T) {
 			n, err := r.Node(res)
 			require.NoError(t, err)
 			if want[res] == nil {
-				want[res] = map[int64]*Second{}
+				want[res] = map[int64]*stat.Second{}
 			}
 			s := now - now%int64(time.Second)
 			o := want[res][s]
 			if o == nil {
-				o = &Second{Resource: res, Start: s}
+				o = &stat.Second{Resource: res, Start: s}
 				want[res][s] = o
 			}
 			k := 1 + rng.Int64N(3)
@@ -160,7 +161,7 @@ func TestSecondsMatchAnOracle(t *testing.T) {
 		for res, secs := range want {
 			for s, o := range secs {
 				g, ok := got[res][s]
-				if *o == (Second{Resource: res, Start: s}) {
+				if *o == (stat.Second{Resource: res, Start: s}) {
 					assert.False(t, ok, "seed %d: %s second %d was empty", seed, res, s)
 					continue
 				}
@@ -172,10 +173,10 @@ func TestSecondsMatchAnOracle(t *testing.T) {
 	}
 }
 
-func countNonEmpty(secs map[int64]*Second) int {
+func countNonEmpty(secs map[int64]*stat.Second) int {
 	k := 0
 	for s, o := range secs {
-		if *o != (Second{Resource: o.Resource, Start: s}) {
+		if *o != (stat.Second{Resource: o.Resource, Start: s}) {
 			k++
 		}
 	}
@@ -238,7 +239,7 @@ func TestSecondsUnderWriters(t *testing.T) {
 	seen := map[string]map[int64]bool{}
 	dup := false
 	poll := func(partial bool) {
-		r.Seconds(clock.Now(), partial, func(s Second) {
+		r.Seconds(clock.Now(), partial, func(s stat.Second) {
 			mu.Lock()
 			defer mu.Unlock()
 			if seen[s.Resource] == nil {
