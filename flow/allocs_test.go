@@ -87,8 +87,8 @@ func TestEntryExitAllocateNothingOnEveryKind(t *testing.T) {
 			en, err := e.Entry(name)
 			if err != nil {
 				refused++
-				en.RetryAfter()
-				en.Reset()
+				en.retryAfter()
+				en.reset()
 			}
 		}
 		refuse()

@@ -2,40 +2,58 @@ package flow
 
 import "time"
 
-// Refusal is what a caller can be told about a blocked request: when to
-// retry, and the quota of the rule that blocked it. Middleware fills
-// standard fields from it (HTTP Retry-After and RateLimit, gRPC RetryInfo).
+// Refusal is what a caller can be told about a blocked request: the rule
+// that refused it and why (Err), when to retry, and what its window had
+// left. Middleware fills standard fields from it (HTTP Retry-After and
+// RateLimit, gRPC RetryInfo); the rule's quota is Err.Quota.
 type Refusal struct {
+	// Err is the refusing rule's error (shared by every request the rule
+	// refuses; nil: the request was not refused): its Rule, its Reason,
+	// and its Quota.
+	Err *BlockError
+	// Resource is the refused request's resource.
 	Resource string
-	Err      *BlockError
-	// RetryAfter is how long until the rule would admit the request, when
-	// RetryKnown (see Entry.RetryAfter).
+	// RetryAfter is how long until the rule would admit the request were
+	// nothing else admitted meanwhile: for a QPS Reject rule until enough
+	// of its window has left it, for Throttle until its slot is within
+	// MaxQueueing, for a Global rule until the shared window has room as
+	// the token source last heard. It is negative when the rule cannot say
+	// (Concurrency and related-resource rules, a global rule whose source
+	// failed or cannot say, a request larger than the threshold, and any
+	// block on a resource with more than one rule).
 	RetryAfter time.Duration
-	RetryKnown bool
-	// Quota and Window are the rule's (BlockError.Quota; Window 0: in
-	// flight); Remaining is what the window had left for the request (0
-	// when the rule does not count one); Reset, when ResetKnown, how long
-	// until everything in the window now has left it (Entry.Reset).
-	Quota, Remaining int64
-	Window           time.Duration
-	Reset            time.Duration
-	ResetKnown       bool
+	// Reset is, for a QPS Reject rule, how long until everything its
+	// window holds now has left it (rounded up to the millisecond);
+	// negative otherwise.
+	Reset time.Duration
+	// Remaining is what the window had left for the request: 0 when the
+	// rule does not count one (a cold WarmUp rule's lower limit, a related
+	// resource's rate, Throttle, GCRA and global rules).
+	Remaining int64
 }
 
-// Refusal describes the request whose Entry call on resource returned en
-// and be. It reads only what the blocked Entry recorded: nothing is
-// allocated.
-func (en *Entry) Refusal(resource string, be *BlockError) Refusal {
-	r := Refusal{Resource: resource, Err: be}
-	r.Quota, r.Window = be.Quota()
-	r.RetryAfter, r.RetryKnown = en.RetryAfter()
-	r.Reset, r.ResetKnown = en.Reset()
+// Refusal describes the request whose Entry call returned en blocked; for
+// an admitted request, or an Entry call that failed with another error, it
+// is the zero Refusal (Err nil). It reads only what the blocked Entry
+// recorded: nothing is allocated. A retry time is computed when read,
+// from the refusal's instant: never shorter than it was then.
+func (en *Entry) Refusal() Refusal {
+	if en.node != nil || en.slot == nil {
+		return Refusal{}
+	}
+	be := en.slot.Owner().be
+	if be == nil {
+		return Refusal{}
+	}
+	rm := en.room()
+	r := Refusal{Err: be, Resource: be.Rule.Resource, RetryAfter: time.Duration(rm.retry), Reset: time.Duration(rm.reset)}
 	// What the window had left: only where the quota is what the rule
 	// admitted against (not a cold WarmUp rule's lower limit, nor a
 	// related resource's rate).
 	rule := &be.Rule
 	if be.Reason == ReasonConcurrency || be.Reason == ReasonFlow && rule.Behavior == Reject && rule.RelatedResource == "" {
-		r.Remaining = max(r.Quota-int64(en.Seen()), 0)
+		quota, _ := be.Quota()
+		r.Remaining = max(quota-int64(en.seen()), 0)
 	}
 	return r
 }

@@ -44,7 +44,7 @@ func (e *Engine) enter(rr *resourceRules, node *stats.Node, opts []EntryOption) 
 		}
 		node = e.count(node, p, now, ev, n)
 		if !ok {
-			return blocked(0, rm), gr.be
+			return blocked(gr.be, 0, rm)
 		}
 		return e.admitted(node, p, now, n, false, nil, nil), nil
 	}
@@ -60,7 +60,7 @@ func (e *Engine) enter(rr *resourceRules, node *stats.Node, opts []EntryOption) 
 		}
 		node = e.count(node, p, now, ev, n)
 		if !ok {
-			return blocked(seen, rm), kr.blockError(&q)
+			return blocked(kr.blockError(&q), seen, rm)
 		}
 		// A now behind the key's newest bucket was counted in it.
 		return e.admitted(node, p, max(now, kh.b*kr.t.BucketLen()), n, false, nil, nil), nil
@@ -110,7 +110,7 @@ func (e *Engine) enterNone(node *stats.Node) Entry {
 func holdsNothing(n int64, p int) uint64 { return uint64(n)<<32 | uint64(p&(1<<30-1))<<2 }
 
 // refuseSingle counts enterSingle's refusal and returns its Entry: the
-// retry time is computed from it when read (see Entry.RetryAfter).
+// retry time is computed from it when read (see Entry.Refusal).
 func (e *Engine) refuseSingle(rr *resourceRules, p int, now, n, seen int64) (Entry, error) {
 	// count, spelled out: the call would not inline, and a refusal costs
 	// no more than an admission.
@@ -120,11 +120,11 @@ func (e *Engine) refuseSingle(rr *resourceRules, p int, now, n, seen int64) (Ent
 	}
 	if rr.rules > 1 {
 		// Only a resource's one rule says when to retry (see block).
-		return blocked(float64(seen), unknownRoom), rr.singleBE
+		return blocked(rr.singleBE, float64(seen), unknownRoom)
 	}
 	if n != 1 {
 		// The Entry has no room for the count: say it now.
-		return blocked(float64(seen), roomOf(rr.single.RoomIn(now, n, rr.singleLimit))), rr.singleBE
+		return blocked(rr.singleBE, float64(seen), roomOf(rr.single.RoomIn(now, n, rr.singleLimit)))
 	}
 	return Entry{slot: rr.refusal, start: int64(math.Float64bits(float64(seen))), meta: uint64(max(now, 0))}, rr.singleBE
 }
@@ -217,7 +217,7 @@ func (e *Engine) block(rr *resourceRules, h *held, p int, now, n int64, be *Bloc
 		rm = unknownRoom
 	}
 	e.count(rr.node, p, now, metric.Block, n)
-	return blocked(seen, rm), be
+	return blocked(be, seen, rm)
 }
 
 // check runs every rule of a resource: concurrency, global, windows,
@@ -266,7 +266,7 @@ func (e *Engine) checkHeld(rr *resourceRules, h *held, p int, now int64, q *requ
 }
 
 // refusal is what the rule that refused a request says: its error, the
-// value it saw (Entry.Seen) and when to retry.
+// value it saw (Refusal.Remaining is read from it) and when to retry.
 type refusal struct {
 	be   *BlockError
 	seen float64

@@ -53,6 +53,8 @@ func fingerprint(r *Rule) string { return fmt.Sprintf("%#v", *r) }
 type site struct {
 	e  *Engine
 	rr *resourceRules
+	// be is the rule a refusal leads back to (see Entry.Refusal).
+	be *BlockError
 }
 
 // resourceRules is everything Entry needs for one resource with rules.
@@ -185,7 +187,7 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stats.Node, bounds []Boun
 			g := &rr.groups[0]
 			rr.single, rr.singleLimit, rr.singleBE = g.w, g.static, g.staticBE
 			rr.singleApart = !rr.countsNode
-			rr.site = site{e, rr}
+			rr.site = site{e: e, rr: rr, be: rr.singleBE}
 			rr.refusal = slots.Sentinel(&rr.site)
 		}
 		if len(rr.groups) == 0 && rr.concLimit < 0 && len(rr.globals) == 0 && len(rr.related) == 0 && len(rr.paced) == 0 &&

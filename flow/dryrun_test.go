@@ -54,7 +54,7 @@ func TestDryRunCountsWithoutBlocking(t *testing.T) {
 	}
 	en, err := e.Entry("api")
 	require.ErrorIs(t, err, ErrBlocked)
-	_, ok := en.RetryAfter()
+	_, ok := en.retryAfter()
 	assert.True(t, ok)
 }
 

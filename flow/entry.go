@@ -99,9 +99,10 @@ func WithContext(ctx context.Context) EntryOption { return EntryOption{ctx: ctx}
 type Entry struct {
 	node *stats.Node // nil: blocked, or an error
 	// slot leads back to the engine: for an admission, its claim or, when
-	// it holds nothing, the engine's sentinel;
-	// for a refusal by a resource's single window, the rules' refusal
-	// sentinel (its retry time is computed when read); nil otherwise.
+	// it holds nothing, the engine's sentinel; for a refusal, the refusing
+	// rule's sentinel (its owner's be), or by a resource's single window
+	// the rules' refusal sentinel (its retry time is computed when read);
+	// nil for an error.
 	slot *slots.Slot[site]
 	// start is the admission time; for a blocked request it holds the bits
 	// of the value the rule saw.
@@ -133,8 +134,8 @@ func roomOf(wait, reset time.Duration, ok bool) room {
 
 // blocked is the Entry of a blocked request: it records what the rule saw
 // and r.
-func blocked(seen float64, r room) Entry {
-	return Entry{start: int64(math.Float64bits(seen)), meta: packRoom(r)}
+func blocked(be *BlockError, seen float64, r room) (Entry, error) {
+	return Entry{slot: be.refusal, start: int64(math.Float64bits(seen)), meta: packRoom(r)}, be
 }
 
 // A room packs into one word: the retry wait + 1 in the low retryBits (0:
@@ -194,32 +195,26 @@ func (en *Entry) room() room {
 		return unknownRoom
 	}
 	if sl := en.slot; sl != nil {
-		// Refused by rr's single window at en.meta, a request of 1.
-		rr := sl.Owner().rr
-		wait, reset, ok := rr.single.RoomSince(int64(en.meta), 1, rr.singleLimit)
-		return unpackRoom(packRoom(roomOf(wait, reset, ok)))
+		if rr := sl.Owner().rr; rr != nil {
+			// Refused by rr's single window at en.meta, a request of 1.
+			wait, reset, ok := rr.single.RoomSince(int64(en.meta), 1, rr.singleLimit)
+			return unpackRoom(packRoom(roomOf(wait, reset, ok)))
+		}
 	}
 	return unpackRoom(en.meta)
 }
 
-// RetryAfter returns, for a blocked request, how long until the rule that
-// blocked it would admit it were nothing else admitted meanwhile: for a
-// QPS Reject rule until enough of its window has left it, for Throttle
-// until its slot is within MaxQueueing, for a Global rule until the shared
-// window has room as the token source last heard (a source that is a
-// RetryHinter; the Redis layer's is). It reports false when the rule cannot
-// say (Concurrency and related-resource rules, a global rule whose source
-// failed or cannot say, a request larger than the threshold, and any block
-// on a resource with more than one rule), and for an admitted request.
-func (en *Entry) RetryAfter() (time.Duration, bool) {
+// retryAfter returns, for a blocked request, how long until the rule that
+// blocked it would admit it (see Refusal.RetryAfter), and false when the
+// rule cannot say or the request was admitted.
+func (en *Entry) retryAfter() (time.Duration, bool) {
 	r := en.room()
 	return time.Duration(max(r.retry, 0)), r.retry >= 0
 }
 
-// Reset returns, for a request a QPS Reject rule blocked, how long until
-// everything its window holds now has left it (rounded up to the
-// millisecond); false otherwise.
-func (en *Entry) Reset() (time.Duration, bool) {
+// reset returns, for a request a QPS Reject rule blocked, how long until
+// everything its window holds now has left it; false otherwise.
+func (en *Entry) reset() (time.Duration, bool) {
 	r := en.room()
 	return time.Duration(max(r.reset, 0)), r.reset >= 0
 }
@@ -234,12 +229,12 @@ func (en *Entry) Start() int64 {
 	return en.start
 }
 
-// Seen returns what the rule that decided saw: for a blocked request the
+// seen returns what the rule that decided saw: for a blocked request the
 // window's committed count (passes, unused leases and borrowed; QPS rules),
 // the related resource's pass rate (related rules), the in-flight count
 // (Concurrency), or the rate in force (Throttle); 0 for an admitted one or
 // a global refusal.
-func (en *Entry) Seen() float64 {
+func (en *Entry) seen() float64 {
 	if en.node != nil {
 		return 0
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/leapflow/leapflow/internal/names"
+	"github.com/leapflow/leapflow/internal/slots"
 )
 
 // ErrBlocked matches every BlockError with errors.Is.
@@ -43,7 +44,8 @@ func (r Reason) String() string {
 // BlockError reports a blocked request: the rule that blocked it and why.
 // One is built per rule and reason when rules are loaded and shared by every
 // request they block, so blocking allocates nothing; treat it as read-only.
-// The value the rule saw for the request is on the Entry (Entry.Seen).
+// What the request was told (retry, reset, what was left) is on its Entry
+// (Entry.Refusal).
 type BlockError struct {
 	Rule   Rule
 	Reason Reason
@@ -51,6 +53,9 @@ type BlockError struct {
 	// quota and window are what Quota returns.
 	quota  int64
 	window time.Duration
+	// refusal is what the Entry of a request it refused carries, to lead
+	// back to it (Entry.Refusal).
+	refusal *slots.Slot[site]
 }
 
 func newBlockError(r *Rule, reason Reason) *BlockError {
@@ -66,6 +71,7 @@ func newKeyBlockError(r *Rule, reason Reason, threshold float64) *BlockError {
 		msg: fmt.Sprintf("flow: %s blocked by rule %s (%s %v, %s, %s)",
 			names.Abbrev(r.Resource), names.Abbrev(r.Name()), r.Metric, threshold, r.Behavior, reason),
 	}
+	e.refusal = slots.Sentinel(&site{be: e})
 	switch {
 	case r.Metric == Concurrency:
 		e.quota = int64(threshold)

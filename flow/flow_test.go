@@ -154,7 +154,7 @@ func TestSeenOnBlock(t *testing.T) {
 	}
 	en, err := e.Entry("api")
 	require.ErrorIs(t, err, ErrBlocked)
-	assert.Equal(t, 2.0, en.Seen())
+	assert.Equal(t, 2.0, en.seen())
 	en.Exit(nil) // nothing held: a no-op
 }
 

@@ -95,7 +95,7 @@ func TestGlobalGCRAFallbacks(t *testing.T) {
 	var be *BlockError
 	require.ErrorAs(t, err, &be)
 	assert.Equal(t, ReasonFlow, be.Reason, "refused by the local fallback")
-	_, ok := en.RetryAfter()
+	_, ok := en.retryAfter()
 	assert.False(t, ok, "a fallback's refusal does not say when")
 
 	clock.Advance(200 * time.Millisecond) // 5/s: one token back

@@ -31,7 +31,7 @@ func TestGCRAStepByStep(t *testing.T) {
 	}
 	en, err := e.Entry("api")
 	require.ErrorIs(t, err, ErrBlocked)
-	d, ok := en.RetryAfter()
+	d, ok := en.retryAfter()
 	require.True(t, ok)
 	assert.Equal(t, 100*ms, d, "one token every 100 ms")
 	clock.Set(time.Second + 99*ms)

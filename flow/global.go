@@ -85,7 +85,7 @@ type KeyedSource interface {
 // RetryHinter is a BoundSource that can say, after it refused n, how long
 // until its limit would have room for n were nothing else admitted (as far
 // as it last heard from the shared store): what a blocked request's
-// Entry.RetryAfter then reports. Optional; without it a global refusal's
+// Refusal.RetryAfter then reports. Optional; without it a global refusal's
 // retry is unknown.
 type RetryHinter interface {
 	RetryIn(n int64) (time.Duration, bool)

@@ -44,7 +44,7 @@ func TestShortAndGeneralPathsAgree(t *testing.T) {
 				eb, errB := b.Entry("api", opts...)
 				require.Equal(t, errA == nil, errB == nil, "step %d", step)
 				require.Equal(t, errA, errB, "step %d: the same rule blocks", step)
-				require.Equal(t, ea.Seen(), eb.Seen(), "step %d", step)
+				require.Equal(t, ea.seen(), eb.seen(), "step %d", step)
 				require.Equal(t, ea.Start(), eb.Start(), "step %d", step)
 				open = append(open, ea, eb)
 				if rng.IntN(3) == 0 {

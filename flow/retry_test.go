@@ -1,6 +1,7 @@
 package flow
 
 import (
+	"context"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -34,29 +35,29 @@ func TestBlockedEntrySaysWhenToRetry(t *testing.T) {
 	clock.Set(700 * ms)
 	en, err := e.Entry("two")
 	require.ErrorIs(t, err, ErrBlocked)
-	_, ok := en.RetryAfter()
+	_, ok := en.retryAfter()
 	assert.False(t, ok, "with two rules, the one that blocked cannot speak for the other")
 	for _, res := range []string{"qps"} {
 		en, err := e.Entry(res)
 		require.ErrorIs(t, err, ErrBlocked)
-		wait, ok := en.RetryAfter()
+		wait, ok := en.retryAfter()
 		require.True(t, ok, res)
 		assert.Equal(t, 300*ms, wait, "%s: the bucket of 0-250 ms leaves at 1 s", res)
-		reset, ok := en.Reset()
+		reset, ok := en.reset()
 		require.True(t, ok)
 		assert.Equal(t, 800*ms, reset, "%s: the bucket of 500-750 ms leaves at 1.5 s", res)
 	}
 	en, err = e.Entry("key", WithKey("k"))
 	require.ErrorIs(t, err, ErrBlocked)
-	wait, ok := en.RetryAfter()
+	wait, ok := en.retryAfter()
 	require.True(t, ok)
 	assert.Equal(t, 300*ms, wait, "per key, the same")
-	reset, ok := en.Reset()
+	reset, ok := en.reset()
 	require.True(t, ok)
 	assert.Equal(t, 800*ms, reset)
 	en, err = e.Entry("qps", WithCount(5))
 	require.ErrorIs(t, err, ErrBlocked)
-	_, ok = en.RetryAfter()
+	_, ok = en.retryAfter()
 	assert.False(t, ok, "a request over the threshold is never admitted")
 
 	// Throttle: 100 ms a request; two queue, the third would wait 200 ms.
@@ -65,20 +66,20 @@ func TestBlockedEntrySaysWhenToRetry(t *testing.T) {
 	require.True(t, try(e, "paced"))
 	en, err = e.Entry("paced")
 	require.ErrorIs(t, err, ErrBlocked)
-	wait, ok = en.RetryAfter()
+	wait, ok = en.retryAfter()
 	require.True(t, ok)
 	assert.Equal(t, 100*ms, wait, "its slot, 200 ms away, is within the 100 ms queue in 100 ms")
-	_, ok = en.Reset()
+	_, ok = en.reset()
 	assert.False(t, ok, "a pacer has no window")
 
 	held, err := e.Entry("conc")
 	require.NoError(t, err)
 	en, err = e.Entry("conc")
 	require.ErrorIs(t, err, ErrBlocked)
-	_, ok = en.RetryAfter()
+	_, ok = en.retryAfter()
 	assert.False(t, ok, "a concurrency limit cannot say")
 	held.Exit(nil)
-	_, ok = held.RetryAfter()
+	_, ok = held.retryAfter()
 	assert.False(t, ok, "an admitted request has nothing to retry")
 }
 
@@ -163,7 +164,7 @@ func TestRetryAfterIsEnough(t *testing.T) {
 				}
 				en.Exit(nil)
 			}
-			wait, ok := blockedEn.RetryAfter()
+			wait, ok := blockedEn.retryAfter()
 			require.True(t, ok, "round %d %s", round, res)
 			if wait >= ms {
 				clock.Advance(wait - ms)
@@ -192,7 +193,7 @@ func TestRetryAfterAfterAStepBack(t *testing.T) {
 	clock.Set(970 * ms)
 	en, err := e.Entry("r")
 	require.ErrorIs(t, err, ErrBlocked)
-	wait, ok := en.RetryAfter()
+	wait, ok := en.retryAfter()
 	require.True(t, ok)
 	clock.Advance(wait - ms)
 	assert.False(t, try(e, "r"), "a millisecond early")
@@ -230,25 +231,33 @@ func TestRefusalAndPolicy(t *testing.T) {
 	en, err := e.Entry("one")
 	var be *BlockError
 	require.ErrorAs(t, err, &be)
-	r := en.Refusal("one", be)
+	r := en.Refusal()
 	assert.Equal(t, "one", r.Resource)
 	assert.Same(t, be, r.Err)
-	assert.Equal(t, int64(2), r.Quota)
+	quota, window := r.Err.Quota()
+	assert.Equal(t, int64(2), quota)
+	assert.Equal(t, time.Second, window)
 	assert.Equal(t, int64(0), r.Remaining)
-	assert.Equal(t, time.Second, r.Window)
-	assert.True(t, r.RetryKnown)
 	assert.Equal(t, 900*ms, r.RetryAfter, "both passes sit in the bucket [0, 250 ms), which leaves the window at 1 s")
-	assert.True(t, r.ResetKnown)
-	assert.Zero(t, testing.AllocsPerRun(100, func() { _ = en.Refusal("one", be) }))
+	assert.GreaterOrEqual(t, r.Reset, time.Duration(0), "a QPS Reject rule says when its window empties")
+	assert.Zero(t, testing.AllocsPerRun(100, func() { _ = en.Refusal() }))
 
 	held, err := e.Entry("conc")
 	require.NoError(t, err)
 	en, err = e.Entry("conc")
 	require.ErrorAs(t, err, &be)
-	r = en.Refusal("conc", be)
-	assert.False(t, r.RetryKnown, "a Concurrency rule cannot say when")
-	assert.Equal(t, int64(1), r.Quota)
-	assert.Equal(t, time.Duration(0), r.Window)
+	r = en.Refusal()
+	assert.Same(t, be, r.Err)
+	assert.Equal(t, "conc", r.Resource)
+	assert.Negative(t, r.RetryAfter, "a Concurrency rule cannot say when")
+	assert.Negative(t, r.Reset)
+	quota, window = r.Err.Quota()
+	assert.Equal(t, int64(1), quota)
+	assert.Equal(t, time.Duration(0), window)
+	assert.Zero(t, held.Refusal(), "an admitted request was not refused")
+	bad, err := e.Entry("conc", WithKey(""))
+	require.ErrorIs(t, err, ErrInvalidKey)
+	assert.Zero(t, bad.Refusal(), "an error that is not a refusal")
 	held.Exit(nil)
 
 	load(t, e, Rule{Resource: "api", Threshold: 7})
@@ -273,18 +282,18 @@ func TestRetryReadLaterIsNeverShorter(t *testing.T) {
 	require.True(t, try(e, "qps"))
 	en, err := e.Entry("qps")
 	require.ErrorIs(t, err, ErrBlocked)
-	wait, ok := en.RetryAfter()
+	wait, ok := en.retryAfter()
 	require.True(t, ok)
 	assert.Equal(t, 400*ms, wait, "read at once: the bucket of 0-250 ms leaves at 1 s")
-	reset, _ := en.Reset()
+	reset, _ := en.reset()
 	assert.Equal(t, 900*ms, reset, "the bucket of 500-750 ms leaves at 1.5 s")
 	for _, at := range []time.Duration{700 * ms, 900 * ms, 1100 * ms, 1900 * ms, 5 * time.Second} {
 		clock.Set(at)
 		try(e, "qps") // the window moves on, and admits again once it can
-		later, ok := en.RetryAfter()
+		later, ok := en.retryAfter()
 		require.True(t, ok, "at %v", at)
 		assert.GreaterOrEqual(t, later, wait, "read at %v", at)
-		r, ok := en.Reset()
+		r, ok := en.reset()
 		require.True(t, ok)
 		assert.GreaterOrEqual(t, r, reset, "read at %v", at)
 	}
@@ -311,4 +320,47 @@ func TestPackedRoomIsNeverShorter(t *testing.T) {
 		}
 	}
 	assert.Equal(t, unknownRoom, unpackRoom(packRoom(unknownRoom)))
+}
+
+// Every refusal leads back to the rule that made it, whatever the kind and
+// whichever path decided it: Entry.Refusal's Err is the error Entry
+// returned, its Resource the resource entered.
+func TestEveryRefusalLeadsBackToItsRule(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(time.Second))
+	e.sleep = func(context.Context, time.Duration) error { return nil }
+	rules := []Rule{
+		{Resource: "plain", Threshold: 1},
+		{Resource: "gcra", Threshold: 1, Behavior: GCRA, Burst: 1},
+		{Resource: "per-key", Threshold: 1, PerKey: true},
+		{Resource: "concurrency", Metric: Concurrency, Threshold: 1},
+		{Resource: "throttle", Threshold: 1, Behavior: Throttle},
+		{Resource: "warm-up", Threshold: 1, Behavior: WarmUp, WarmUpPeriod: time.Second},
+		{Resource: "two", Threshold: 1}, {Resource: "two", Threshold: 5, StatInterval: 2 * time.Second},
+		{Resource: "related", Threshold: 0, RelatedResource: "plain"},
+	}
+	load(t, e, rules...)
+	seen := map[string]bool{}
+	for _, r := range rules {
+		if seen[r.Resource] {
+			continue
+		}
+		seen[r.Resource] = true
+		var opts []EntryOption
+		if r.PerKey {
+			opts = []EntryOption{WithKey("k")}
+		}
+		var last Entry
+		var err error
+		for range 3 { // the first may pass; held entries stay open
+			last, err = e.Entry(r.Resource, opts...)
+			if err != nil {
+				break
+			}
+		}
+		var be *BlockError
+		require.ErrorAs(t, err, &be, r.Resource)
+		got := last.Refusal()
+		assert.Same(t, be, got.Err, r.Resource)
+		assert.Equal(t, r.Resource, got.Resource)
+	}
 }

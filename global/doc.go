@@ -221,7 +221,7 @@
 // and fallback as for window rules. The script keeps no answer per call:
 // a call go-redis retries after its reply was lost may take its tokens
 // twice (stricter by n, never looser). A refusal says when the tokens
-// asked for are back (flow's Entry.RetryAfter); until then requests as large are
+// asked for are back (flow's Refusal.RetryAfter); until then requests as large are
 // refused without a call, so an overloaded instance does not call Redis
 // for every request it refuses; a batch larger than Burst is refused
 // without one, and its retry is unknown. Admissions are never given back

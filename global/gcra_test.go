@@ -348,8 +348,7 @@ func TestGCRABatchLargerThanBurst(t *testing.T) {
 	for range 10 {
 		en, err := eng.Entry("api", flow.WithCount(6))
 		require.ErrorIs(t, err, flow.ErrBlocked)
-		_, ok := en.RetryAfter()
-		assert.False(t, ok, "never: the retry is unknown")
+		assert.Negative(t, en.Refusal().RetryAfter, "never: the retry is unknown")
 	}
 	assert.Equal(t, calls, s.Stats().Calls, "refused without a call")
 	en, err := eng.Entry("api", flow.WithCount(5))

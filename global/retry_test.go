@@ -38,8 +38,7 @@ func TestGlobalRefusalSaysWhenToRetry(t *testing.T) {
 		}
 		en, err := eng.Entry(tc.res, tc.opts...)
 		require.ErrorIs(t, err, flow.ErrBlocked, tc.res)
-		d, ok := en.RetryAfter()
-		require.True(t, ok, tc.res)
+		d := en.Refusal().RetryAfter
 		assert.Positive(t, d, tc.res)
 		assert.LessOrEqual(t, d, time.Second, tc.res)
 		time.Sleep(d + 20*time.Millisecond) // Redis's clock and ours tick apart by a little
@@ -57,8 +56,7 @@ func TestGlobalRefusalSaysWhenToRetry(t *testing.T) {
 	}
 	en, err := eng.Entry("two")
 	require.ErrorIs(t, err, flow.ErrBlocked)
-	_, ok := en.RetryAfter()
-	assert.False(t, ok, "with two rules, the one that blocked cannot speak for the other")
+	assert.Negative(t, en.Refusal().RetryAfter, "with two rules, the one that blocked cannot speak for the other")
 }
 
 // TestFailedSourceCannotSay: a global rule whose source failed (Redis
@@ -72,6 +70,5 @@ func TestFailedSourceCannotSay(t *testing.T) {
 	srv.Stop()
 	en, err := eng.Entry("api", flow.WithContext(context.Background()))
 	require.ErrorIs(t, err, flow.ErrBlocked)
-	_, ok := en.RetryAfter()
-	assert.False(t, ok)
+	assert.Negative(t, en.Refusal().RetryAfter)
 }

@@ -11,7 +11,7 @@
 //
 // A blocked call fails with codes.ResourceExhausted (BlockStatus), whose
 // details are a google.rpc.RetryInfo with the delay after which the rule
-// would admit the call, when the rule can say (see flow.Entry.RetryAfter),
+// would admit the call, when the rule can say (see flow.Refusal.RetryAfter),
 // and a google.rpc.ErrorInfo (domain "leapflow", reason RATE_LIMITED or
 // CONCURRENCY_LIMITED) whose metadata name the resource, the rule, the
 // quota and its window. A client reads the delay with RetryDelay.
@@ -275,7 +275,7 @@ func (l *Limiter) enter(ctx context.Context, method string) (flow.Entry, error) 
 	var be *flow.BlockError
 	switch {
 	case errors.As(err, &be):
-		b := en.Refusal(resource, be)
+		b := en.Refusal()
 		var st *status.Status
 		if l.cfg.block != nil {
 			st = l.cfg.block(ctx, b)
@@ -316,7 +316,7 @@ const (
 // so a blocked call costs one small RetryInfo and the status.
 func BlockStatus(b Blocked) *status.Status {
 	p := &spb.Status{Code: int32(codes.ResourceExhausted), Message: b.Err.Error()}
-	if b.RetryKnown {
+	if b.RetryAfter >= 0 {
 		// RetryInfo{retry_delay (1): Duration{seconds (1), nanos (2)}}.
 		d := durationpb.New(b.RetryAfter)
 		var dur []byte
@@ -345,8 +345,6 @@ var retryInfoURL = "type.googleapis.com/" + string((&errdetails.RetryInfo{}).Pro
 type infoEntry struct {
 	be       *flow.BlockError
 	resource string
-	quota    int64
-	window   time.Duration
 	any      *anypb.Any
 }
 
@@ -360,9 +358,10 @@ var (
 // errorInfo returns b's ErrorInfo, marshalled (nil if it cannot be).
 func errorInfo(b Blocked) *anypb.Any {
 	slot := &infos[maphash.Comparable(infoSeed, b.Err)%uint64(len(infos))]
-	if e := slot.Load(); e != nil && e.be == b.Err && e.resource == b.Resource && e.quota == b.Quota && e.window == b.Window {
+	if e := slot.Load(); e != nil && e.be == b.Err && e.resource == b.Resource {
 		return e.any
 	}
+	quota, window := b.Err.Quota()
 	info := &errdetails.ErrorInfo{
 		Reason: ReasonRateLimited,
 		Domain: Domain,
@@ -370,8 +369,8 @@ func errorInfo(b Blocked) *anypb.Any {
 			"resource": b.Resource,
 			"rule":     b.Err.Rule.Name(),
 			"reason":   b.Err.Reason.String(),
-			"quota":    strconv.FormatInt(b.Quota, 10),
-			"window":   b.Window.String(),
+			"quota":    strconv.FormatInt(quota, 10),
+			"window":   window.String(),
 		},
 	}
 	if b.Err.Reason == flow.ReasonConcurrency {
@@ -381,7 +380,7 @@ func errorInfo(b Blocked) *anypb.Any {
 	if err != nil {
 		return nil
 	}
-	slot.Store(&infoEntry{be: b.Err, resource: b.Resource, quota: b.Quota, window: b.Window, any: a})
+	slot.Store(&infoEntry{be: b.Err, resource: b.Resource, any: a})
 	return a
 }
 

@@ -405,7 +405,8 @@ func TestBlockStatusReplaced(t *testing.T) {
 	})), nil)
 	assert.Equal(t, codes.Unavailable, status.Code(say(context.Background(), conn, "x")))
 	assert.Equal(t, grpcflowtest.Say, told.Resource)
-	assert.Equal(t, int64(0), told.Quota)
+	q, _ := told.Err.Quota()
+	assert.Equal(t, int64(0), q)
 
 	conn = serve(t, New(eng, WithBlockStatus(func(context.Context, Blocked) *status.Status { return nil })), nil)
 	assert.Equal(t, codes.ResourceExhausted, status.Code(say(context.Background(), conn, "x")))
@@ -427,7 +428,7 @@ func TestBlockStatusDetails(t *testing.T) {
 	for i, d := range []time.Duration{0, 1, 999_999_999, time.Second, 90*time.Second + 5, 1<<62 + 7} {
 		which := be[i%2]
 		res := which.Rule.Resource
-		st := BlockStatus(Blocked{Resource: res, Err: which, RetryAfter: d, RetryKnown: true, Quota: int64(i)})
+		st := BlockStatus(Blocked{Resource: res, Err: which, RetryAfter: d})
 		assert.Equal(t, codes.ResourceExhausted, st.Code())
 		assert.Equal(t, which.Error(), st.Message())
 		got, ok := RetryDelay(st.Err())
@@ -436,9 +437,9 @@ func TestBlockStatusDetails(t *testing.T) {
 		ei := detailInfo(t, st.Err())
 		assert.Equal(t, which.Rule.ID, ei.Metadata["rule"])
 		assert.Equal(t, res, ei.Metadata["resource"])
-		assert.Equal(t, strconv.Itoa(i), ei.Metadata["quota"], "a different quota is not taken from the table")
+		assert.Equal(t, "0", ei.Metadata["quota"], "the rule's own quota")
 	}
-	st := BlockStatus(Blocked{Resource: "ra", Err: be[0]})
+	st := BlockStatus(Blocked{Resource: "ra", Err: be[0], RetryAfter: -1})
 	_, ok := RetryDelay(st.Err())
 	assert.False(t, ok, "no RetryInfo when the rule cannot say")
 	assert.Len(t, st.Details(), 1)

@@ -233,7 +233,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		var be *flow.BlockError
 		switch {
 		case errors.As(err, &be):
-			m.cfg.block(w, r, en.Refusal(resource, be))
+			m.cfg.block(w, r, en.Refusal())
 			return
 		case r.Context().Err() != nil:
 			// The wait ended with the request's context (the client went
@@ -355,17 +355,17 @@ func (tr *tracker) snoopHooks() *httpsnoop.Hooks {
 // fields.
 func (m *middleware) defaultBlock(w http.ResponseWriter, _ *http.Request, b Blocked) {
 	h := w.Header()
-	if b.RetryKnown {
+	if b.RetryAfter >= 0 {
 		// At least a second: the field has no smaller unit, and 0 would
 		// send the client straight back into the same window.
 		h.Set("Retry-After", strconv.FormatInt(max(ceilSeconds(b.RetryAfter), 1), 10))
 	}
-	if b.Window > 0 {
+	if quota, window := b.Err.Quota(); window > 0 {
 		name := policyName(b.Err)
-		q, win := policyQuota(b.Quota, b.Window)
+		q, win := policyQuota(quota, window)
 		h.Set("RateLimit-Policy", policyField(name, q, win))
 		field := fmt.Sprintf("%s;r=%d", name, min(b.Remaining, q))
-		if b.ResetKnown {
+		if b.Reset >= 0 {
 			field += ";t=" + strconv.FormatInt(ceilSeconds(b.Reset), 10)
 		}
 		h.Set("RateLimit", field)
