@@ -345,6 +345,49 @@ func (e *Engine) Wait(ctx context.Context, resource string, opts ...EntryOption)
 	return e.Entry(resource, waitOptions(buf[:0], ctx, opts)...)
 }
 
+// Allow reports whether one request (or WithCount's batch) may go now,
+// without a wait: nil when it was admitted, the refusing rule's
+// *BlockError (matching ErrBlocked) with the Refusal that describes it, or
+// an option's error. It is the call that needs no Exit (x/time/rate's
+// Allow): an admitted request is counted as admitted and completed at
+// once, its RT 0. It takes Entry's options but refuses a wait
+// (ErrInvalidWait): waiting is Wait's. Like Entry it allocates nothing.
+func (e *Engine) Allow(resource string, opts ...EntryOption) (Refusal, error) {
+	if waits(opts) {
+		return Refusal{}, ErrInvalidWait
+	}
+	en, err := e.Entry(resource, opts...)
+	return allowed(&en, err)
+}
+
+// Allow is Engine.Allow on this resource.
+func (r *Resource) Allow(opts ...EntryOption) (Refusal, error) {
+	if waits(opts) {
+		return Refusal{}, ErrInvalidWait
+	}
+	en, err := r.Entry(opts...)
+	return allowed(&en, err)
+}
+
+// waits reports whether opts ask for a wait (Allow refuses one).
+func waits(opts []EntryOption) bool {
+	for i := range opts {
+		if o := &opts[i]; o.priority || o.hasWait && o.wait != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// allowed ends Allow's Entry: an admission completes at once.
+func allowed(en *Entry, err error) (Refusal, error) {
+	if err != nil {
+		return en.Refusal(), err
+	}
+	en.Exit(nil)
+	return Refusal{}, nil
+}
+
 // Wait is Engine.Wait on this resource.
 func (r *Resource) Wait(ctx context.Context, opts ...EntryOption) (Entry, error) {
 	var buf [8]EntryOption

@@ -522,3 +522,46 @@ func TestResourceHandleFollowsReloads(t *testing.T) {
 		en.Exit(nil)
 	}))
 }
+
+// Allow admits what Entry would admit and completes it at once (nothing in
+// flight after it), refuses with the rule's error and a Refusal that
+// describes it, takes WithKey and WithCount, refuses a wait, and allocates
+// nothing, by name and through a handle.
+func TestAllowAdmitsAndCompletesAtOnce(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(time.Second))
+	load(t, e, Rule{Resource: "api", Threshold: 3}, Rule{Resource: "keyed", Threshold: 1, PerKey: true})
+	h, err := e.Resource("api")
+	require.NoError(t, err)
+	r, err := e.Allow("api")
+	require.NoError(t, err)
+	assert.Zero(t, r)
+	_, err = h.Allow(WithCount(2))
+	require.NoError(t, err)
+	r, err = h.Allow()
+	var be *BlockError
+	require.ErrorAs(t, err, &be)
+	assert.Same(t, be, r.Err)
+	assert.Equal(t, "api", r.Resource)
+	assert.Positive(t, r.RetryAfter)
+	snap, _ := e.Snapshot("api")
+	assert.Equal(t, 3.0, snap.PassQPS)
+	assert.Equal(t, 3.0, snap.SuccessQPS, "every admission completed")
+	assert.Zero(t, snap.Inflight)
+
+	_, err = e.Allow("keyed", WithKey("a"))
+	require.NoError(t, err)
+	_, err = e.Allow("keyed", WithKey("a"))
+	require.ErrorIs(t, err, ErrBlocked)
+	_, err = e.Allow("keyed", WithKey("b"))
+	require.NoError(t, err, "b has its own limit")
+
+	_, err = e.Allow("free", WithWait(time.Second))
+	assert.ErrorIs(t, err, ErrInvalidWait)
+	_, err = h.Allow(WithPriority())
+	assert.ErrorIs(t, err, ErrInvalidWait)
+	_, err = e.Allow("free", WithWait(0))
+	assert.NoError(t, err, "WithWait(0) asks for no wait")
+
+	assert.Zero(t, testing.AllocsPerRun(100, func() { _, _ = e.Allow("free") }))
+	assert.Zero(t, testing.AllocsPerRun(100, func() { _, _ = h.Allow() }), "refused")
+}
