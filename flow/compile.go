@@ -14,8 +14,6 @@ import (
 	"github.com/leapflow/leapflow/internal/stats"
 	"github.com/leapflow/leapflow/internal/warmup"
 	"github.com/leapflow/leapflow/internal/window"
-
-	"github.com/leapflow/leapflow/metric"
 )
 
 // ruleSet is an immutable compiled rule set, swapped in whole.
@@ -226,10 +224,5 @@ func reuse[V any](old map[ruleKey]V, k ruleKey, make func() V) V {
 	return make()
 }
 
-// in returns the engine's window behind w, with the protocols (borrowing,
-// settling, stripe hints) that metric's surface leaves out: flow counts on
-// its nodes' windows through them.
-func in(w *metric.Window) *window.Window { return (*window.Window)(w) }
-
 // second is node's second window, as flow counts on it.
-func second(node *stats.Node) *window.Window { return in(node.Second()) }
+func second(node *stats.Node) *window.Window { return node.Second() }

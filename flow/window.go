@@ -41,7 +41,7 @@ func (e *Engine) window(n *stats.Node, interval time.Duration) *window.Window {
 	if err != nil {
 		panic(err) // a validated interval (whole ms, at most 1h) cannot fail
 	}
-	return in(w)
+	return w
 }
 
 // spanWindow returns the node window span-exact rules with this interval
@@ -54,7 +54,7 @@ func (e *Engine) spanWindow(n *stats.Node, interval time.Duration) *window.Windo
 	if err != nil {
 		panic(err) // the interval divides into k buckets, so into k+1 of the same length
 	}
-	return in(w)
+	return w
 }
 
 // spanShape is the shape of a span-exact window of interval with k

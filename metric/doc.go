@@ -23,12 +23,12 @@
 // a newer bucket is made, the old one freezes: its stripes are sealed and
 // summed into one word per event, so reads of every bucket but the newest
 // cost one cache line, not one per stripe. When it leaves the ring it is
-// sealed again and its final counts are handed to the WithHandover function (stat feeds the
-// minute with them). A writer that loaded a bucket just before either step
+// sealed again and its final counts can be handed on (flow's statistics
+// feed their minute window with them). A writer that loaded a bucket just before either step
 // learns from the value its own atomic add returns whether the add landed
 // before the seal (counted there) or after (made again on the newest
 // bucket); a pass taken back after a seal is taken back from the frozen
-// count, or corrected through that function. No count is lost and none is
+// count, or corrected where it was handed on. No count is lost and none is
 // counted twice.
 //
 // # Admission

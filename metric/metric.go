@@ -22,13 +22,6 @@ const (
 	OccupiedPass = window.OccupiedPass
 )
 
-// Events lists every event, in order.
-func Events() []Event { return window.Events() }
-
-// Counts are a bucket's counts, as handed over (WithHandover) or summed
-// over a range (CountsRange). MinRT is -1 if no RT was recorded.
-type Counts = window.Counts
-
 // Option configures a Window.
 type Option = window.Option
 
@@ -37,17 +30,6 @@ type Option = window.Option
 // turns striping off, which suits long windows of many buckets that are
 // rarely hot.
 func WithStripes(n int) Option { return window.WithStripes(n) }
-
-// WithHandover makes the window hand fn the counts of every bucket that
-// leaves the ring: fn runs under the rotation lock, after the replacement
-// is published, with the bucket's start and its final counts. The
-// hand-over is exact: every write made on the bucket is either in those
-// counts or made again on a current bucket, never both. An admission
-// counted in a bucket that retired before it backed out is corrected
-// after the fact: fn then runs again, outside the lock, with that start
-// and Counts{Pass: -n, MinRT: -1}, so it must be safe for simultaneous
-// use.
-func WithHandover(fn func(start int64, c Counts)) Option { return window.WithHandover(fn) }
 
 // Reader reads a window's counts over a span of its interval (see View);
 // a Window is a Reader of its whole interval.
@@ -110,20 +92,6 @@ func (w *Window) RoomIn(now, n, threshold int64) (wait, reset time.Duration, ok 
 // View returns a Reader of the window over its trailing span interval, a
 // whole number of its buckets, at most its own interval.
 func (w *Window) View(interval time.Duration) (*Reader, error) { return w.in().View(interval) }
-
-// SumRange returns the total of event e over the buckets that start in
-// [lo, hi) and are still in the ring.
-func (w *Window) SumRange(lo, hi int64, e Event) int64 { return w.in().SumRange(lo, hi, e) }
-
-// CountsRange returns every count of the buckets that start in [lo, hi)
-// and are still in the ring.
-func (w *Window) CountsRange(lo, hi int64) Counts { return w.in().CountsRange(lo, hi) }
-
-// Absorb adds c into the bucket holding start (the newest, if start is
-// behind it): how a longer window takes in the buckets a shorter one hands
-// over (WithHandover). Counts may be negative (the hand-over's
-// corrections).
-func (w *Window) Absorb(start int64, c Counts) { w.in().Absorb(start, c) }
 
 // Reservation is one admission: the bucket that counted it and what the
 // window held when it was admitted.

@@ -38,23 +38,4 @@ func TestWindowSurfaceAdmitsCountsAndReads(t *testing.T) {
 	wait, _, ok := w.RoomIn(300*ms, 1, 3)
 	require.True(t, ok)
 	assert.Equal(t, 700*time.Millisecond, wait, "room once the first bucket leaves")
-	assert.Equal(t, Counts{Pass: 3, Success: 2, Exception: 2, RT: 10 * ms, MinRT: 5 * ms, MaxConcurrency: 7},
-		w.CountsRange(0, int64(time.Second)))
-	assert.Equal(t, int64(3), w.SumRange(0, 250*ms, Pass))
-}
-
-// Absorb takes in what a shorter window hands over: a minute of 1 s
-// buckets fed by a second window keeps every pass once.
-func TestHandoverIntoALongerWindowKeepsEveryCount(t *testing.T) {
-	minute := newWindow(t, 60, time.Minute, WithStripes(1))
-	second := newWindow(t, 4, time.Second, WithHandover(func(start int64, c Counts) { minute.Absorb(start, c) }))
-	s := int64(time.Second)
-	for i := range int64(10) {
-		second.Add(i*s/4, Pass, 1)
-	}
-	second.Add(10*s, Pass, 1) // its slot's older bucket retires
-	handed := minute.Sum(10*s, Pass)
-	assert.Equal(t, int64(7), handed, "seven buckets left the ring of four")
-	assert.Equal(t, int64(10), handed+second.SumRange(0, 10*s, Pass), "and the rest are still in it: each pass once")
-	assert.Equal(t, int64(1), second.Sum(10*s, Pass))
 }

@@ -49,11 +49,11 @@ const (
 // and must not be copied.
 type Node struct {
 	resource string
-	second   *metric.Window
-	minute   *metric.Window
+	second   *window.Window
+	minute   *window.Window
 
 	// Totals of every bucket the second window has retired, for the
-	// in-flight figure; written by its hand-over (see metric.WithHandover).
+	// in-flight figure; written by its hand-over (see window.WithHandover).
 	retiredPass    atomic.Int64
 	retiredSuccess atomic.Int64
 
@@ -79,7 +79,7 @@ type Node struct {
 	keyless, keyEvictions atomic.Int64
 
 	mu      sync.Mutex // guards adding to windows; reads go through the pointer
-	windows atomic.Pointer[map[windowShape]*metric.Window]
+	windows atomic.Pointer[map[windowShape]*window.Window]
 
 	// feedMu guards feed, and orders hand-overs into the minute window
 	// against deliveries of completed seconds (see handOver).
@@ -130,7 +130,7 @@ func (n *Node) deciding() bool {
 // minute old or more, with nothing in flight, nothing borrowed, and no
 // event in the last minute.
 func (n *Node) idle(now int64) bool {
-	if now-n.created < minute || n.Concurrency() != 0 || n.Inflight() != 0 || in(n.second).Borrowed() != 0 {
+	if now-n.created < minute || n.Concurrency() != 0 || n.Inflight() != 0 || n.second.Borrowed() != 0 {
 		return false
 	}
 	for _, e := range [...]metric.Event{metric.Pass, metric.Block, metric.Success, metric.Exception, metric.OccupiedPass} {
@@ -143,20 +143,20 @@ func (n *Node) idle(now int64) bool {
 
 // newNode makes the node of resource; cfg must be valid.
 func newNode(resource string, cfg NodeConfig) *Node {
-	n := &Node{resource: resource, feed: secondFeed{late: metric.Counts{MinRT: -1}, lastEmitted: math.MinInt64}}
+	n := &Node{resource: resource, feed: secondFeed{late: window.Counts{MinRT: -1}, lastEmitted: math.MinInt64}}
 	// Written only by the second window's retirements: no striping needed.
-	mins, err := metric.NewWindow(60, time.Minute, metric.WithStripes(1))
+	mins, err := window.NewWindow(60, time.Minute, window.WithStripes(1))
 	if err != nil {
 		panic(err)
 	}
 	// Retirements run one at a time, corrections at any time: Absorb and
 	// the totals are atomic adds, safe for both.
-	sec, err := metric.NewWindow(cfg.SampleCount, time.Second, metric.WithHandover(n.handOver))
+	sec, err := window.NewWindow(cfg.SampleCount, time.Second, window.WithHandover(n.handOver))
 	if err != nil {
 		panic(err) // cfg was validated
 	}
 	n.second, n.minute = sec, mins
-	n.windows.Store(&map[windowShape]*metric.Window{})
+	n.windows.Store(&map[windowShape]*window.Window{})
 	return n
 }
 
@@ -178,7 +178,7 @@ func (n *Node) Resource() string { return n.resource }
 
 // stat.Second returns the 1 s window: rules on the default interval admit
 // against it, and every request of the resource is counted in it.
-func (n *Node) Second() *metric.Window { return n.second }
+func (n *Node) Second() *window.Window { return n.second }
 
 // Inflight returns how many requests are in flight: every pass ever counted
 // minus every completion. It costs requests nothing (both totals are kept
@@ -229,7 +229,7 @@ func (n *Node) adopt() (added int64, first bool) {
 	// count is being made waits for it (see releaseAdopted).
 	n.adopting.Store(true)
 	defer n.adopting.Store(false)
-	in(n.second).Locked(func() {
+	n.second.Locked(func() {
 		added = n.Inflight() - n.concurrency.Load()
 		if added <= 0 {
 			added = 0
@@ -256,7 +256,7 @@ func (n *Node) releaseAdopted(k int64) (drained bool) {
 			if !counting {
 				return false
 			}
-			in(n.second).Locked(func() {})
+			n.second.Locked(func() {})
 			counting = false
 			continue
 		}
@@ -279,7 +279,7 @@ type windowShape struct {
 // rules with a stat interval other than 1 s, or span-exact rules, creating
 // it the first time. Windows live as long as the node, so rule reloads
 // keep their counts.
-func (n *Node) Window(interval time.Duration, sampleCount int) (*metric.Window, error) {
+func (n *Node) Window(interval time.Duration, sampleCount int) (*window.Window, error) {
 	k := windowShape{interval, sampleCount}
 	if w, ok := (*n.windows.Load())[k]; ok {
 		return w, nil
@@ -290,12 +290,12 @@ func (n *Node) Window(interval time.Duration, sampleCount int) (*metric.Window, 
 	if w, ok := old[k]; ok {
 		return w, nil
 	}
-	w, err := metric.NewWindow(sampleCount, interval)
+	w, err := window.NewWindow(sampleCount, interval)
 	if err != nil {
 		return nil, err
 	}
 	// Copy on write: readers take no lock.
-	next := make(map[windowShape]*metric.Window, len(old)+1)
+	next := make(map[windowShape]*window.Window, len(old)+1)
 	for s, v := range old {
 		next[s] = v
 	}
@@ -342,7 +342,7 @@ func (n *Node) MinRT(now int64) time.Duration {
 // PreviousSecond returns event e's count in the whole second before the one
 // holding now.
 func (n *Node) PreviousSecond(now int64, e metric.Event) int64 {
-	now = in(n.second).Clamp(now)
+	now = n.second.Clamp(now)
 	hi := now - now%second
 	return n.span(hi-second, hi, e)
 }
@@ -350,7 +350,7 @@ func (n *Node) PreviousSecond(now int64, e metric.Event) int64 {
 // Minute returns event e's count over the last 60 whole seconds, including
 // the current one.
 func (n *Node) Minute(now int64, e metric.Event) int64 {
-	now = in(n.second).Clamp(now)
+	now = n.second.Clamp(now)
 	hi := now - now%second + second
 	return n.span(hi-minute, hi, e)
 }
@@ -361,7 +361,7 @@ func (n *Node) Minute(now int64, e metric.Event) int64 {
 // them all along (a reload that adds a rule in a window of its own).
 // Passes older than the minute window (60 s) are not known.
 func (n *Node) PassedSince(lo, now int64) int64 {
-	now = in(n.second).Clamp(now)
+	now = n.second.Clamp(now)
 	hi := now - now%second + second
 	lo = max(lo, 0)
 	lo = max(lo-lo%second, hi-minute)
@@ -397,7 +397,3 @@ func (n *Node) Snapshot(now int64) stat.Snapshot {
 		KeyEvictions:  n.KeyEvictions(),
 	}
 }
-
-// in returns the engine's window behind w, with the protocols (borrowing,
-// settling, stripe hints) that metric's surface leaves out.
-func in(w *metric.Window) *window.Window { return (*window.Window)(w) }

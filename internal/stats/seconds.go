@@ -3,7 +3,7 @@ package stats
 import (
 	"time"
 
-	"github.com/leapflow/leapflow/metric"
+	"github.com/leapflow/leapflow/internal/window"
 	"github.com/leapflow/leapflow/stat"
 )
 
@@ -25,7 +25,7 @@ type secondFeed struct {
 	// pass taken back, a write that clamped into an old bucket): it goes
 	// out with the next delivered second, as far as that stays at or above
 	// zero.
-	late metric.Counts
+	late window.Counts
 	// fallbacks is the fallback total at the previous delivery.
 	fallbacks int64
 }
@@ -33,7 +33,7 @@ type secondFeed struct {
 // pendingSecond is a second's counts, handed over and not delivered.
 type pendingSecond struct {
 	start int64
-	c     metric.Counts
+	c     window.Counts
 }
 
 // maxPending bounds a node's pending seconds: a feed that stops polling
@@ -41,7 +41,7 @@ type pendingSecond struct {
 const maxPending = 64
 
 // add adds c into the pending second that starts at start.
-func (f *secondFeed) add(start int64, c metric.Counts) {
+func (f *secondFeed) add(start int64, c window.Counts) {
 	i := len(f.pending)
 	for i > 0 && f.pending[i-1].start > start {
 		i--
@@ -68,7 +68,7 @@ func (f *secondFeed) add(start int64, c metric.Counts) {
 // corrections included): into the minute window, and, once a feed
 // started, into its second's pending counts or, if that second was
 // delivered already, into late.
-func (n *Node) handOver(start int64, c metric.Counts) {
+func (n *Node) handOver(start int64, c window.Counts) {
 	n.feedMu.Lock()
 	n.minute.Absorb(start, c)
 	if f := &n.feed; f.started {
@@ -89,11 +89,11 @@ func (n *Node) handOver(start int64, c metric.Counts) {
 // Registry.Seconds); with partial, every second up to now's, the last one
 // marked partial.
 func (n *Node) deliver(now int64, partial bool, fn func(stat.Second)) {
-	in(n.second).Settle(now)
+	n.second.Settle(now)
 	if partial {
 		// The seconds not handed over yet are read from the second window
 		// too: under its rotation lock, no bucket is between the two.
-		in(n.second).Locked(func() { n.deliverLocked(now, partial, fn) })
+		n.second.Locked(func() { n.deliverLocked(now, partial, fn) })
 		return
 	}
 	n.deliverLocked(now, partial, fn)
@@ -107,7 +107,7 @@ func (n *Node) deliverLocked(now int64, partial bool, fn func(stat.Second)) {
 	if partial {
 		// Up to the newest bucket's second: a write that clamped into it
 		// may be ahead of now.
-		c := in(n.second).Clamp(now)
+		c := n.second.Clamp(now)
 		hi = c - c%second + second
 	}
 	n.feedMu.Lock()
@@ -154,7 +154,7 @@ func (n *Node) deliverLocked(now int64, partial bool, fn func(stat.Second)) {
 		}
 	}
 	if last := hi - second; (positive(f.late) || fallbacks != 0) && last > f.lastEmitted && last >= f.since {
-		var c metric.Counts
+		var c window.Counts
 		c.MinRT = -1
 		absorb(&c, &f.late)
 		if n.emit(last, c, fallbacks, partial, fn) {
@@ -168,7 +168,7 @@ func (n *Node) deliverLocked(now int64, partial bool, fn func(stat.Second)) {
 
 // absorb moves late's counts into c as far as c stays at or above zero;
 // what c cannot take stays in late.
-func absorb(c, late *metric.Counts) {
+func absorb(c, late *window.Counts) {
 	for _, p := range [...][2]*int64{{&c.Pass, &late.Pass}, {&c.Block, &late.Block}, {&c.Success, &late.Success},
 		{&c.Exception, &late.Exception}, {&c.RT, &late.RT}, {&c.Occupied, &late.Occupied}} {
 		if v := *p[0] + *p[1]; v >= 0 {
@@ -185,13 +185,13 @@ func absorb(c, late *metric.Counts) {
 }
 
 // positive reports whether c holds a count above zero.
-func positive(c metric.Counts) bool {
+func positive(c window.Counts) bool {
 	return c.Pass > 0 || c.Block > 0 || c.Success > 0 || c.Exception > 0 || c.RT > 0 || c.Occupied > 0 ||
 		c.MinRT >= 0 || c.MaxConcurrency > 0
 }
 
 // emit hands fn the second starting at start, if it holds anything.
-func (n *Node) emit(start int64, c metric.Counts, fallbacks int64, partial bool, fn func(stat.Second)) bool {
+func (n *Node) emit(start int64, c window.Counts, fallbacks int64, partial bool, fn func(stat.Second)) bool {
 	if c.Zero() && fallbacks == 0 {
 		return false
 	}

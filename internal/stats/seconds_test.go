@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/leapflow/leapflow/internal/window"
 	"github.com/leapflow/leapflow/metric"
 	"github.com/leapflow/leapflow/stat"
 	"github.com/leapflow/leapflow/stat/stattest"
@@ -196,7 +197,7 @@ func TestSecondsLateCountsGoOutOnce(t *testing.T) {
 	// A writer that read the clock at 100 ms and writes only now: it
 	// clamps into the newest bucket (made at 3 s by the delivery).
 	w.Add(100*ms, metric.Block, 2)
-	n.handOver(100*ms, metric.Counts{Pass: -1, MinRT: -1}) // a pass of second 0 taken back
+	n.handOver(100*ms, window.Counts{Pass: -1, MinRT: -1}) // a pass of second 0 taken back
 	later := collect(r, 6000*ms, false)
 	var pass, block int64
 	for _, s := range later["api"] {

@@ -113,7 +113,7 @@ func TestInflightExactUnderRotation(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			w := in(n.Second())
+			w := n.Second()
 			for k := range m {
 				now := int64(clock.Advance(50 * time.Microsecond))
 				r, ok := w.Admit(now, 1, math.MaxInt32)
