@@ -203,7 +203,7 @@ func TestSpanExactAndWaitsAllocateNothing(t *testing.T) {
 			{Resource: "api", Threshold: 1e6 + 1},
 			{Resource: "api", Threshold: 1e8, Behavior: GCRA, Burst: 1},
 			{Resource: "api", Threshold: 1e8, Behavior: Throttle}}, []EntryOption{WithWait(2 * time.Second)}, 0},
-		{"priority", []Rule{{Resource: "api", Threshold: 1e6, SpanExact: true}}, []EntryOption{WithPriority()}, 1e6},
+		{"span-exact-wait", []Rule{{Resource: "api", Threshold: 1e6, SpanExact: true}}, []EntryOption{WithWait(2 * time.Second)}, 1e6},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e, clock, _ := waitEngine(t)

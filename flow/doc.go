@@ -143,16 +143,16 @@
 // of a key holds more than its threshold at any concurrency. A key's
 // window has four buckets whatever WithSampleCount says: any span shorter
 // than 3/4 of it admits at most the threshold, a whole window up to twice
-// it. WithPriority does not borrow for PerKey rules. A PerKey Concurrency
+// it. A wait does not borrow for PerKey rules. A PerKey Concurrency
 // rule counts requests admitted after it is loaded. A reload that changes
 // a PerKey rule's threshold, Keys or MaxKeys keeps its keys' counts.
 //
-// # Waiting: Wait, Reserve, WithWait and WithPriority
+// # Waiting: Wait, Reserve and WithWait
 //
 // A request may wait for room under its rate rules instead of being
 // blocked: Engine.Wait(ctx, resource) waits as long as ctx allows (x/time/
-// rate's Wait), WithWait(d) up to d, WithPriority up to the engine's
-// occupy timeout (Sentinel's priority), and Engine.Reserve takes the same
+// rate's Wait), WithWait(d) up to d (Sentinel's priority borrowing is
+// WithWait of its occupy timeout), and Engine.Reserve takes the same
 // admission without sleeping, returning a Reservation with its Delay, to
 // Entry or Cancel (x/time/rate's Reserve). It is one mechanism
 // for every rate rule:

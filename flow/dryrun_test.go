@@ -104,7 +104,7 @@ func TestDryRunCountsNoCancelledThrottleWait(t *testing.T) {
 // the twin reports no would-block the rule in force did not make.
 func TestDryRunTwinOfARealRuleAgreesOnPriorityBorrows(t *testing.T) {
 	clock := stattest.NewClock(0)
-	e, _ := newEngine(t, clock, WithOccupyTimeout(time.Second))
+	e, _ := newEngine(t, clock)
 	load(t, e,
 		Rule{ID: "real", Resource: "api", Threshold: 5},
 		Rule{ID: "twin", Resource: "api", Threshold: 5, DryRun: true},
@@ -113,7 +113,7 @@ func TestDryRunTwinOfARealRuleAgreesOnPriorityBorrows(t *testing.T) {
 	for i := range 8 {
 		var opts []EntryOption
 		if i >= 5 {
-			opts = append(opts, WithPriority())
+			opts = append(opts, WithWait(time.Second))
 		}
 		en, err := e.Entry("api", opts...)
 		require.NoError(t, err, "the real rule admits all 8 (3 borrowed)")

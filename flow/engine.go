@@ -43,16 +43,15 @@ type Engine struct {
 	// adopting counts the nodes that hold adopted requests (see adopt):
 	// while it is 0, an Exit of a request no rule counted has nothing more
 	// to do.
-	adopting      atomic.Int64
-	source        TokenSource
-	occupyTimeout int64
-	sampleCount   int
-	spanBuckets   int
-	sleep         sleepFunc
-	slots         *slots.Slots[site]
-	none          *slots.Slot[site] // a sentinel: for admissions that hold nothing
-	site          site              // this engine, for its slots
-	maxKeys       int
+	adopting    atomic.Int64
+	source      TokenSource
+	sampleCount int
+	spanBuckets int
+	sleep       sleepFunc
+	slots       *slots.Slots[site]
+	none        *slots.Slot[site] // a sentinel: for admissions that hold nothing
+	site        site              // this engine, for its slots
+	maxKeys     int
 
 	rules atomic.Pointer[ruleSet]
 	mu    sync.Mutex // serialises LoadRules
@@ -74,12 +73,11 @@ func New(opts ...Option) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{
-		source:        cfg.source,
-		occupyTimeout: int64(cfg.occupyTimeout),
-		sampleCount:   cfg.sampleCount,
-		spanBuckets:   cfg.spanBuckets,
-		sleep:         cfg.sleep,
-		maxKeys:       cfg.maxKeys,
+		source:      cfg.source,
+		sampleCount: cfg.sampleCount,
+		spanBuckets: cfg.spanBuckets,
+		sleep:       cfg.sleep,
+		maxKeys:     cfg.maxKeys,
 	}
 	e.site = site{e: e}
 	e.slots = slots.New(&e.site)

@@ -29,7 +29,6 @@ var ErrInvalidCount = errors.New("flow: WithCount must be in [1, 2^30]")
 type EntryOption struct {
 	count    int64
 	hasCount bool
-	priority bool
 	hasKey   bool
 	hasWait  bool
 	ctx      context.Context
@@ -39,14 +38,12 @@ type EntryOption struct {
 
 // request is a request's options, read.
 type request struct {
-	n        int64
-	priority bool
-	hasKey   bool
-	ctx      context.Context
-	key      string
+	n      int64
+	hasKey bool
+	ctx    context.Context
+	key    string
 	// wait is the longest the request may wait for room under its rate
-	// rules, in ns (WithWait; WithPriority raises it to the occupy
-	// timeout); hasWait says a WithWait gave it.
+	// rules, in ns (WithWait); hasWait says a WithWait gave it.
 	wait    int64
 	hasWait bool
 }
@@ -54,11 +51,6 @@ type request struct {
 // WithCount makes the request count as n (a batch), 1 <= n <= 2^30: it
 // is admitted or blocked whole, and moves pass or block counts by n.
 func WithCount(n int) EntryOption { return EntryOption{count: int64(n), hasCount: true} }
-
-// WithPriority lets the request wait up to the engine's occupy timeout
-// for room under its rate rules: WithWait(occupy timeout), or the longer
-// of the two when both are given.
-func WithPriority() EntryOption { return EntryOption{priority: true} }
 
 // WithWait lets the request wait up to d for room under its rate rules
 // instead of being blocked (x/time/rate's Wait and Reserve), 0 <= d <=
@@ -372,7 +364,7 @@ func (r *Resource) Allow(opts ...EntryOption) (Refusal, error) {
 // waits reports whether opts ask for a wait (Allow refuses one).
 func waits(opts []EntryOption) bool {
 	for i := range opts {
-		if o := &opts[i]; o.priority || o.hasWait && o.wait != 0 {
+		if o := &opts[i]; o.hasWait && o.wait != 0 {
 			return true
 		}
 	}
@@ -499,7 +491,6 @@ func parseOptions(q *request, opts []EntryOption) error {
 		if o.hasCount {
 			q.n = o.count
 		}
-		q.priority = q.priority || o.priority
 		if o.ctx != nil {
 			q.ctx = o.ctx
 		}
@@ -522,14 +513,10 @@ func parseOptions(q *request, opts []EntryOption) error {
 	return nil
 }
 
-// readOptions reads opts into q, as this engine takes them: WithPriority
-// waits up to the occupy timeout.
+// readOptions reads opts into q.
 func (e *Engine) readOptions(q *request, opts []EntryOption) error {
 	if err := parseOptions(q, opts); err != nil {
 		return err
-	}
-	if q.priority {
-		q.wait = max(q.wait, e.occupyTimeout)
 	}
 	return nil
 }

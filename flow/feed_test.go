@@ -182,8 +182,8 @@ func TestFeedDeliversABorrowedPassByTime(t *testing.T) {
 	f.Subscribe(func(b []stat.Second) { got = append(got, b...) })
 	clock.Set(11 * time.Second)
 	require.True(t, try(e, "api"))
-	clock.Set(11*time.Second + 900*time.Millisecond) // full until 12 s
-	en, err := e.Entry("api", WithPriority())        // borrows 12.0, waits 100 ms
+	clock.Set(11*time.Second + 900*time.Millisecond)          // full until 12 s
+	en, err := e.Entry("api", WithWait(500*time.Millisecond)) // borrows 12.0, waits 100 ms
 	require.NoError(t, err)
 	require.Equal(t, int64(12*time.Second), en.Start())
 	for s := 13; s <= 20; s++ {

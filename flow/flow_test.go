@@ -383,7 +383,7 @@ func TestWarmUpThrottleStartsSlow(t *testing.T) {
 
 func TestPriorityBorrowsTheNextWindow(t *testing.T) {
 	clock := stattest.NewClock(0)
-	e, s := newEngine(t, clock, WithOccupyTimeout(time.Second))
+	e, s := newEngine(t, clock)
 	load(t, e, Rule{Resource: "api", Threshold: 4})
 	clock.Set(600 * ms)
 	for range 4 {
@@ -392,7 +392,7 @@ func TestPriorityBorrowsTheNextWindow(t *testing.T) {
 	}
 	_, err := e.Entry("api")
 	require.ErrorIs(t, err, ErrBlocked, "without priority")
-	en, err := e.Entry("api", WithPriority())
+	en, err := e.Entry("api", WithWait(time.Second))
 	require.NoError(t, err)
 	// Buckets of 250ms: 500-750 holds 4; the first window without it
 	// starts at 1500ms.
@@ -556,8 +556,6 @@ func TestAllowAdmitsAndCompletesAtOnce(t *testing.T) {
 	require.NoError(t, err, "b has its own limit")
 
 	_, err = e.Allow("free", WithWait(time.Second))
-	assert.ErrorIs(t, err, ErrInvalidWait)
-	_, err = h.Allow(WithPriority())
 	assert.ErrorIs(t, err, ErrInvalidWait)
 	_, err = e.Allow("free", WithWait(0))
 	assert.NoError(t, err, "WithWait(0) asks for no wait")

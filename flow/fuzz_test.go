@@ -73,7 +73,7 @@ func FuzzEngine(f *testing.F) {
 			}
 			opts := []EntryOption{WithCount(int(count%5) + int(s%3))}
 			if flags&4 != 0 {
-				opts = append(opts, WithPriority())
+				opts = append(opts, WithWait(500*time.Millisecond))
 			}
 			name := "api"
 			if i%5 == 4 {

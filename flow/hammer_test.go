@@ -199,7 +199,7 @@ func TestHotPathsAllocateNothing(t *testing.T) {
 			en.Exit(nil)
 		},
 		"pass-batch": func() {
-			en, _ := e.Entry("pass", WithCount(3), WithPriority())
+			en, _ := e.Entry("pass", WithCount(3), WithWait(500*time.Millisecond))
 			en.Exit(nil)
 		},
 		"block": func() {

@@ -31,7 +31,6 @@ func TestBadOptionsAreErrorsFromNew(t *testing.T) {
 		{WithSleep(nil), "WithSleep: function must not be nil"},
 		{WithClock(nil), "WithClock: clock must not be nil"},
 		{WithMaxResources(-1), "WithMaxResources must be >= 1, got -1"},
-		{WithOccupyTimeout(-time.Second), "WithOccupyTimeout must be >= 0, got -1s"},
 	} {
 		e, err := New(tc.opt)
 		assert.Nil(t, e)

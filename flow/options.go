@@ -16,14 +16,13 @@ type Option func(*config)
 // config is every engine setting: defaults are set in defaultConfig and
 // checked in validate, and nowhere else.
 type config struct {
-	clock         stat.Clock
-	maxResources  int
-	sampleCount   int
-	spanBuckets   int
-	source        TokenSource
-	occupyTimeout time.Duration
-	sleep         sleepFunc
-	maxKeys       int
+	clock        stat.Clock
+	maxResources int
+	sampleCount  int
+	spanBuckets  int
+	source       TokenSource
+	sleep        sleepFunc
+	maxKeys      int
 }
 
 // sleepFunc waits for d or until ctx ends.
@@ -31,13 +30,12 @@ type sleepFunc func(ctx context.Context, d time.Duration) error
 
 func defaultConfig() config {
 	return config{
-		clock:         stat.DefaultClock(),
-		maxResources:  stats.DefaultMaxResources,
-		sampleCount:   stats.DefaultSampleCount,
-		spanBuckets:   defaultSpanBuckets,
-		occupyTimeout: defaultOccupyTimeout,
-		sleep:         sleep,
-		maxKeys:       defaultEngineMaxKeys,
+		clock:        stat.DefaultClock(),
+		maxResources: stats.DefaultMaxResources,
+		sampleCount:  stats.DefaultSampleCount,
+		spanBuckets:  defaultSpanBuckets,
+		sleep:        sleep,
+		maxKeys:      defaultEngineMaxKeys,
 	}
 }
 
@@ -52,8 +50,6 @@ func (c *config) validate() error {
 		return fmt.Errorf("flow: WithSampleCount must divide 1s into whole nanoseconds, got %d", c.sampleCount)
 	case c.spanBuckets < 1 || c.spanBuckets > maxSpanBuckets || int64(time.Millisecond)%int64(c.spanBuckets) != 0:
 		return fmt.Errorf("flow: WithSpanBuckets must divide 1ms into whole nanoseconds and be at most %d, got %d", maxSpanBuckets, c.spanBuckets)
-	case c.occupyTimeout < 0:
-		return fmt.Errorf("flow: WithOccupyTimeout must be >= 0, got %v", c.occupyTimeout)
 	case c.sleep == nil:
 		return fmt.Errorf("flow: WithSleep: function must not be nil")
 	}
@@ -105,19 +101,12 @@ const maxSpanBuckets = 1000
 // WithTokenSource sets the source that global rules consult.
 func WithTokenSource(s TokenSource) Option { return func(cfg *config) { cfg.source = s } }
 
-// WithOccupyTimeout sets how long a priority request may wait for a future
-// window (default 500 ms; 0 disables borrowing).
-func WithOccupyTimeout(d time.Duration) Option { return func(cfg *config) { cfg.occupyTimeout = d } }
-
 // WithSleep replaces how the engine waits (throttling, borrowing); tests
 // pass one that moves a manual clock. It must return ctx.Err() if ctx ends
 // first.
 func WithSleep(fn func(ctx context.Context, d time.Duration) error) Option {
 	return func(cfg *config) { cfg.sleep = fn }
 }
-
-// defaultOccupyTimeout is how long priority requests may wait by default.
-const defaultOccupyTimeout = 500 * time.Millisecond
 
 // sleep is the default wait: a timer, cut short by ctx.
 func sleep(ctx context.Context, d time.Duration) error {

@@ -61,7 +61,7 @@ func (e *Engine) Reserve(resource string, opts ...EntryOption) (*Reservation, er
 	if err := e.readOptions(&q, opts); err != nil {
 		return nil, err
 	}
-	if !q.hasWait && !q.priority {
+	if !q.hasWait {
 		q.wait = int64(longestWait)
 	}
 	set := e.rules.Load()

@@ -157,7 +157,7 @@ func TestSpanExactRandomArrivals(t *testing.T) {
 		r := rand.New(rand.NewPCG(seed, 7))
 		n := []int{1, 2, 4, 5, 10}[seed%5]
 		clock := stattest.NewClock(0)
-		e, _ := newEngine(t, clock, WithSpanBuckets(n), WithOccupyTimeout(500*ms))
+		e, _ := newEngine(t, clock, WithSpanBuckets(n))
 		load(t, e, Rule{Resource: "api", Threshold: threshold, SpanExact: true})
 		var st []stamp
 		now := time.Duration(0)
@@ -176,7 +176,7 @@ func TestSpanExactRandomArrivals(t *testing.T) {
 				c := 1 + r.IntN(3)
 				opts := []EntryOption{WithCount(c)}
 				if r.IntN(8) == 0 {
-					opts = append(opts, WithPriority())
+					opts = append(opts, WithWait(500*ms))
 				}
 				if en, err := e.Entry("api", opts...); err == nil {
 					st = append(st, stamp{en.Start(), int64(c)})
@@ -219,7 +219,7 @@ func TestSpanExactHammer(t *testing.T) {
 	for _, g := range goroutineCounts() {
 		t.Run(fmt.Sprintf("goroutines=%d", g), func(t *testing.T) {
 			clock := stattest.NewClock(0)
-			e, _ := newEngine(t, clock, WithOccupyTimeout(300*ms))
+			e, _ := newEngine(t, clock)
 			load(t, e,
 				Rule{Resource: "alone", Threshold: threshold, SpanExact: true},
 				Rule{Resource: "mixed", Threshold: threshold, SpanExact: true},
@@ -239,7 +239,7 @@ func TestSpanExactHammer(t *testing.T) {
 						if k%2 == 1 {
 							res, idx = "mixed", 1
 							if r.IntN(4) == 0 {
-								opts = append(opts, WithPriority())
+								opts = append(opts, WithWait(300*ms))
 							}
 						}
 						if en, err := e.Entry(res, opts...); err == nil {
@@ -384,7 +384,7 @@ func TestSpanExactHoldsOnABusyRealClock(t *testing.T) {
 						case 2:
 							en, err = e.Entry(res, WithCount(n), WithWait(time.Duration(r.Int64N(int64(25*time.Millisecond)))))
 						case 3:
-							en, err = e.Entry(res, WithPriority())
+							en, err = e.Entry(res, WithWait(500*time.Millisecond))
 							n = 1
 						}
 						if err == nil {
