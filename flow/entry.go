@@ -19,10 +19,12 @@ import (
 // maxThreshold, no counter can come near the top of its word.
 const maxCount = 1 << 30
 
-// ErrInvalidCount matches the error of an Entry whose WithCount is below 1
-// or above 2^30. Such a request is neither admitted nor counted as
-// blocked.
-var ErrInvalidCount = errors.New("flow: WithCount must be in [1, 2^30]")
+// ErrInvalidOption matches the error of an Entry (or Wait, Reserve, Allow)
+// given an option out of range: a WithCount below 1 or above 2^30, a
+// WithWait below 0 or above an hour (or any wait, for Allow), a WithKey
+// empty or longer than 1024 bytes. The error names the option and the
+// value. Such a request is neither admitted nor counted as blocked.
+var ErrInvalidOption = errors.New("flow: invalid option")
 
 // EntryOption modifies one Entry call. Options are plain values, so passing
 // them allocates nothing.
@@ -75,11 +77,6 @@ func WithWait(d time.Duration) EntryOption { return EntryOption{wait: d, hasWait
 // longestWait is the longest wait WithWait accepts, and how long Engine.Wait
 // waits at most when its context has no deadline.
 const longestWait = time.Hour
-
-// ErrInvalidWait matches the error of an Entry whose WithWait is below 0
-// or above an hour. Such a request is neither admitted nor counted as
-// blocked.
-var ErrInvalidWait = errors.New("flow: WithWait must be in [0, 1h]")
 
 // WithContext bounds any wait (throttling, borrowing) and is passed to the
 // TokenSource of global rules.
@@ -301,10 +298,9 @@ func (en *Entry) release(sl *slots.Slot[site], node *stats.Node, m uint64, err e
 // Entry checks a request for resource against the rules in force and, if
 // it is admitted, counts it and returns an Entry to Exit when done. A
 // blocked request gets a *BlockError (errors.Is(err, ErrBlocked)); a wait
-// cut short by the context gets the context's error; a bad WithCount gets
-// an error matching ErrInvalidCount, a bad WithKey one matching
-// ErrInvalidKey, an empty or overlong name one matching
-// stat.ErrInvalidName, and a new resource past the registry cap one matching
+// cut short by the context gets the context's error; an option out of
+// range gets an error matching ErrInvalidOption, an empty or overlong name
+// one matching stat.ErrInvalidName, and a new resource past the registry cap one matching
 // stat.ErrTooManyResources; in every error case nothing is held and Exit on
 // the Entry does nothing.
 func (e *Engine) Entry(resource string, opts ...EntryOption) (Entry, error) {
@@ -343,10 +339,10 @@ func (e *Engine) Wait(ctx context.Context, resource string, opts ...EntryOption)
 // an option's error. It is the call that needs no Exit (x/time/rate's
 // Allow): an admitted request is counted as admitted and completed at
 // once, its RT 0. It takes Entry's options but refuses a wait
-// (ErrInvalidWait): waiting is Wait's. Like Entry it allocates nothing.
+// (ErrInvalidOption): waiting is Wait's. Like Entry it allocates nothing.
 func (e *Engine) Allow(resource string, opts ...EntryOption) (Refusal, error) {
 	if waits(opts) {
-		return Refusal{}, ErrInvalidWait
+		return Refusal{}, errAllowWaits
 	}
 	en, err := e.Entry(resource, opts...)
 	return allowed(&en, err)
@@ -355,11 +351,14 @@ func (e *Engine) Allow(resource string, opts ...EntryOption) (Refusal, error) {
 // Allow is Engine.Allow on this resource.
 func (r *Resource) Allow(opts ...EntryOption) (Refusal, error) {
 	if waits(opts) {
-		return Refusal{}, ErrInvalidWait
+		return Refusal{}, errAllowWaits
 	}
 	en, err := r.Entry(opts...)
 	return allowed(&en, err)
 }
+
+// errAllowWaits is Allow's error for a wait option.
+var errAllowWaits = fmt.Errorf("%w: Allow does not wait (WithWait)", ErrInvalidOption)
 
 // waits reports whether opts ask for a wait (Allow refuses one).
 func waits(opts []EntryOption) bool {
@@ -499,16 +498,16 @@ func parseOptions(q *request, opts []EntryOption) error {
 		}
 		if o.hasWait {
 			if o.wait < 0 || o.wait > longestWait {
-				return fmt.Errorf("%w, got %v", ErrInvalidWait, o.wait)
+				return fmt.Errorf("%w: WithWait must be in [0, 1h], got %v", ErrInvalidOption, o.wait)
 			}
 			q.wait, q.hasWait = int64(o.wait), true
 		}
 	}
 	if q.n < 1 || q.n > maxCount {
-		return fmt.Errorf("%w, got %d", ErrInvalidCount, q.n)
+		return fmt.Errorf("%w: WithCount must be in [1, 2^30], got %d", ErrInvalidOption, q.n)
 	}
 	if q.hasKey && (q.key == "" || len(q.key) > maxKeyLen) {
-		return fmt.Errorf("%w, got %d bytes", ErrInvalidKey, len(q.key))
+		return fmt.Errorf("%w: WithKey must be 1 to 1024 bytes, got %d bytes", ErrInvalidOption, len(q.key))
 	}
 	return nil
 }
@@ -536,15 +535,10 @@ func (e *Engine) pinNow() (int, int64) {
 	return p, now
 }
 
-// ErrInvalidKey matches the error of an Entry whose WithKey is empty or
-// longer than 1024 bytes. Such a request is neither admitted nor counted as
-// blocked.
-var ErrInvalidKey = errors.New("flow: WithKey must be 1 to 1024 bytes")
-
 // WithKey names the caller a request comes from (a user ID, an API key, a
 // client address: see AddrKey), for the resource's PerKey rules; on a
 // resource without them it changes nothing, but an empty key, or one
-// longer than 1024 bytes, is an error (ErrInvalidKey) on every resource.
+// longer than 1024 bytes, is an error (ErrInvalidOption) on every resource.
 // No key bytes are kept (a tracked key is two hashes of it), so key may
 // point into a buffer the caller reuses.
 func WithKey(key string) EntryOption { return EntryOption{key: key, hasKey: true} }

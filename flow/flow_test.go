@@ -556,7 +556,7 @@ func TestAllowAdmitsAndCompletesAtOnce(t *testing.T) {
 	require.NoError(t, err, "b has its own limit")
 
 	_, err = e.Allow("free", WithWait(time.Second))
-	assert.ErrorIs(t, err, ErrInvalidWait)
+	assert.ErrorIs(t, err, ErrInvalidOption)
 	_, err = e.Allow("free", WithWait(0))
 	assert.NoError(t, err, "WithWait(0) asks for no wait")
 

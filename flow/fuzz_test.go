@@ -83,7 +83,7 @@ func FuzzEngine(f *testing.F) {
 			switch {
 			case err == nil:
 				open = append(open, en)
-			case errors.Is(err, ErrBlocked), errors.Is(err, ErrInvalidCount), errors.Is(err, context.Canceled):
+			case errors.Is(err, ErrBlocked), errors.Is(err, ErrInvalidOption), errors.Is(err, context.Canceled):
 			default:
 				t.Fatalf("step %d: unexpected error %v", i, err)
 			}

@@ -72,7 +72,7 @@ func TestThresholdAndCountBounds(t *testing.T) {
 
 	for _, n := range []int{0, -1, maxCount + 1, math.MaxInt, math.MinInt} {
 		en, err := e.Entry("conc", WithCount(n))
-		assert.ErrorIs(t, err, ErrInvalidCount, "count %d", n)
+		assert.ErrorIs(t, err, ErrInvalidOption, "count %d", n)
 		assert.ErrorContains(t, err, fmt.Sprintf("got %d", n))
 		en.Exit(nil)
 	}

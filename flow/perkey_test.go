@@ -95,7 +95,7 @@ func TestWithKeyErrors(t *testing.T) {
 	load(t, e, Rule{Resource: "api", Threshold: 3, PerKey: true})
 	for _, key := range []string{"", strings.Repeat("x", maxKeyLen+1)} {
 		en, err := e.Entry("api", WithKey(key))
-		require.ErrorIs(t, err, ErrInvalidKey)
+		require.ErrorIs(t, err, ErrInvalidOption)
 		en.Exit(nil)
 	}
 	snap, _ := e.Snapshot("api")

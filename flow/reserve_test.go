@@ -112,7 +112,7 @@ func TestReserveWithoutRules(t *testing.T) {
 	require.True(t, ok)
 	assert.Equal(t, 3.0, snap.PassQPS)
 	_, err = e.Reserve("free", WithCount(0))
-	require.ErrorIs(t, err, ErrInvalidCount)
+	require.ErrorIs(t, err, ErrInvalidOption)
 }
 
 // TestReserveHammer: goroutines reserve on a span-exact rule and a GCRA

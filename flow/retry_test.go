@@ -256,7 +256,7 @@ func TestRefusalAndPolicy(t *testing.T) {
 	assert.Equal(t, time.Duration(0), window)
 	assert.Zero(t, held.Refusal(), "an admitted request was not refused")
 	bad, err := e.Entry("conc", WithKey(""))
-	require.ErrorIs(t, err, ErrInvalidKey)
+	require.ErrorIs(t, err, ErrInvalidOption)
 	assert.Zero(t, bad.Refusal(), "an error that is not a refusal")
 	held.Exit(nil)
 

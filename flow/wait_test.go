@@ -84,7 +84,7 @@ func TestWithWaitIsValidated(t *testing.T) {
 	load(t, e, Rule{Resource: "api", Threshold: 1})
 	for _, d := range []time.Duration{-1, longestWait + 1} {
 		_, err := e.Entry("api", WithWait(d))
-		require.ErrorIs(t, err, ErrInvalidWait)
+		require.ErrorIs(t, err, ErrInvalidOption)
 		assert.Contains(t, err.Error(), d.String())
 	}
 	snap, _ := e.Snapshot("api")

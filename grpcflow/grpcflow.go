@@ -264,7 +264,7 @@ func (l *Limiter) enter(ctx context.Context, method string) (flow.Entry, error) 
 		}
 	}
 	en, err := l.eng.Entry(resource, opts[:n]...)
-	if n == 2 && errors.Is(err, flow.ErrInvalidKey) {
+	if n == 2 && errors.Is(err, flow.ErrInvalidOption) {
 		// A key the engine refuses (over 1024 bytes) must not skip the
 		// rules: the call goes under the shared "no key" entry.
 		en, err = l.eng.Entry(resource, opts[:1]...)

@@ -224,7 +224,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 	}
 	en, err := m.eng.Entry(resource, opts[:n]...)
-	if n == 2 && errors.Is(err, flow.ErrInvalidKey) {
+	if n == 2 && errors.Is(err, flow.ErrInvalidOption) {
 		// A key the engine refuses (over 1024 bytes) must not skip the
 		// rules: the request goes under the shared "no key" entry.
 		en, err = m.eng.Entry(resource, opts[:1]...)
