@@ -179,22 +179,7 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stats.Node, bounds []Boun
 	}
 	for _, rr := range next.byResource {
 		rr.rateRules = len(rr.groups) + len(rr.gcras) + len(rr.paced) + len(rr.keyed)
-		if len(rr.groups) == 1 && len(rr.groups[0].warm) == 0 && rr.concLimit < 0 &&
-			len(rr.globals) == 0 && len(rr.related) == 0 && len(rr.paced) == 0 && !rr.hasKeyed() && len(rr.shadows) == 0 &&
-			len(rr.gcras) == 0 {
-			g := &rr.groups[0]
-			rr.single, rr.singleLimit, rr.singleBE = g.w, g.static, g.staticBE
-			rr.singleApart = !rr.countsNode
-			rr.site = site{e: e, rr: rr, be: rr.singleBE}
-			rr.refusal = slots.Sentinel(&rr.site)
-		}
-		if len(rr.groups) == 0 && rr.concLimit < 0 && len(rr.globals) == 0 && len(rr.related) == 0 && len(rr.paced) == 0 &&
-			rr.keyConc.t == nil && len(rr.keyed) == 1 && rr.keyed[0].t.Kind() == keytable.Window && len(rr.shadows) == 0 && len(rr.gcras) == 0 {
-			rr.singleKey = &rr.keyed[0]
-		}
-		if len(rr.gcras) == 1 && rr.rules == 1 && len(rr.shadows) == 0 {
-			rr.singleGCRA = &rr.gcras[0]
-		}
+		e.shortPaths(rr)
 	}
 	return next
 }
@@ -222,6 +207,34 @@ func reuse[V any](old map[ruleKey]V, k ruleKey, make func() V) V {
 		return v
 	}
 	return make()
+}
+
+// shortPaths chooses the short paths Entry takes for rr's shape, if any:
+// the one place that does (the general checker decides the same; see
+// TestShortPathsDecideAsTheGeneralChecker, which turns them off here).
+//   - single: one Reject window and nothing else (enterSingle);
+//   - singleKey: one PerKey QPS Reject rule and nothing else;
+//   - singleGCRA: one GCRA rule and nothing else.
+func (e *Engine) shortPaths(rr *resourceRules) {
+	if e.generalOnly {
+		return
+	}
+	if len(rr.groups) == 1 && len(rr.groups[0].warm) == 0 && rr.concLimit < 0 &&
+		len(rr.globals) == 0 && len(rr.related) == 0 && len(rr.paced) == 0 && !rr.hasKeyed() && len(rr.shadows) == 0 &&
+		len(rr.gcras) == 0 {
+		g := &rr.groups[0]
+		rr.single, rr.singleLimit, rr.singleBE = g.w, g.static, g.staticBE
+		rr.singleApart = !rr.countsNode
+		rr.site = site{e: e, rr: rr, be: rr.singleBE}
+		rr.refusal = slots.Sentinel(&rr.site)
+	}
+	if len(rr.groups) == 0 && rr.concLimit < 0 && len(rr.globals) == 0 && len(rr.related) == 0 && len(rr.paced) == 0 &&
+		rr.keyConc.t == nil && len(rr.keyed) == 1 && rr.keyed[0].t.Kind() == keytable.Window && len(rr.shadows) == 0 && len(rr.gcras) == 0 {
+		rr.singleKey = &rr.keyed[0]
+	}
+	if len(rr.gcras) == 1 && rr.rules == 1 && len(rr.shadows) == 0 {
+		rr.singleGCRA = &rr.gcras[0]
+	}
 }
 
 // second is node's second window, as flow counts on it.

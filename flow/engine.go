@@ -43,7 +43,10 @@ type Engine struct {
 	// adopting counts the nodes that hold adopted requests (see adopt):
 	// while it is 0, an Exit of a request no rule counted has nothing more
 	// to do.
-	adopting    atomic.Int64
+	adopting atomic.Int64
+	// generalOnly turns the short paths off (see shortPaths): a test's
+	// reference engine.
+	generalOnly bool
 	source      TokenSource
 	sampleCount int
 	spanBuckets int

@@ -1,62 +1,177 @@
 package flow
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"testing"
 	"time"
 
-	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/leapflow/leapflow/stat/stattest"
 )
 
-// TestShortAndGeneralPathsAgree runs the rule shapes that Entry's short
-// path takes through it and through the general path (the same rules with
-// the short path turned off) and compares every decision.
-func TestShortAndGeneralPathsAgree(t *testing.T) {
-	shapes := map[string][]Rule{
-		"one reject":       {{Resource: "api", Threshold: 7}},
-		"two rejects":      {{Resource: "api", Threshold: 9}, {ID: "tight", Resource: "api", Threshold: 4}},
-		"fractional":       {{Resource: "api", Threshold: 2.5}},
-		"zero":             {{Resource: "api", Threshold: 0}},
-		"reject and other": {{Resource: "api", Threshold: 5}, {Resource: "other", Threshold: 1}},
+// randomRule is one rule of a random kind on resource.
+func randomRule(rng *rand.Rand, resource string) Rule {
+	th := float64(rng.IntN(12))
+	if rng.IntN(4) == 0 {
+		th += 0.5
 	}
-	for name, rules := range shapes {
-		t.Run(name, func(t *testing.T) {
-			short, general := stattest.NewClock(0), stattest.NewClock(0)
-			a, _ := newEngine(t, short)
-			b, _ := newEngine(t, general)
-			load(t, a, rules...)
-			load(t, b, rules...)
-			require.NotNil(t, a.rules.Load().byResource["api"].single, "the shape takes the short path")
-			for _, rr := range b.rules.Load().byResource {
-				rr.single = nil
+	r := Rule{Resource: resource, Threshold: th}
+	switch rng.IntN(11) {
+	case 0, 1: // plain Reject, on one of three windows
+		r.StatInterval = []time.Duration{0, 500 * time.Millisecond, 2 * time.Second}[rng.IntN(3)]
+	case 2:
+		r.SpanExact = true
+	case 3:
+		r.PerKey = true
+		if rng.IntN(3) == 0 {
+			r.Keys = []KeyLimit{{Key: "a", Threshold: th + 3}}
+		}
+	case 4:
+		r.PerKey, r.Metric = true, Concurrency
+	case 5:
+		r.Behavior, r.Burst = GCRA, 1+rng.IntN(3)
+	case 6:
+		r.Metric = Concurrency
+	case 7:
+		r.Behavior, r.MaxQueueing = Throttle, time.Duration(rng.IntN(2))*100*time.Millisecond
+	case 8:
+		r.Behavior, r.WarmUpPeriod = WarmUp, time.Second
+	case 9:
+		r.RelatedResource = "other"
+	case 10:
+		r.DryRun = true
+	}
+	return r
+}
+
+// TestShortPathsDecideAsTheGeneralChecker loads random rule sets of every
+// kind into two engines, one with the short paths shortPaths chooses and
+// one with none (generalOnly: every request goes through the general
+// checker), drives both with the same random requests on fake clocks (by
+// name and through handles, batches, keys, exits, a resource without
+// rules), and requires every decision, everything a refusal says and the
+// statistics to be the same. Every short path is taken on the way.
+func TestShortPathsDecideAsTheGeneralChecker(t *testing.T) {
+	// One P: both engines' windows have one stripe, so the two requests of
+	// a step count on the same stripe (with more, the goroutine may move
+	// between them, and a stripe's unused lease is counted as committed).
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	rng := rand.New(rand.NewPCG(11, 23))
+	taken := map[string]int{}
+	for set := range 300 {
+		var rules []Rule
+		for range 1 + rng.IntN(3)*rng.IntN(2) { // one rule half the time
+			rules = append(rules, randomRule(rng, "api"))
+		}
+		if rng.IntN(2) == 0 {
+			rules = append(rules, Rule{Resource: "other", Threshold: float64(1 + rng.IntN(5))})
+		}
+		engines := [2]*Engine{}
+		clocks := [2]*stattest.Clock{}
+		errs := [2]error{}
+		for i := range engines {
+			clocks[i] = stattest.NewClock(time.Hour)
+			e, err := New(WithClock(clocks[i]), WithSleep(func(ctx context.Context, _ time.Duration) error { return ctx.Err() }))
+			require.NoError(t, err)
+			e.generalOnly = i == 1
+			errs[i] = e.LoadRules(rules)
+			engines[i] = e
+		}
+		require.Equal(t, errs[0] == nil, errs[1] == nil, "set %d: %v", set, rules)
+		if errs[0] != nil {
+			continue
+		}
+		short, general := engines[0], engines[1]
+		if rr := short.rules.Load().byResource["api"]; rr != nil {
+			if rr.single != nil {
+				taken["single"]++
 			}
-			rng := rand.New(rand.NewPCG(7, uint64(len(name))))
-			var open []Entry
-			for step := range 2000 {
-				d := time.Duration(rng.IntN(60)) * time.Millisecond
-				short.Advance(d)
-				general.Advance(d)
-				opts := []EntryOption{WithCount(1 + rng.IntN(3))}
-				ea, errA := a.Entry("api", opts...)
-				eb, errB := b.Entry("api", opts...)
-				require.Equal(t, errA == nil, errB == nil, "step %d", step)
-				require.Equal(t, errA, errB, "step %d: the same rule blocks", step)
-				require.Equal(t, ea.seen(), eb.seen(), "step %d", step)
-				require.Equal(t, ea.Start(), eb.Start(), "step %d", step)
-				open = append(open, ea, eb)
-				if rng.IntN(3) == 0 {
-					for i := range open {
-						open[i].Exit(nil)
-					}
-					open = open[:0]
+			if rr.singleKey != nil {
+				taken["single key"]++
+			}
+			if rr.singleGCRA != nil {
+				taken["single GCRA"]++
+			}
+		}
+		for _, rr := range general.rules.Load().byResource {
+			require.True(t, rr.single == nil && rr.singleKey == nil && rr.singleGCRA == nil, "generalOnly takes no short path")
+		}
+		var handles [2]map[string]*Resource
+		for i, e := range engines {
+			handles[i] = map[string]*Resource{}
+			for _, name := range []string{"api", "other", "free"} {
+				h, err := e.Resource(name)
+				require.NoError(t, err)
+				handles[i][name] = h
+			}
+		}
+		var open [2][]Entry
+		for step := range 200 {
+			d := time.Duration(rng.IntN(80)) * time.Millisecond
+			clocks[0].Advance(d)
+			clocks[1].Advance(d)
+			res := []string{"api", "api", "api", "other", "free"}[rng.IntN(5)]
+			n := 1
+			if rng.IntN(4) == 0 {
+				n += rng.IntN(3)
+			}
+			var opts [2][]EntryOption
+			if n > 1 {
+				opts[0] = append(opts[0], WithCount(n))
+			}
+			opts[1] = append(opts[1], WithCount(n)) // the option-free paths are short ones too
+			if rng.IntN(3) == 0 {
+				k := WithKey(string(rune('a' + rng.IntN(3))))
+				opts[0], opts[1] = append(opts[0], k), append(opts[1], k)
+			}
+			byHandle := rng.IntN(2) == 0
+			var ens [2]Entry
+			var errs [2]error
+			for i, e := range engines {
+				if byHandle {
+					ens[i], errs[i] = handles[i][res].Entry(opts[i]...)
+				} else {
+					ens[i], errs[i] = e.Entry(res, opts[i]...)
 				}
 			}
-			sa, _ := a.Snapshot("api")
-			sb, _ := b.Snapshot("api")
-			assert.Equal(t, sa, sb)
-		})
+			where := fmt.Sprintf("set %d step %d %s n=%d: %v", set, step, res, n, rules)
+			require.Equal(t, errs[0] == nil, errs[1] == nil, "%s: %v / %v", where, errs[0], errs[1])
+			if errs[0] != nil {
+				require.Equal(t, errs[0].Error(), errs[1].Error(), where)
+				var be *BlockError
+				if errors.As(errs[0], &be) {
+					ra, rb := ens[0].Refusal(), ens[1].Refusal()
+					require.NotNil(t, ra.Err, where)
+					require.Equal(t, ra.Err.Error(), rb.Err.Error(), where)
+					ra.Err, rb.Err = nil, nil
+					require.Equal(t, ra, rb, where)
+				}
+			}
+			require.Equal(t, ens[0].seen(), ens[1].seen(), where)
+			require.Equal(t, ens[0].Start(), ens[1].Start(), where)
+			open[0], open[1] = append(open[0], ens[0]), append(open[1], ens[1])
+			if rng.IntN(3) == 0 {
+				for i := range open {
+					for j := range open[i] {
+						open[i][j].Exit(nil)
+					}
+					open[i] = open[i][:0]
+				}
+			}
+		}
+		for _, name := range []string{"api", "other", "free"} {
+			sa, oka := short.Snapshot(name)
+			sb, okb := general.Snapshot(name)
+			require.Equal(t, oka, okb, name)
+			require.Equal(t, sa, sb, "set %d %s: %v", set, name, rules)
+		}
+	}
+	for _, path := range []string{"single", "single key", "single GCRA"} {
+		require.Positive(t, taken[path], "the %s short path was taken", path)
 	}
 }
