@@ -48,8 +48,16 @@ type Feed struct {
 	closed bool
 	// stopping is set by Close: Start starts nothing from then on.
 	stopping bool
-	// stop and done run the ticker Start begins.
+	// stop and done run the ticker Start begins; tick makes it (a real
+	// ticker of a second; tests drive their own).
 	stop, done chan struct{}
+	tick       func() (<-chan time.Time, func())
+}
+
+// everySecond is a Feed's tick: a ticker of a second and its Stop.
+func everySecond() (<-chan time.Time, func()) {
+	t := time.NewTicker(time.Second)
+	return t.C, t.Stop
 }
 
 // Feed returns the engine's feed, made on the first call: from the next
@@ -58,7 +66,7 @@ type Feed struct {
 func (e *Engine) Feed() *Feed {
 	e.feedOnce.Do(func() {
 		wall, now := time.Now(), e.now()
-		e.feed = &Feed{eng: e, origin: wall.Add(-time.Duration(now)), subs: map[int]func([]stat.Second){}}
+		e.feed = &Feed{eng: e, origin: wall.Add(-time.Duration(now)), subs: map[int]func([]stat.Second){}, tick: everySecond}
 		e.registry.Seconds(now, false, func(stat.Second) {}) // starts keeping them: nothing is whole yet
 	})
 	return e.feed
@@ -123,15 +131,15 @@ func (f *Feed) Start() {
 	}
 	stop, done := make(chan struct{}), make(chan struct{})
 	f.stop, f.done = stop, done
+	ticks, stopTicks := f.tick()
 	go func() {
 		defer close(done)
-		t := time.NewTicker(time.Second)
-		defer t.Stop()
+		defer stopTicks()
 		for {
 			select {
 			case <-stop:
 				return
-			case <-t.C:
+			case <-ticks:
 				f.Poll()
 			}
 		}

@@ -81,32 +81,48 @@ func TestFeedStepByStep(t *testing.T) {
 	cancel()
 }
 
-// TestFeedStartAndClose: Start polls every second on its own goroutine;
-// Close stops it (goleak checks the package) and delivers what is left.
+// TestFeedStartAndClose: Start polls at every tick (a second) on its own
+// goroutine; a second Start changes nothing; Close stops it (goleak checks
+// the package) and delivers what is left.
 func TestFeedStartAndClose(t *testing.T) {
-	e, err := New()
+	clock := stattest.NewClock(10 * time.Second)
+	e, err := New(WithClock(clock))
 	require.NoError(t, err)
 	load(t, e, Rule{Resource: "api", Threshold: 1000})
 	f := e.Feed()
+	ticks := make(chan time.Time)
+	f.tick = func() (<-chan time.Time, func()) { return ticks, func() {} }
 	var mu sync.Mutex
-	var pass int64
+	var pass, polls int64
 	f.Subscribe(func(b []stat.Second) {
 		mu.Lock()
 		defer mu.Unlock()
+		polls++
 		for _, s := range b {
 			pass += s.Pass
 		}
 	})
 	f.Start()
 	f.Start()
-	time.Sleep(1100 * time.Millisecond) // the first poll starts the feed
-	for range 50 {
+	clock.Advance(time.Second)
+	ticks <- time.Time{} // the first poll starts the feed
+	for range 30 {
 		require.True(t, try(e, "api"))
 	}
+	clock.Advance(2 * time.Second)
+	ticks <- time.Time{} // second 11 is whole: delivered
+	ticks <- time.Time{} // the goroutine took the tick before: the poll above has run
+	for range 20 {
+		require.True(t, try(e, "api"))
+	}
+	mu.Lock()
+	assert.Equal(t, int64(30), pass, "delivered by a tick")
+	assert.GreaterOrEqual(t, polls, int64(2), "a poll a tick")
+	mu.Unlock()
 	f.Close()
 	mu.Lock()
 	defer mu.Unlock()
-	assert.Equal(t, int64(50), pass)
+	assert.Equal(t, int64(50), pass, "Close delivers the rest")
 }
 
 // A queued request cancelled before its second is delivered: its rate rules
