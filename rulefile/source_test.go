@@ -57,7 +57,11 @@ func watch(t *testing.T, path string) (*flow.Engine, *Sync, *[]error) {
 }
 
 // settled waits until the sync has applied want rule sets, then a while
-// longer, and checks the count stays there: one reload per change.
+// longer, and checks the count stays there: one reload per change. The
+// wait is real time (3 debounces, 450 ms), as an exception to the 100 ms
+// rule: the kernel's file events arrive when they do, and no fake clock
+// can say that no more are coming (TestDebounceOnAnInjectedClock checks
+// the debounce itself on a fake one).
 func settled(t *testing.T, s *Sync, want int64, step string) {
 	t.Helper()
 	require.Eventually(t, func() bool { return s.Reloads() >= want }, 5*time.Second, 10*time.Millisecond, step)
