@@ -16,6 +16,8 @@ const (
 	Concurrency
 )
 
+// String returns the metric's name as rule files write it ("QPS",
+// "Concurrency").
 func (m Metric) String() string {
 	switch m {
 	case QPS:
@@ -50,6 +52,8 @@ const (
 	GCRA
 )
 
+// String returns the behavior's name as rule files write it ("Reject",
+// "WarmUp", ...).
 func (b Behavior) String() string {
 	switch b {
 	case Reject:
@@ -79,6 +83,8 @@ const (
 	FallbackClosed
 )
 
+// String returns the fallback's name as rule files write it ("Local",
+// "Open", "Closed").
 func (f Fallback) String() string {
 	switch f {
 	case FallbackLocal:

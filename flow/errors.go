@@ -27,6 +27,8 @@ const (
 	ReasonGlobal
 )
 
+// String returns the reason's name ("flow", "concurrency", "queue",
+// "global").
 func (r Reason) String() string {
 	switch r {
 	case ReasonFlow:
@@ -90,6 +92,7 @@ func newKeyBlockError(r *Rule, reason Reason, threshold float64) *BlockError {
 // A WarmUp rule's is its full Threshold, above what it allows while cold.
 func (e *BlockError) Quota() (quota int64, window time.Duration) { return e.quota, e.window }
 
+// Error names the resource, the rule and why it blocked.
 func (e *BlockError) Error() string { return e.msg }
 
 // Is makes errors.Is(err, ErrBlocked) true.

@@ -55,6 +55,7 @@ type Error struct {
 	Err          error // the cause, if any (a *flow.RuleError)
 }
 
+// Error names the file, the place in it and what is wrong.
 func (e *Error) Error() string {
 	var b strings.Builder
 	b.WriteString(e.File)
@@ -72,6 +73,7 @@ func (e *Error) Error() string {
 	return b.String()
 }
 
+// Unwrap returns the cause, if any (a *flow.RuleError for a bad rule).
 func (e *Error) Unwrap() error { return e.Err }
 
 // Parse reads the rules of one file's data; name is the file's name in
