@@ -19,7 +19,7 @@
 // deliveries, the feed waits rather than lose a line), and rotated by size with
 // gopkg.in/natefinch/lumberjack.v2: the file is renamed with a timestamp
 // (name-2006-01-02T15-04-05.000.ext) when the next write would pass
-// MaxSize, and the oldest backups beyond MaxBackups are removed.
+// WithMaxSize, and the oldest backups beyond WithMaxBackups are removed.
 package metriclog
 
 import (
@@ -41,14 +41,33 @@ import (
 	"github.com/leapflow/leapflow/stat"
 )
 
-// Options shape a Writer.
-type Options struct {
-	// MaxSize is the size in megabytes a file reaches before it is rotated
-	// (default 50).
-	MaxSize int
-	// MaxBackups is how many rotated files are kept (default 6; negative:
-	// all).
-	MaxBackups int
+// Option shapes a Writer (see NewWriter).
+type Option func(*config)
+
+// config is a Writer's options, defaults filled in.
+type config struct{ maxSize, maxBackups int }
+
+// WithMaxSize sets the size in megabytes a file reaches before it is
+// rotated (default 50; at least 1).
+func WithMaxSize(mb int) Option { return func(c *config) { c.maxSize = mb } }
+
+// WithMaxBackups sets how many rotated files are kept (default 6; at least
+// 1, or -1 for all).
+func WithMaxBackups(n int) Option { return func(c *config) { c.maxBackups = n } }
+
+// newConfig applies opts over the defaults and validates the result.
+func newConfig(opts []Option) (config, error) {
+	c := config{maxSize: 50, maxBackups: 6}
+	for _, o := range opts {
+		o(&c)
+	}
+	switch {
+	case c.maxSize < 1:
+		return c, fmt.Errorf("metriclog: WithMaxSize must be >= 1 (megabytes), got %d", c.maxSize)
+	case c.maxBackups < 1 && c.maxBackups != -1:
+		return c, fmt.Errorf("metriclog: WithMaxBackups must be >= 1, or -1 for all, got %d", c.maxBackups)
+	}
+	return c, nil
 }
 
 // Writer appends an engine's completed seconds to a file.
@@ -78,12 +97,12 @@ type loggerKey struct {
 	maxSize, maxBackups int
 }
 
-func loggerFor(path string, o Options) (*lumberjack.Logger, error) {
+func loggerFor(path string, o config) (*lumberjack.Logger, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return nil, fmt.Errorf("metriclog: path %q: %w", path, err)
 	}
-	k := loggerKey{abs, o.MaxSize, max(o.MaxBackups, 0)}
+	k := loggerKey{abs, o.maxSize, max(o.maxBackups, 0)} // lumberjack's 0 keeps all
 	loggersMu.Lock()
 	defer loggersMu.Unlock()
 	l := loggers[k]
@@ -98,18 +117,13 @@ func loggerFor(path string, o Options) (*lumberjack.Logger, error) {
 // made if needed), appending to what is there. It subscribes to the
 // engine's feed and starts it. It returns an error naming the option and
 // value when one is bad.
-func NewWriter(eng *flow.Engine, path string, o Options) (*Writer, error) {
-	switch {
-	case path == "":
+func NewWriter(eng *flow.Engine, path string, opts ...Option) (*Writer, error) {
+	if path == "" {
 		return nil, errors.New("metriclog: path is empty")
-	case o.MaxSize < 0:
-		return nil, fmt.Errorf("metriclog: MaxSize must be >= 0 (megabytes), got %d", o.MaxSize)
 	}
-	if o.MaxSize == 0 {
-		o.MaxSize = 50
-	}
-	if o.MaxBackups == 0 {
-		o.MaxBackups = 6
+	o, err := newConfig(opts)
+	if err != nil {
+		return nil, err
 	}
 	l, err := loggerFor(path, o)
 	if err != nil {

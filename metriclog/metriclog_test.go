@@ -60,7 +60,7 @@ func TestWriteAndReadBack(t *testing.T) {
 	eng := engine(t, clock, 16)
 	require.NoError(t, eng.LoadRules([]flow.Rule{{Resource: "api", Threshold: 3}}))
 	path := filepath.Join(t.TempDir(), "logs", "metrics.log")
-	w, err := NewWriter(eng, path, Options{})
+	w, err := NewWriter(eng, path)
 	require.NoError(t, err)
 	hostile := "a|b\nc%7C\r"
 	clock.Set(time.Second + 100*time.Millisecond)
@@ -108,7 +108,7 @@ func TestRotationKeepsEveryLine(t *testing.T) {
 	const resources, seconds = 500, 50
 	eng := engine(t, clock, resources)
 	path := filepath.Join(t.TempDir(), "metrics.log")
-	w, err := NewWriter(eng, path, Options{MaxSize: 1, MaxBackups: 100})
+	w, err := NewWriter(eng, path, WithMaxSize(1), WithMaxBackups(100))
 	require.NoError(t, err)
 	name := strings.Repeat("r", 40)
 	for s := 1; s <= seconds; s++ {
@@ -136,7 +136,7 @@ func TestReopenedWritersShareOneMill(t *testing.T) {
 	for range 5 {
 		clock := stattest.NewClock(0)
 		eng := engine(t, clock, 4)
-		w, err := NewWriter(eng, path, Options{})
+		w, err := NewWriter(eng, path)
 		require.NoError(t, err)
 		clock.Set(time.Second)
 		enter(t, eng, "x", 1, nil)
@@ -181,7 +181,7 @@ func TestRotationNeverSplitsALine(t *testing.T) {
 	const resources = 3600
 	eng := engine(t, clock, resources+10)
 	path := filepath.Join(t.TempDir(), "m.log")
-	w, err := NewWriter(eng, path, Options{MaxSize: 1, MaxBackups: -1})
+	w, err := NewWriter(eng, path, WithMaxSize(1), WithMaxBackups(-1))
 	require.NoError(t, err)
 	want := 0
 	for s := 11; s <= 16; s++ {
@@ -210,7 +210,7 @@ func TestAppendAfterACrashRemnantStartsANewLine(t *testing.T) {
 	eng := engine(t, clock, 16)
 	path := filepath.Join(t.TempDir(), "m.log")
 	require.NoError(t, os.WriteFile(path, []byte("1764558000000|2026-12-01 03:00:00|api|1|0|1|0|0|0|0\n1764558001000|2026-12-01 03:0"), 0o644))
-	w, err := NewWriter(eng, path, Options{})
+	w, err := NewWriter(eng, path)
 	require.NoError(t, err)
 	clock.Set(11*time.Second + time.Millisecond)
 	enter(t, eng, "api", 2, nil)
@@ -236,10 +236,33 @@ func TestTwoWritersMayCloseTheFeed(t *testing.T) {
 	clock := stattest.NewClock(10 * time.Second)
 	eng := engine(t, clock, 16)
 	dir := t.TempDir()
-	w1, err := NewWriter(eng, filepath.Join(dir, "a.log"), Options{})
+	w1, err := NewWriter(eng, filepath.Join(dir, "a.log"))
 	require.NoError(t, err)
-	w2, err := NewWriter(eng, filepath.Join(dir, "b.log"), Options{})
+	w2, err := NewWriter(eng, filepath.Join(dir, "b.log"))
 	require.NoError(t, err)
 	require.NoError(t, w1.Close())
 	assert.NotPanics(t, func() { _ = w2.Close() })
+}
+
+// A bad option is an error naming it and its value, and starts nothing.
+func TestNewWriterRejectsBadOptions(t *testing.T) {
+	eng, err := flow.New(flow.WithClock(stattest.NewClock(0)))
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "m.log")
+	for _, tc := range []struct {
+		opts []Option
+		want string
+	}{
+		{[]Option{WithMaxSize(0)}, "WithMaxSize must be >= 1 (megabytes), got 0"},
+		{[]Option{WithMaxBackups(0)}, "WithMaxBackups must be >= 1, or -1 for all, got 0"},
+		{[]Option{WithMaxBackups(-2)}, "got -2"},
+	} {
+		_, err := NewWriter(eng, path, tc.opts...)
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), tc.want)
+	}
+	_, err = NewWriter(eng, "")
+	assert.ErrorContains(t, err, "path is empty")
+	_, err = os.Stat(path)
+	assert.True(t, os.IsNotExist(err), "nothing written")
 }
