@@ -55,7 +55,7 @@ func TestPageInABrowser(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, eng.LoadRules([]flow.Rule{{ID: "api-limit", Resource: "api", Threshold: 1000}}))
 	t.Cleanup(eng.Feed().Close)
-	h, err := New(eng, Options{Token: "t0ken"})
+	h, err := New(eng, WithToken("t0ken"))
 	require.NoError(t, err)
 	srv := httptest.NewServer(h)
 	defer srv.Close()

@@ -4,7 +4,7 @@
 // and a chart of the last minutes of a selected resource, updated every
 // second over Server-Sent Events.
 //
-//	http.Handle("/leapflow/", http.StripPrefix("/leapflow", dashboard.New(eng, dashboard.Options{Token: secret})))
+//	http.Handle("/leapflow/", http.StripPrefix("/leapflow", dashboard.New(eng, dashboard.WithToken(secret))))
 //
 // Everything it serves is embedded (no CDN: it works offline) and it has
 // no way to change anything: only GET. The figures are the engine's
@@ -46,24 +46,61 @@ import (
 //go:embed assets
 var assets embed.FS
 
-// Options shape a dashboard.
-type Options struct {
-	// Token, when set, is asked of every request: "Authorization: Bearer
-	// <token>" or ?token=<token>.
-	Token string
-	// BasicAuthUser and BasicAuthPassword, when set, are asked of every
-	// request (HTTP basic authentication).
-	BasicAuthUser, BasicAuthPassword string
-	// MaxRows bounds the table (default 500).
-	MaxRows int
-	// HistorySeconds is how far back the chart goes (default 300);
-	// MaxHistoryPoints bounds the points kept for all resources together
-	// (default 200,000: the oldest seconds go first).
-	HistorySeconds   int
-	MaxHistoryPoints int
-	// HistoryFile, when set, is a metric log (metriclog) whose last
-	// HistorySeconds seed the chart at start.
-	HistoryFile string
+// Option shapes a dashboard (see New).
+type Option func(*config)
+
+// config is a dashboard's options, defaults filled in.
+type config struct {
+	token                            string
+	basicAuthUser, basicAuthPassword string
+	basicAuth                        bool
+	maxRows                          int
+	historySeconds, maxHistoryPoints int
+	historyFile                      string
+}
+
+// WithToken asks every request for token: "Authorization: Bearer <token>"
+// or ?token=<token>.
+func WithToken(token string) Option { return func(c *config) { c.token = token } }
+
+// WithBasicAuth asks every request for user and password (HTTP basic
+// authentication); both must be given.
+func WithBasicAuth(user, password string) Option {
+	return func(c *config) { c.basicAuth, c.basicAuthUser, c.basicAuthPassword = true, user, password }
+}
+
+// WithMaxRows bounds the table (default 500; at least 1).
+func WithMaxRows(n int) Option { return func(c *config) { c.maxRows = n } }
+
+// WithHistorySeconds sets how far back the chart goes (default 300; at
+// least 1).
+func WithHistorySeconds(n int) Option { return func(c *config) { c.historySeconds = n } }
+
+// WithMaxHistoryPoints bounds the points kept for all resources together
+// (default 200,000; at least 1): the oldest seconds go first.
+func WithMaxHistoryPoints(n int) Option { return func(c *config) { c.maxHistoryPoints = n } }
+
+// WithHistoryFile seeds the chart at start with the last history seconds
+// of a metric log (metriclog) at path.
+func WithHistoryFile(path string) Option { return func(c *config) { c.historyFile = path } }
+
+// newConfig applies opts over the defaults and validates the result.
+func newConfig(opts []Option) (config, error) {
+	c := config{maxRows: 500, historySeconds: 300, maxHistoryPoints: 200_000}
+	for _, o := range opts {
+		o(&c)
+	}
+	switch {
+	case c.maxRows < 1:
+		return c, fmt.Errorf("dashboard: WithMaxRows must be >= 1, got %d", c.maxRows)
+	case c.historySeconds < 1:
+		return c, fmt.Errorf("dashboard: WithHistorySeconds must be >= 1, got %d", c.historySeconds)
+	case c.maxHistoryPoints < 1:
+		return c, fmt.Errorf("dashboard: WithMaxHistoryPoints must be >= 1, got %d", c.maxHistoryPoints)
+	case c.basicAuth && (c.basicAuthUser == "" || c.basicAuthPassword == ""):
+		return c, errors.New("dashboard: WithBasicAuth needs both a user and a password")
+	}
+	return c, nil
 }
 
 // Point is one resource's completed second, as the page gets it.
@@ -93,7 +130,7 @@ type Tick struct {
 
 type server struct {
 	eng  *flow.Engine
-	opts Options
+	opts config
 	mux  *http.ServeMux
 
 	mu sync.Mutex
@@ -115,29 +152,14 @@ type histPoint struct {
 // New returns the dashboard of eng. It subscribes to the engine's feed and
 // starts it. It returns an error naming the option and value when one is
 // bad.
-func New(eng *flow.Engine, opts Options) (http.Handler, error) {
-	switch {
-	case opts.MaxRows < 0:
-		return nil, fmt.Errorf("dashboard: MaxRows must be >= 0, got %d", opts.MaxRows)
-	case opts.HistorySeconds < 0:
-		return nil, fmt.Errorf("dashboard: HistorySeconds must be >= 0, got %d", opts.HistorySeconds)
-	case opts.MaxHistoryPoints < 0:
-		return nil, fmt.Errorf("dashboard: MaxHistoryPoints must be >= 0, got %d", opts.MaxHistoryPoints)
-	case (opts.BasicAuthUser == "") != (opts.BasicAuthPassword == ""):
-		return nil, errors.New("dashboard: BasicAuthUser and BasicAuthPassword go together")
-	}
-	if opts.MaxRows == 0 {
-		opts.MaxRows = 500
-	}
-	if opts.HistorySeconds == 0 {
-		opts.HistorySeconds = 300
-	}
-	if opts.MaxHistoryPoints == 0 {
-		opts.MaxHistoryPoints = 200_000
+func New(eng *flow.Engine, options ...Option) (http.Handler, error) {
+	opts, err := newConfig(options)
+	if err != nil {
+		return nil, err
 	}
 	s := &server{eng: eng, opts: opts, latest: map[string]Point{}, clients: map[chan []byte]struct{}{}}
-	if opts.HistoryFile != "" {
-		if err := s.seed(opts.HistoryFile); err != nil {
+	if opts.historyFile != "" {
+		if err := s.seed(opts.historyFile); err != nil {
 			return nil, err
 		}
 	}
@@ -159,7 +181,7 @@ func New(eng *flow.Engine, opts Options) (http.Handler, error) {
 
 // seed fills the history from a metric log.
 func (s *server) seed(path string) error {
-	since := time.Now().Add(-time.Duration(s.opts.HistorySeconds) * time.Second)
+	since := time.Now().Add(-time.Duration(s.opts.historySeconds) * time.Second)
 	var batch []histPoint
 	var at time.Time
 	err := metriclog.ReadFilesSkipBad(path, func(l metriclog.Line) error {
@@ -187,13 +209,13 @@ func (s *server) seed(path string) error {
 // keep appends a delivery to the history, dropping the oldest beyond the
 // bounds. Called with mu held, or before serving.
 func (s *server) keep(batch []histPoint) {
-	if len(batch) > s.opts.MaxHistoryPoints {
-		batch = batch[:s.opts.MaxHistoryPoints] // one delivery larger than the whole bound
+	if len(batch) > s.opts.maxHistoryPoints {
+		batch = batch[:s.opts.maxHistoryPoints] // one delivery larger than the whole bound
 	}
 	s.history = append(s.history, batch)
 	s.points += len(batch)
-	cutoff := batch[0].Time - int64(s.opts.HistorySeconds)*1000
-	for len(s.history) > 1 && (s.points > s.opts.MaxHistoryPoints || s.history[0][0].Time < cutoff) {
+	cutoff := batch[0].Time - int64(s.opts.historySeconds)*1000
+	for len(s.history) > 1 && (s.points > s.opts.maxHistoryPoints || s.history[0][0].Time < cutoff) {
 		s.points -= len(s.history[0])
 		s.history[0] = nil
 		s.history = s.history[1:]
@@ -273,7 +295,7 @@ func (s *server) buildTick(now int64) []byte {
 		}
 		return strings.Compare(a.Resource, b.Resource)
 	})
-	rows = rows[:min(len(rows), s.opts.MaxRows)]
+	rows = rows[:min(len(rows), s.opts.maxRows)]
 	for i := range rows {
 		rows[i].Rules = strings.Join(rules[rows[i].Resource], "; ")
 		if snap, ok := s.eng.Snapshot(rows[i].Resource); ok {
@@ -287,7 +309,7 @@ func (s *server) buildTick(now int64) []byte {
 // ServeHTTP checks access, then serves the page and its API.
 func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !s.allowed(w, r) {
-		if s.opts.BasicAuthUser != "" {
+		if s.opts.basicAuthUser != "" {
 			w.Header().Set("WWW-Authenticate", `Basic realm="leapflow", charset="UTF-8"`)
 		}
 		http.Error(w, "unauthorized", http.StatusUnauthorized)
@@ -306,24 +328,24 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 const tokenCookie = "leapflow_token"
 
 func (s *server) allowed(w http.ResponseWriter, r *http.Request) bool {
-	if s.opts.Token != "" {
+	if s.opts.token != "" {
 		tok, fromQuery := r.URL.Query().Get("token"), true
 		if v, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
 			tok, fromQuery = v, false
 		} else if c, err := r.Cookie(tokenCookie); err == nil && tok == "" {
 			tok, fromQuery = c.Value, false
 		}
-		if subtle.ConstantTimeCompare([]byte(tok), []byte(s.opts.Token)) != 1 {
+		if subtle.ConstantTimeCompare([]byte(tok), []byte(s.opts.token)) != 1 {
 			return false
 		}
 		if fromQuery {
 			http.SetCookie(w, &http.Cookie{Name: tokenCookie, Value: tok, HttpOnly: true, SameSite: http.SameSiteStrictMode})
 		}
 	}
-	if s.opts.BasicAuthUser != "" {
+	if s.opts.basicAuthUser != "" {
 		u, p, ok := r.BasicAuth()
-		if !ok || subtle.ConstantTimeCompare([]byte(u), []byte(s.opts.BasicAuthUser)) != 1 ||
-			subtle.ConstantTimeCompare([]byte(p), []byte(s.opts.BasicAuthPassword)) != 1 {
+		if !ok || subtle.ConstantTimeCompare([]byte(u), []byte(s.opts.basicAuthUser)) != 1 ||
+			subtle.ConstantTimeCompare([]byte(p), []byte(s.opts.basicAuthPassword)) != 1 {
 			return false
 		}
 	}

@@ -61,7 +61,7 @@ func get(t *testing.T, url string, header ...string) (*http.Response, string) {
 func TestTickAndHistory(t *testing.T) {
 	clock := stattest.NewClock(0)
 	eng := engine(t, clock, flow.Rule{ID: "api-limit", Resource: "api", Threshold: 2}, flow.Rule{Resource: "quiet", Metric: flow.Concurrency, Threshold: 3})
-	h, err := New(eng, Options{})
+	h, err := New(eng)
 	require.NoError(t, err)
 	srv := httptest.NewServer(h)
 	defer srv.Close()
@@ -110,7 +110,7 @@ func TestTickAndHistory(t *testing.T) {
 // TestAccess: with a token or basic auth, nothing is served without it.
 func TestAccess(t *testing.T) {
 	eng := engine(t, stattest.NewClock(0))
-	h, err := New(eng, Options{Token: "s3cret"})
+	h, err := New(eng, WithToken("s3cret"))
 	require.NoError(t, err)
 	srv := httptest.NewServer(h)
 	defer srv.Close()
@@ -135,7 +135,7 @@ func TestAccess(t *testing.T) {
 	resp, _ = get(t, srv.URL+"/app.js", "Cookie", c.Name+"=wrong")
 	assert.Equal(t, http.StatusUnauthorized, resp.StatusCode)
 
-	basic, err := New(eng, Options{BasicAuthUser: "ops", BasicAuthPassword: "pw"})
+	basic, err := New(eng, WithBasicAuth("ops", "pw"))
 	require.NoError(t, err)
 	bsrv := httptest.NewServer(basic)
 	defer bsrv.Close()
@@ -149,10 +149,16 @@ func TestAccess(t *testing.T) {
 	r2.Body.Close()
 	assert.Equal(t, http.StatusOK, r2.StatusCode)
 
-	_, err = New(eng, Options{BasicAuthUser: "ops"})
-	assert.ErrorContains(t, err, "BasicAuthPassword")
-	_, err = New(eng, Options{MaxRows: -1})
-	assert.ErrorContains(t, err, "MaxRows")
+	_, err = New(eng, WithBasicAuth("ops", ""))
+	assert.ErrorContains(t, err, "WithBasicAuth needs both")
+	_, err = New(eng, WithMaxRows(-1))
+	assert.ErrorContains(t, err, "WithMaxRows must be >= 1, got -1")
+	_, err = New(eng, WithMaxRows(0))
+	assert.ErrorContains(t, err, "got 0", "an explicit 0 is not the default")
+	_, err = New(eng, WithHistorySeconds(0))
+	assert.ErrorContains(t, err, "WithHistorySeconds")
+	_, err = New(eng, WithMaxHistoryPoints(-3))
+	assert.ErrorContains(t, err, "WithMaxHistoryPoints")
 }
 
 // TestEventsStreamEndsWithItsClient: the stream sends a tick at once and
@@ -161,7 +167,7 @@ func TestAccess(t *testing.T) {
 func TestEventsStreamEndsWithItsClient(t *testing.T) {
 	clock := stattest.NewClock(0)
 	eng := engine(t, clock, flow.Rule{Resource: "api", Threshold: 100})
-	h, err := New(eng, Options{})
+	h, err := New(eng)
 	require.NoError(t, err)
 	srv := httptest.NewServer(h)
 	defer srv.Close()
@@ -214,7 +220,7 @@ func TestHistoryFromAMetricLog(t *testing.T) {
 	b.WriteString(itoa(old.UnixMilli()) + "|" + old.UTC().Format(time.DateTime) + "|api|99|0|0|0|0|0|0\n")
 	require.NoError(t, os.WriteFile(path, []byte(b.String()), 0o600))
 	eng := engine(t, stattest.NewClock(0))
-	h, err := New(eng, Options{HistoryFile: path})
+	h, err := New(eng, WithHistoryFile(path))
 	require.NoError(t, err)
 	srv := httptest.NewServer(h)
 	defer srv.Close()
@@ -226,7 +232,7 @@ func TestHistoryFromAMetricLog(t *testing.T) {
 	assert.Equal(t, int64(2), pts[1].Pass)
 	assert.InDelta(t, 5.0, pts[0].AvgRT, 1e-9)
 
-	_, err = New(eng, Options{HistoryFile: filepath.Join(t.TempDir(), "none", "m.log")})
+	_, err = New(eng, WithHistoryFile(filepath.Join(t.TempDir(), "none", "m.log")))
 	assert.ErrorContains(t, err, "HistoryFile")
 }
 
@@ -239,7 +245,7 @@ func TestHistoryStaysWithinMaxHistoryPoints(t *testing.T) {
 	eng, err := flow.New(flow.WithClock(clock), flow.WithMaxResources(1000))
 	require.NoError(t, err)
 	t.Cleanup(eng.Feed().Close)
-	h, err := New(eng, Options{MaxHistoryPoints: 10})
+	h, err := New(eng, WithMaxHistoryPoints(10))
 	require.NoError(t, err)
 	clock.Set(11*time.Second + time.Millisecond)
 	for i := range 500 {
@@ -268,6 +274,6 @@ func TestHistoryFileWithACrashRemnantStarts(t *testing.T) {
 	body := line(now.Add(-4*time.Second), "api") + "\n" + cut + line(now.Add(-2*time.Second), "api") + "\n" + line(now.Add(-time.Second), "api") + "\n"
 	require.NoError(t, os.WriteFile(path, []byte(body), 0o600))
 	eng := engine(t, stattest.NewClock(0))
-	_, err := New(eng, Options{HistoryFile: path})
+	_, err := New(eng, WithHistoryFile(path))
 	require.NoError(t, err)
 }

@@ -59,7 +59,7 @@ func run(ctx context.Context, addr, shot string, out io.Writer) error {
 		return err
 	}
 	defer eng.Feed().Close()
-	h, err := dashboard.New(eng, dashboard.Options{})
+	h, err := dashboard.New(eng)
 	if err != nil {
 		return err
 	}
