@@ -21,7 +21,7 @@ func TestFileSourceSurvivesAnyFile(t *testing.T) {
 	if dir := os.Getenv("ADV_CRASH_DIR"); dir != "" {
 		path := filepath.Join(dir, "rules.yaml")
 		eng, _ := flow.New()
-		s := Start(eng, NewFileSource(path), Options{})
+		s := Start(eng, NewFileSource(path))
 		defer s.Stop()
 		// Until the sync has read the file (a panic there ends the
 		// process before this returns).

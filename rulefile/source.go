@@ -28,16 +28,24 @@ type Source interface {
 	Run(ctx context.Context, update func(rules []flow.Rule, err error))
 }
 
-// Options shape a Sync.
-type Options struct {
-	// OnError is told each update that failed (a bad file, rules the
-	// engine refused); the rules in force stay. Errors are also logged by
-	// Logger at warn. It runs on the source's goroutine: it must return
-	// (Stop waits for it); a panic in it is logged.
-	OnError func(error)
-	// Logger logs failed updates (default slog.Default()).
-	Logger *slog.Logger
+// Option shapes a Sync (see Start).
+type Option func(*config)
+
+// config is a Sync's options, defaults filled in.
+type config struct {
+	onError func(error)
+	logger  *slog.Logger
 }
+
+// WithOnError tells fn each update that failed (a bad file, rules the
+// engine refused); the rules in force stay. Errors are also logged (see
+// WithLogger). fn runs on the source's goroutine: it must return (Stop
+// waits for it); a panic in it is logged.
+func WithOnError(fn func(error)) Option { return func(c *config) { c.onError = fn } }
+
+// WithLogger sets the logger of failed updates, at warn (default
+// slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
 // Sync keeps an engine's rules those of a source.
 type Sync struct {
@@ -50,9 +58,13 @@ type Sync struct {
 
 // Start applies src's rules to eng, now and on every change, until Stop.
 // A change is applied whole (flow.Engine.LoadRules) or not at all.
-func Start(eng *flow.Engine, src Source, opts Options) *Sync {
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
+func Start(eng *flow.Engine, src Source, options ...Option) *Sync {
+	opts := config{logger: slog.Default()}
+	for _, o := range options {
+		o(&opts)
+	}
+	if opts.logger == nil {
+		opts.logger = slog.Default()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Sync{cancel: cancel, done: make(chan struct{})}
@@ -64,16 +76,16 @@ func Start(eng *flow.Engine, src Source, opts Options) *Sync {
 			}
 			defer func() {
 				if v := recover(); v != nil {
-					opts.Logger.Error("leapflow: the rule source's OnError panicked", "panic", v)
+					opts.logger.Error("leapflow: the rule source's WithOnError function panicked", "panic", v)
 				}
 			}()
 			s.mu.Lock()
 			s.lastErr = err
 			s.mu.Unlock()
 			if err != nil {
-				opts.Logger.Warn("leapflow: rules not reloaded; the rules in force stay", "err", err)
-				if opts.OnError != nil {
-					opts.OnError(err)
+				opts.logger.Warn("leapflow: rules not reloaded; the rules in force stay", "err", err)
+				if opts.onError != nil {
+					opts.onError(err)
 				}
 				return
 			}
@@ -109,30 +121,41 @@ func (s *Sync) Stop() {
 // short or bad is an error: the rules in force stay (clearing every rule
 // takes an explicit "rules: []").
 type FileSource struct {
-	Path string
-	// Debounce is how long events must stop before the file is read
-	// (default 100 ms).
-	Debounce time.Duration
+	path string
+	// debounce is how long events must stop before the file is read.
+	debounce time.Duration
 	// after is time.AfterFunc, replaced in tests.
 	after func(time.Duration, func()) interface{ Stop() bool }
 }
 
+// FileOption shapes a FileSource (see NewFileSource).
+type FileOption func(*FileSource)
+
+// WithDebounce sets how long file events must stop before the file is
+// read (default 100 ms; at least 1 ms, shorter is taken as 1 ms).
+func WithDebounce(d time.Duration) FileOption {
+	return func(f *FileSource) { f.debounce = max(d, time.Millisecond) }
+}
+
 // NewFileSource returns the source of the rule file or directory at path.
-func NewFileSource(path string) *FileSource { return &FileSource{Path: path} }
+func NewFileSource(path string, opts ...FileOption) *FileSource {
+	f := &FileSource{path: path, debounce: 100 * time.Millisecond}
+	for _, o := range opts {
+		o(f)
+	}
+	return f
+}
 
 // Run implements Source.
 func (f *FileSource) Run(ctx context.Context, update func([]flow.Rule, error)) {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
-		update(nil, fmt.Errorf("rulefile: watching %s: %w", f.Path, err))
+		update(nil, fmt.Errorf("rulefile: watching %s: %w", f.path, err))
 		return
 	}
 	defer w.Close()
 	dir, name := f.watched()
-	debounce := f.Debounce
-	if debounce <= 0 {
-		debounce = 100 * time.Millisecond
-	}
+	debounce := f.debounce
 	after := f.after
 	if after == nil {
 		after = func(d time.Duration, fn func()) interface{ Stop() bool } { return time.AfterFunc(d, fn) }
@@ -168,7 +191,7 @@ func (f *FileSource) Run(ctx context.Context, update func([]flow.Rule, error)) {
 		if name == "" {
 			return
 		}
-		t, err := filepath.EvalSymlinks(f.Path)
+		t, err := filepath.EvalSymlinks(f.path)
 		if err != nil || t == target {
 			return
 		}
@@ -260,10 +283,10 @@ func (f *FileSource) Run(ctx context.Context, update func([]flow.Rule, error)) {
 // watched returns the directory to watch and the name within it to follow
 // ("" for every rule file of a directory source).
 func (f *FileSource) watched() (dir, name string) {
-	if st, err := os.Stat(f.Path); err == nil && st.IsDir() {
-		return f.Path, ""
+	if st, err := os.Stat(f.path); err == nil && st.IsDir() {
+		return f.path, ""
 	}
-	return filepath.Dir(f.Path), filepath.Base(f.Path)
+	return filepath.Dir(f.path), filepath.Base(f.path)
 }
 
 // relevant reports whether an event on path concerns the source: its
@@ -281,8 +304,8 @@ func relevant(path, name string) bool {
 
 // read reads the source's rules and a digest of what it read.
 func (f *FileSource) read() ([]flow.Rule, [32]byte, error) {
-	if st, err := os.Stat(f.Path); err == nil && st.IsDir() {
-		rules, err := ReadDir(f.Path)
+	if st, err := os.Stat(f.path); err == nil && st.IsDir() {
+		rules, err := ReadDir(f.path)
 		if err != nil {
 			return nil, [32]byte{}, err
 		}
@@ -290,14 +313,14 @@ func (f *FileSource) read() ([]flow.Rule, [32]byte, error) {
 		out, err := Format(rules)
 		return rules, sha256.Sum256(out), err
 	}
-	data, err := os.ReadFile(f.Path)
+	data, err := os.ReadFile(f.path)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			err = fmt.Errorf("rulefile: %s is missing: the rules in force stay", f.Path)
+			err = fmt.Errorf("rulefile: %s is missing: the rules in force stay", f.path)
 		}
 		return nil, [32]byte{}, err
 	}
-	rules, err := Check(f.Path, data)
+	rules, err := Check(f.path, data)
 	return rules, sha256.Sum256(data), err
 }
 

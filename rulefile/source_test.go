@@ -29,13 +29,12 @@ func watch(t *testing.T, path string) (*flow.Engine, *Sync, *[]error) {
 	require.NoError(t, err)
 	var mu sync.Mutex
 	var errs []error
-	src := NewFileSource(path)
-	src.Debounce = debounce
-	s := Start(eng, src, Options{OnError: func(err error) {
+	src := NewFileSource(path, WithDebounce(debounce))
+	s := Start(eng, src, WithOnError(func(err error) {
 		mu.Lock()
 		defer mu.Unlock()
 		errs = append(errs, err)
-	}})
+	}))
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -189,7 +188,7 @@ func TestMemorySource(t *testing.T) {
 	require.NoError(t, err)
 	src := NewMemorySource([]flow.Rule{{Resource: "a", Threshold: 1}})
 	reported := make(chan error, 4)
-	s := Start(eng, src, Options{OnError: func(err error) { reported <- err }})
+	s := Start(eng, src, WithOnError(func(err error) { reported <- err }))
 	defer s.Stop()
 	require.Eventually(t, func() bool { return s.Reloads() == 1 }, time.Second, time.Millisecond)
 	src.Set([]flow.Rule{{Resource: "a", Threshold: -1}})
@@ -234,7 +233,7 @@ func TestDebounceOnAnInjectedClock(t *testing.T) {
 	}
 	eng, err := flow.New()
 	require.NoError(t, err)
-	s := Start(eng, src, Options{})
+	s := Start(eng, src)
 	defer s.Stop()
 	require.Eventually(t, func() bool { return s.Reloads() == 1 }, 5*time.Second, time.Millisecond)
 	for _, th := range []string{"2", "3", "4"} {
@@ -300,9 +299,8 @@ func TestSourceSeesItsDirectoryCreatedAfterStart(t *testing.T) {
 	path := filepath.Join(dir, "rules.yaml")
 	eng, err := flow.New()
 	require.NoError(t, err)
-	src := NewFileSource(path)
-	src.Debounce = debounce
-	s := Start(eng, src, Options{})
+	src := NewFileSource(path, WithDebounce(debounce))
+	s := Start(eng, src)
 	defer s.Stop()
 	require.Eventually(t, func() bool { return s.LastError() != nil }, 5*time.Second, 10*time.Millisecond)
 	require.NoError(t, os.Mkdir(dir, 0o755))
@@ -332,11 +330,10 @@ func TestSourceRereadsAfterAnEventOverflow(t *testing.T) {
 	require.NoError(t, os.WriteFile(path, []byte(rulesOf("1")), 0o644))
 	eng, err := flow.New()
 	require.NoError(t, err)
-	src := NewFileSource(path)
-	src.Debounce = 10 * time.Millisecond
+	src := NewFileSource(path, WithDebounce(10 * time.Millisecond))
 	release, blocked := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	s := Start(eng, src, Options{OnError: func(error) { once.Do(func() { close(blocked); <-release }) }})
+	s := Start(eng, src, WithOnError(func(error) { once.Do(func() { close(blocked); <-release }) }))
 	defer s.Stop()
 	require.Eventually(t, func() bool { return s.Reloads() == 1 }, 5*time.Second, time.Millisecond)
 	// A bad write; the sync is held in OnError (any slow update will do).
