@@ -132,7 +132,7 @@ func newGCRADecider(srv *redistest.Server, impl, key string, rate, burst int64, 
 			close: func() { client.Close() },
 		}
 	}
-	src, err := global.New(client, global.Options{OnAdmit: onAdmit})
+	src, err := global.New(client, global.WithOnAdmit(onAdmit))
 	if err != nil {
 		panic(err)
 	}

@@ -54,7 +54,7 @@ func globalSection(cfg config, tick func(string)) ([]globalResult, *globalAccura
 			opts := []flow.Option{}
 			rule := flow.Rule{Resource: "api", Threshold: hugeLimit}
 			if im.batch > 0 {
-				src, err = global.New(client, global.Options{MaxBatch: im.batch})
+				src, err = global.New(client, global.WithMaxBatch(im.batch))
 				if err != nil {
 					panic(err)
 				}
@@ -105,7 +105,7 @@ func globalHammer(srv *redistest.Server, cfg config) *globalAccuracy {
 	for range instances {
 		client := srv.Client()
 		defer client.Close()
-		src, err := global.New(client, global.Options{OnAdmit: audit.Record})
+		src, err := global.New(client, global.WithOnAdmit(audit.Record))
 		if err != nil {
 			panic(err)
 		}

@@ -71,7 +71,7 @@ func newFleet(client func() *redis.Client, n int, threshold int64, fallback flow
 	key := fmt.Sprintf("load-%d", time.Now().UnixNano())
 	for range n {
 		c := client()
-		src, err := global.New(c, global.Options{OnAdmit: f.audit.Record})
+		src, err := global.New(c, global.WithOnAdmit(f.audit.Record))
 		if err != nil {
 			panic(err)
 		}

@@ -104,10 +104,10 @@ func mwCases() []mwCase {
 	}
 	return []mwCase{
 		{"net/http bare", "the handler alone", serveHTTP(bare, true)},
-		{"httpflow", "route rule, HTTP/1 writer (pooled wrapper)", serveHTTP(httpflow.Handler(route, "GET /x", bare), true)},
-		{"httpflow per IP", "PerKey rule keyed by httpflow.ClientIP, HTTP/1 writer", serveHTTP(httpflow.Middleware(perIP,
-			httpflow.WithResource(func(*http.Request) string { return "GET /x" }), httpflow.WithKey(httpflow.ClientIP()))(bare), true)},
-		{"httpflow other writer", "route rule, a writer without HTTP/1's interfaces (httpsnoop)", serveHTTP(httpflow.Handler(route, "GET /x", bare), false)},
+		{"httpflow", "route rule, HTTP/1 writer (pooled wrapper)", serveHTTP(httpflow.New(route).Handler("GET /x", bare), true)},
+		{"httpflow per IP", "PerKey rule keyed by httpflow.ClientIP, HTTP/1 writer", serveHTTP(httpflow.New(perIP,
+			httpflow.WithResource(func(*http.Request) string { return "GET /x" }), httpflow.WithKey(httpflow.ClientIP())).Middleware(bare), true)},
+		{"httpflow other writer", "route rule, a writer without HTTP/1's interfaces (httpsnoop)", serveHTTP(httpflow.New(route).Handler("GET /x", bare), false)},
 		{"sethvargo/go-limiter", "httplimit middleware, per IP (memorystore)", serveHTTP(svMW.Handle(bare), true)},
 		{"ulule/limiter", "stdlib middleware, per IP (memory store)", serveHTTP(ul.Handler(bare), true)},
 		{"gRPC bare", "a unary handler alone", func() func() { return func() { _, _ = unary(context.Background(), nil) } }},

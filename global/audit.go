@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// Audit collects admissions per server bucket from Options.OnAdmit, to
+// Audit collects admissions per server bucket from WithOnAdmit, to
 // check a limit after the fact: several Sources may share one. It is safe
 // for simultaneous use.
 type Audit struct {
@@ -17,7 +17,7 @@ type Audit struct {
 // NewAudit returns an empty Audit.
 func NewAudit() *Audit { return &Audit{perBucket: map[int64]int64{}} }
 
-// Record is an Options.OnAdmit.
+// Record is a function for WithOnAdmit.
 func (a *Audit) Record(bucket time.Time, n int64) {
 	a.mu.Lock()
 	a.perBucket[bucket.UnixMicro()] += n

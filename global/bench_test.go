@@ -26,7 +26,7 @@ func BenchmarkGlobal(b *testing.B) {
 					var src *Source
 					rule := flow.Rule{Resource: "api", Threshold: 1e12}
 					if tc.batch > 0 {
-						src = newSource(b, srv.Client(), Options{MaxBatch: tc.batch})
+						src = newSource(b, srv.Client(), WithMaxBatch(tc.batch))
 						opts = append(opts, flow.WithTokenSource(src))
 						rule.Global, rule.ID, rule.Fallback = true, fmt.Sprintf("bench-%d-%d-%d", tc.batch, g, time.Now().UnixNano()), flow.FallbackClosed
 					}

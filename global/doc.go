@@ -29,15 +29,15 @@
 // not in the key but an argument of every decision: instances that disagree
 // on it (a rolling change of the rule) share the limit, and the smallest
 // threshold any instance asked with within the last window applies. A limit
-// whose instances disagree on the layout (Options.Buckets, or thresholds on
-// both sides of Options.ExactBelow) splits into one limit per layout, and a
+// whose instances disagree on the layout (WithBuckets, or thresholds on
+// both sides of WithExactBelow) splits into one limit per layout, and a
 // rolling upgrade that changes the schema version splits it into two until
 // it completes: each side enforces the full threshold.
 //
 // # Leasing
 //
 // A busy instance does not pay a round trip per request: it takes tokens in
-// batches (at most Options.MaxBatch, and at most a quarter of the room left,
+// batches (at most WithMaxBatch, and at most a quarter of the room left,
 // shrinking to the request itself near the limit). The script counts a
 // batch in the server bucket current when it ran; the instance spends it
 // only until that bucket ends, by its own clock, taking the server to have
@@ -73,9 +73,9 @@
 // the one refused; a request larger than the threshold is refused without
 // a call.
 // With MaxBatch 1 a call asks only for its requests, so concurrent requests
-// still share round trips. A request waits at most Options.Timeout (100 ms)
+// still share round trips. A request waits at most WithTimeout (100 ms)
 // for an answer; the call itself runs in the background for up to
-// Options.CallTimeout (1 s), so a late reply (a Redis far away, a new
+// WithCallTimeout (1 s), so a late reply (a Redis far away, a new
 // connection, a saturated CPU that runs the reading goroutine late) still
 // installs its lease for the requests after and counts as a success; the
 // requests that waited for it are refused as late. Replies later than
@@ -122,11 +122,11 @@
 // rule's fallback (a local share of the threshold, open, or closed),
 // counted in the resource's statistics. Health is kept per limit, so that
 // in a Redis Cluster a failing node fails only the limits on its slots.
-// After Options.FailAfter calls of a limit in a row fail (2), the Source
+// After WithFailAfter calls of a limit in a row fail (2), the Source
 // backs off that limit: it answers ErrUnavailable without calling Redis
-// for Options.Backoff (100 ms), then lets one call probe it.
+// for WithBackoff (100 ms), then lets one call probe it.
 // The backoff doubles only after FailAfter probes in a row fail, up to
-// Options.MaxBackoff (5 s); the first success ends it. So a Redis that
+// WithMaxBackoff (5 s); the first success ends it. So a Redis that
 // refuses connections is detected within FailAfter calls (milliseconds),
 // one that stops answering within FailAfter x CallTimeout (2 s), during
 // which requests without a lease are refused as late. Once the Source
@@ -142,10 +142,10 @@
 // LocalShare of the threshold on their own, uncounted by Redis. So that
 // the others do not fill the whole window on top of it, each instance
 // renews its presence in the limits of its FallbackLocal rules every third
-// of Options.PresenceTTL (1 s) while Redis answers, and stops for a limit
+// of WithPresenceTTL (1 s) while Redis answers, and stops for a limit
 // while it backs off. The scripts keep the share of every instance whose presence
 // has lapsed from what the others are granted, for up to
-// Options.PresenceHold (10 s), and the share of an instance that may have
+// WithPresenceHold (10 s), and the share of an instance that may have
 // fallen back for one window after it is back (what it admitted on its own
 // is not in Redis). All lapsed instances together keep at most half the
 // threshold: instances that died without a word (a crash, a rolling deploy
@@ -174,7 +174,7 @@
 // idle, as every limit's data does.
 //
 // In the Source a caller's limit is small (one lease slot, not one per P)
-// and lives in a bounded cache (Options.MaxKeys, default 100,000; otter's
+// and lives in a bounded cache (WithMaxKeys, default 100,000; otter's
 // W-TinyLFU): an evicted caller's limit loses only its lease's unspent
 // tokens (counted, never given back: stricter) and is made again when
 // seen. It leases only once hot, after 4 calls to Redis in one window:
@@ -215,8 +215,8 @@
 // others for good. A request makes its one round trip itself (on a
 // 2-core VM, handing it to another goroutine cost about as much as the
 // script), waiting up to
-// Options.Timeout: a later reply refuses it as late, and a call apart,
-// bounded by Options.CallTimeout, then tells the limit's health whether
+// WithTimeout: a later reply refuses it as late, and a call apart,
+// bounded by WithCallTimeout, then tells the limit's health whether
 // Redis answers, so a dead or silent Redis trips the same backoff, probes
 // and fallback as for window rules. The script keeps no answer per call:
 // a call go-redis retries after its reply was lost may take its tokens
@@ -238,7 +238,7 @@
 //
 // # Exact mode
 //
-// Limits whose threshold per window is at most Options.ExactBelow use a
+// Limits whose threshold per window is at most WithExactBelow use a
 // sliding log instead: a sorted set of admissions with unique members,
 // exact in every continuous span, at one round trip and one set member per
 // admission.

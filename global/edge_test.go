@@ -20,7 +20,7 @@ import (
 // back (its share would then be kept from the others for a window).
 func TestCancelledRequestDoesNotFallBack(t *testing.T) {
 	srv := redistest.Start(t)
-	src := newSource(t, srv.Client(), Options{MaxBatch: 1})
+	src := newSource(t, srv.Client(), WithMaxBatch(1))
 	eng, err := flow.New(flow.WithTokenSource(src))
 	require.NoError(t, err)
 	require.NoError(t, eng.LoadRules([]flow.Rule{{ID: "cancel", Resource: "api", Threshold: 5, Global: true, Fallback: flow.FallbackOpen}}))
@@ -47,7 +47,7 @@ func TestCancelledRequestDoesNotFallBack(t *testing.T) {
 // its share follows the latest rule.
 func TestReloadsKeepOneLimit(t *testing.T) {
 	srv := redistest.Start(t)
-	src := newSource(t, srv.Client(), Options{})
+	src := newSource(t, srv.Client())
 	eng, err := flow.New(flow.WithTokenSource(src))
 	require.NoError(t, err)
 	for i := range 50 {
@@ -65,7 +65,7 @@ func TestReloadsKeepOneLimit(t *testing.T) {
 func TestLapsedSharesKeepAtMostHalf(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client()
-	src := newSource(t, c, Options{MaxBatch: 1})
+	src := newSource(t, c, WithMaxBatch(1))
 	r := req("lapsed", 100, time.Second, 1)
 	l := src.limitFor(r)
 	now, err := c.Time(t.Context()).Result()
@@ -87,7 +87,7 @@ func TestLapsedSharesKeepAtMostHalf(t *testing.T) {
 // the closed Source took its presence away.
 func TestClosedSourceRefuses(t *testing.T) {
 	srv := redistest.Start(t)
-	src := newSource(t, srv.Client(), Options{MaxBatch: 1})
+	src := newSource(t, srv.Client(), WithMaxBatch(1))
 	eng, err := flow.New(flow.WithTokenSource(src))
 	require.NoError(t, err)
 	require.NoError(t, eng.LoadRules([]flow.Rule{{ID: "closed", Resource: "api", Threshold: 100, Global: true, LocalShare: 0.5}}))
@@ -104,7 +104,7 @@ func TestClosedSourceRefuses(t *testing.T) {
 // A refused request for 5 does not close the window to smaller ones.
 func TestLargeRefusalLeavesRoomForSmall(t *testing.T) {
 	srv := redistest.Start(t)
-	src := newSource(t, srv.Client(), Options{MaxBatch: 1})
+	src := newSource(t, srv.Client(), WithMaxBatch(1))
 	r := req("sizes", 10, time.Second, 1)
 	for range 7 {
 		ok, err := src.Acquire(t.Context(), r)
@@ -127,7 +127,7 @@ func TestLargeRefusalLeavesRoomForSmall(t *testing.T) {
 // is when the window has room again.
 func TestRetryAfterWithUnevenBuckets(t *testing.T) {
 	srv := redistest.Start(t)
-	src := newSource(t, srv.Client(), Options{Buckets: 3})
+	src := newSource(t, srv.Client(), WithBuckets(3))
 	r := req("uneven", 3, time.Second, 1)
 	for range 3 {
 		d, err := src.takeFor(r, 0)
@@ -147,7 +147,7 @@ func TestRetryAfterWithUnevenBuckets(t *testing.T) {
 // A threshold under one per window admits nothing, without a round trip.
 func TestThresholdBelowOneAsksNothing(t *testing.T) {
 	srv := redistest.Start(t)
-	src := newSource(t, srv.Client(), Options{})
+	src := newSource(t, srv.Client())
 	r := req("tiny", 0.5, time.Second, 1)
 	for range 100 {
 		ok, err := src.Acquire(t.Context(), r)
@@ -160,7 +160,7 @@ func TestThresholdBelowOneAsksNothing(t *testing.T) {
 // A call for many waiting requests still leases beyond them.
 func TestCallLeasesBeyondItsRequests(t *testing.T) {
 	srv := redistest.Start(t)
-	src := newSource(t, srv.Client(), Options{})
+	src := newSource(t, srv.Client())
 	r := req("beyond", 1e6, time.Second, 1)
 	l := src.limitFor(r)
 	d, err := src.take(l, perWindow(r), 1, 300, 100)
@@ -174,7 +174,7 @@ func TestCallLeasesBeyondItsRequests(t *testing.T) {
 // the log).
 func TestProbeOnExactLimitLeavesItOpen(t *testing.T) {
 	srv := redistest.Start(t)
-	s := newSource(t, srv.Client(), Options{ExactBelow: 1000})
+	s := newSource(t, srv.Client(), WithExactBelow(1000))
 	r := req("exactprobe", 10, time.Second, 1)
 	ctx := context.Background()
 	for range 5 {
@@ -207,7 +207,7 @@ func TestProbeOnExactLimitLeavesItOpen(t *testing.T) {
 func TestManyFailedCallsDoNotDoubleTheBackoff(t *testing.T) {
 	srv := redistest.Start(t)
 	p := redistest.StartProxy(t, srv.Addr(), 0)
-	s := newSource(t, p.Client(), Options{Timeout: 50 * time.Millisecond, CallTimeout: 300 * time.Millisecond})
+	s := newSource(t, p.Client(), WithTimeout(50*time.Millisecond), WithCallTimeout(300*time.Millisecond))
 	ctx := context.Background()
 	const limits = 20
 	for i := range limits { // warm: scripts loaded, connections made
@@ -247,7 +247,7 @@ func TestStressBoundUnderDropsAndClose(t *testing.T) {
 	const perSec, interval = 500.0, 200 * time.Millisecond // 100 per window, buckets of 20 ms
 	var srcs []*Source
 	for range 3 {
-		srcs = append(srcs, newSource(t, p.Client(), Options{Timeout: 30 * time.Millisecond, OnAdmit: audit.Record}))
+		srcs = append(srcs, newSource(t, p.Client(), WithTimeout(30*time.Millisecond), WithOnAdmit(audit.Record)))
 	}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -301,7 +301,7 @@ func TestStressBoundUnderDropsAndClose(t *testing.T) {
 // (each used to keep the one before it).
 func TestNoFlightChainAfterClose(t *testing.T) {
 	srv := redistest.Start(t)
-	s := newSource(t, srv.Client(), Options{})
+	s := newSource(t, srv.Client())
 	r := req("chain", 1e6, time.Second, 1)
 	ok, err := s.Acquire(context.Background(), r)
 	require.NoError(t, err)

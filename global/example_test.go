@@ -20,7 +20,7 @@ func Example() {
 	})
 	// Requests wait at most 50 ms for Redis (a Redis up to about 25 ms
 	// away); calls run on for up to a second in the background.
-	src, err := global.New(client, global.Options{Timeout: 50 * time.Millisecond})
+	src, err := global.New(client, global.WithTimeout(50*time.Millisecond))
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -103,7 +103,7 @@ func (b *gcraBound) RetryIn(n int64) (time.Duration, bool) {
 
 // acquireGCRA asks Redis for n tokens of b's bucket: one call, made by
 // the request itself (a hand-off to another goroutine cost as much as the
-// script), bounded by Options.Timeout and ctx. A reply later than Timeout
+// script), bounded by WithTimeout and ctx. A reply later than Timeout
 // refuses the request (Stats.Late) and is no evidence that Redis is down:
 // a call apart, bounded by CallTimeout, then finds out (one at a time per
 // limit), so a Redis that stops answering trips the same backoff as for a

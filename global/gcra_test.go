@@ -50,7 +50,7 @@ func (m *gcraModel) take(nowUs, n int64) gcraDecision {
 // at a slow rate and at one whose interval is not a whole microsecond.
 func TestGCRAScriptMatchesTheModel(t *testing.T) {
 	srv := redistest.Start(t)
-	s := newSource(t, srv.Client(), Options{})
+	s := newSource(t, srv.Client())
 	rng := rand.New(rand.NewPCG(1, 2))
 	for _, tc := range []struct {
 		rate  float64
@@ -85,7 +85,7 @@ func TestGCRAScriptMatchesTheModel(t *testing.T) {
 func TestGCRABurstThenRefused(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client()
-	s := newSource(t, c, Options{})
+	s := newSource(t, c)
 	// A token every 10 s: however slow the machine, none comes back
 	// during the test.
 	b := s.Bind(gcraReq("id:burst", 0.1, 5)).(*gcraBound)
@@ -121,7 +121,7 @@ func TestGCRABurstThenRefused(t *testing.T) {
 // clock, so a late wake-up cannot make it flake).
 func TestGCRARefillsOneTokenPerInterval(t *testing.T) {
 	srv := redistest.Start(t)
-	s := newSource(t, srv.Client(), Options{})
+	s := newSource(t, srv.Client())
 	b := s.gcraBoundFor(gcraReq("id:refill", 10, 3))
 	const interval = 100 * time.Millisecond
 	for k := 1; k <= 3; k++ {
@@ -182,7 +182,7 @@ func TestGCRAHammerKeepsTheBound(t *testing.T) {
 	var engs []*flow.Engine
 	var srcs []*Source
 	for range 4 {
-		src := newSource(t, srv.Client(), Options{OnAdmit: record})
+		src := newSource(t, srv.Client(), WithOnAdmit(record))
 		eng, err := flow.New(flow.WithTokenSource(src))
 		require.NoError(t, err)
 		require.NoError(t, eng.LoadRules([]flow.Rule{{ID: "hammer", Resource: "api", Threshold: rate, Behavior: flow.GCRA, Burst: burst, Global: true, Fallback: flow.FallbackClosed}}))
@@ -246,11 +246,7 @@ func mostInSpan(times []int64, span int64) int {
 func TestGCRAFallsBackAndRecovers(t *testing.T) {
 	srv := redistest.Start(t)
 	var served atomic.Int64
-	src := newSource(t, srv.Client(), Options{
-		Timeout: 50 * time.Millisecond, CallTimeout: 100 * time.Millisecond,
-		Backoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
-		OnAdmit: func(time.Time, int64) { served.Inc() },
-	})
+	src := newSource(t, srv.Client(), WithTimeout(50*time.Millisecond), WithCallTimeout(100*time.Millisecond), WithBackoff(20*time.Millisecond), WithMaxBackoff(200*time.Millisecond), WithOnAdmit(func(time.Time, int64) { served.Inc() }))
 	eng, err := flow.New(flow.WithTokenSource(src))
 	require.NoError(t, err)
 	require.NoError(t, eng.LoadRules([]flow.Rule{
@@ -340,7 +336,7 @@ func TestGCRAFallsBackAndRecovers(t *testing.T) {
 // never (-1).
 func TestGCRABatchLargerThanBurst(t *testing.T) {
 	srv := redistest.Start(t)
-	s := newSource(t, srv.Client(), Options{})
+	s := newSource(t, srv.Client())
 	eng, err := flow.New(flow.WithTokenSource(s))
 	require.NoError(t, err)
 	require.NoError(t, eng.LoadRules([]flow.Rule{{ID: "big", Resource: "api", Threshold: 1000, Behavior: flow.GCRA, Burst: 5, Global: true}}))
@@ -365,7 +361,7 @@ func TestGCRABatchLargerThanBurst(t *testing.T) {
 // field and value; the Source refuses what flow never asks.
 func TestGCRARulesAreChecked(t *testing.T) {
 	srv := redistest.Start(t)
-	s := newSource(t, srv.Client(), Options{})
+	s := newSource(t, srv.Client())
 	eng, err := flow.New(flow.WithTokenSource(s))
 	require.NoError(t, err)
 	for _, tc := range []struct {
@@ -405,7 +401,7 @@ func TestGCRARulesAreChecked(t *testing.T) {
 func TestGCRAAndWindowKeysApart(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client()
-	s := newSource(t, c, Options{MaxBatch: 1})
+	s := newSource(t, c, WithMaxBatch(1))
 	g := gcraReq("id:same", 0.1, 2) // no token back during the test
 	g.Count = 1
 	w := req("same", 1000, time.Second, 1)
@@ -440,7 +436,7 @@ func TestGCRAAndWindowKeysApart(t *testing.T) {
 // without a fallback; a closed Source refuses.
 func TestGCRACancelledAndClosed(t *testing.T) {
 	srv := redistest.Start(t)
-	s := newSource(t, srv.Client(), Options{})
+	s := newSource(t, srv.Client())
 	b := s.Bind(gcraReq("id:ctx", 1000, 10))
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -465,10 +461,7 @@ func TestGCRASilentRedisIsDetected(t *testing.T) {
 	srv := redistest.Start(t)
 	px := redistest.StartProxy(t, srv.Addr(), 0)
 	var served atomic.Int64
-	src := newSource(t, px.Client(), Options{
-		Timeout: 50 * time.Millisecond, CallTimeout: 200 * time.Millisecond, FailAfter: 2,
-		OnAdmit: func(time.Time, int64) { served.Inc() },
-	})
+	src := newSource(t, px.Client(), WithTimeout(50*time.Millisecond), WithCallTimeout(200*time.Millisecond), WithFailAfter(2), WithOnAdmit(func(time.Time, int64) { served.Inc() }))
 	eng, err := flow.New(flow.WithTokenSource(src))
 	require.NoError(t, err)
 	require.NoError(t, eng.LoadRules([]flow.Rule{{ID: "gcra-silent", Resource: "api", Threshold: 1e6, Behavior: flow.GCRA, Burst: 1000,

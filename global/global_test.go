@@ -24,12 +24,9 @@ import (
 // get a generous one: on a loaded machine (CI, the race detector) a round
 // trip can pass the 50 ms default, and a fallback would then change what
 // they measure.
-func newSource(t testing.TB, c redis.UniversalClient, opts Options) *Source {
+func newSource(t testing.TB, c redis.UniversalClient, opts ...Option) *Source {
 	t.Helper()
-	if opts.Timeout == 0 {
-		opts.Timeout = 2 * time.Second
-	}
-	s, err := New(c, opts)
+	s, err := New(c, append([]Option{WithTimeout(2 * time.Second)}, opts...)...)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
 	return s
@@ -50,27 +47,31 @@ func TestHashTagAndKeys(t *testing.T) {
 }
 
 func TestOptionErrors(t *testing.T) {
-	_, err := New(nil, Options{})
+	_, err := New(nil)
 	assert.ErrorContains(t, err, "client must not be nil")
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	defer c.Close()
 	for _, tc := range []struct {
-		o    Options
+		o    []Option
 		want string
 	}{
-		{Options{Buckets: -1}, "Buckets must be in [1, 1000], got -1"},
-		{Options{MaxBatch: -5}, "MaxBatch must be >= 1, got -5"},
-		{Options{ExactBelow: -1}, "ExactBelow must be >= 0, got -1"},
-		{Options{Backoff: time.Minute, MaxBackoff: time.Second}, "Backoff must be in [0, MaxBackoff], got 1m0s"},
+		{[]Option{WithBuckets(-1)}, "WithBuckets must be in [1, 1000], got -1"},
+		{[]Option{WithBuckets(0)}, "WithBuckets must be in [1, 1000], got 0"},
+		{[]Option{WithMaxBatch(-5)}, "WithMaxBatch must be >= 1, got -5"},
+		{[]Option{WithExactBelow(-1)}, "WithExactBelow must be >= 0, got -1"},
+		{[]Option{WithTimeout(0)}, "WithTimeout must be > 0, got 0s"},
+		{[]Option{WithBackoff(time.Minute), WithMaxBackoff(time.Second)}, "WithBackoff must be in [0, WithMaxBackoff], got 1m0s"},
+		{[]Option{WithPrefix("a{b}")}, "WithPrefix must not contain"},
+		{[]Option{WithClock(nil)}, "WithClock must not be nil"},
 	} {
-		_, err := New(c, tc.o)
+		_, err := New(c, tc.o...)
 		assert.ErrorContains(t, err, tc.want)
 	}
 }
 
 func TestDecision(t *testing.T) {
 	srv := redistest.Start(t)
-	s := newSource(t, srv.Client(), Options{Buckets: 4})
+	s := newSource(t, srv.Client(), WithBuckets(4))
 	ctx := context.Background()
 	r := req("decide", 5, time.Second, 1)
 	for i := range 5 {
@@ -104,7 +105,7 @@ func TestDecision(t *testing.T) {
 func TestWindowSlidesAndServerTimeBackwards(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client()
-	s := newSource(t, c, Options{Buckets: 4, MaxBatch: 1})
+	s := newSource(t, c, WithBuckets(4), WithMaxBatch(1))
 	ctx := context.Background()
 	// 4 per second: admit's round trips to Redis stay inside one window
 	// even on a loaded machine.
@@ -152,8 +153,8 @@ func TestWindowSlidesAndServerTimeBackwards(t *testing.T) {
 // it, and the smaller applies while an instance asks with it.
 func TestSmallerThresholdApplies(t *testing.T) {
 	srv := redistest.Start(t)
-	small := newSource(t, srv.Client(), Options{MaxBatch: 1})
-	large := newSource(t, srv.Client(), Options{MaxBatch: 1})
+	small := newSource(t, srv.Client(), WithMaxBatch(1))
+	large := newSource(t, srv.Client(), WithMaxBatch(1))
 	ctx := context.Background()
 	// Per 10 s, so that the calls stay inside one window.
 	rs, rl := req("rolling", 10, 10*time.Second, 1), req("rolling", 10.1, 10*time.Second, 1)
@@ -174,7 +175,7 @@ func TestSmallerThresholdApplies(t *testing.T) {
 // a limit does not change with its threshold.
 func TestLimitKeys(t *testing.T) {
 	srv := redistest.Start(t)
-	src := newSource(t, srv.Client(), Options{MaxBatch: 1})
+	src := newSource(t, srv.Client(), WithMaxBatch(1))
 	eng, err := flow.New(flow.WithTokenSource(src))
 	require.NoError(t, err)
 	require.NoError(t, eng.LoadRules([]flow.Rule{
@@ -194,7 +195,7 @@ func TestLimitKeys(t *testing.T) {
 	require.NoError(t, err)
 	assert.ElementsMatch(t, []string{"leapflow:{id:api}:v2/10000ms/10:w", "leapflow:{resource:api}:v2/10000ms/10:w"}, keys)
 
-	_, err = New(srv.Client(), Options{Prefix: "app{x}"})
+	_, err = New(srv.Client(), WithPrefix("app{x}"))
 	assert.ErrorContains(t, err, `Prefix must not contain '{' or '}', got "app{x}"`)
 }
 
@@ -213,7 +214,7 @@ func TestManyEnginesHoldTheGlobalLimit(t *testing.T) {
 			var engs []*flow.Engine
 			deadline := time.Now().Add(2500 * time.Millisecond)
 			for range engines {
-				src := newSource(t, srv.Client(), Options{Buckets: 10, MaxBatch: batch, OnAdmit: audit.Record})
+				src := newSource(t, srv.Client(), WithBuckets(10), WithMaxBatch(batch), WithOnAdmit(audit.Record))
 				eng, err := flow.New(flow.WithTokenSource(src))
 				require.NoError(t, err)
 				require.NoError(t, eng.LoadRules([]flow.Rule{{ID: key, Resource: "api", Threshold: threshold, Global: true, Fallback: flow.FallbackClosed}}))
@@ -271,10 +272,10 @@ func TestLeasedTokensExpireWithTheirBucket(t *testing.T) {
 	srv := redistest.Start(t)
 	var bucket time.Time
 	var count int64
-	src := newSource(t, srv.Client(), Options{Buckets: 10, MaxBatch: 1000, OnAdmit: func(b time.Time, n int64) {
+	src := newSource(t, srv.Client(), WithBuckets(10), WithMaxBatch(1000), WithOnAdmit(func(b time.Time, n int64) {
 		bucket = b // one goroutine: no race
 		count += n
-	}})
+	}))
 	r := req("expiry", 1e9, time.Second, 1) // far above what one goroutine reaches in 700 ms
 	late := 0
 	end := time.Now().Add(700 * time.Millisecond)
@@ -307,7 +308,7 @@ func TestSkewedInstancesAgree(t *testing.T) {
 	for _, skew := range []time.Duration{-time.Hour, 0, 3 * time.Hour} {
 		// No leasing: every admission is a server decision, so the total is
 		// exact (leased tokens left unused would only lower it).
-		src := newSource(t, srv.Client(), Options{MaxBatch: 1, Clock: offsetClock{int64(skew)}})
+		src := newSource(t, srv.Client(), WithMaxBatch(1), WithClock(offsetClock{int64(skew)}))
 		clock := stattestClock(skew)
 		eng, err := flow.New(flow.WithTokenSource(src), flow.WithClock(clock))
 		require.NoError(t, err)
@@ -334,7 +335,7 @@ func stattestClock(skew time.Duration) stat.Clock {
 func TestScriptFlushReloads(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client()
-	s := newSource(t, c, Options{MaxBatch: 1})
+	s := newSource(t, c, WithMaxBatch(1))
 	ctx := context.Background()
 	r := req("flush", 100, time.Second, 1)
 	ok, err := s.Acquire(ctx, r)
@@ -355,11 +356,11 @@ func TestExactMode(t *testing.T) {
 	// OnAdmit runs inside Acquire, on this goroutine: exact limits lease
 	// nothing, so no refill runs in the background.
 	var admitted []time.Time
-	s := newSource(t, srv.Client(), Options{ExactBelow: 10, OnAdmit: func(at time.Time, n int64) {
+	s := newSource(t, srv.Client(), WithExactBelow(10), WithOnAdmit(func(at time.Time, n int64) {
 		for range n {
 			admitted = append(admitted, at)
 		}
-	}})
+	}))
 	ctx := context.Background()
 	const window = 300 * time.Millisecond
 	r := req("exact", 10, window, 1) // 3 per 300ms
@@ -447,11 +448,7 @@ func TestFaultsFallBackAndRecover(t *testing.T) {
 	before := runtime.NumGoroutine()
 	client := srv.Client()
 	var served atomic.Int64 // admissions decided by Redis
-	src := newSource(t, client, Options{
-		Timeout: 50 * time.Millisecond, CallTimeout: 100 * time.Millisecond,
-		Backoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, MaxBatch: 1,
-		OnAdmit: func(time.Time, int64) { served.Inc() },
-	})
+	src := newSource(t, client, WithTimeout(50*time.Millisecond), WithCallTimeout(100*time.Millisecond), WithBackoff(20*time.Millisecond), WithMaxBackoff(200*time.Millisecond), WithMaxBatch(1), WithOnAdmit(func(time.Time, int64) { served.Inc() }))
 	eng, err := flow.New(flow.WithTokenSource(src))
 	require.NoError(t, err)
 	// A threshold the load never reaches, globally or in the fallback's
@@ -521,7 +518,7 @@ func TestCluster(t *testing.T) {
 	assert.Len(t, slots, 1, "every key of a limit in one slot")
 	for _, exact := range []int64{0, 100} {
 		// A cluster client loads the slot map on its first call: allow it.
-		s := newSource(t, c, Options{MaxBatch: 1, ExactBelow: exact, Timeout: 2 * time.Second})
+		s := newSource(t, c, WithMaxBatch(1), WithExactBelow(exact), WithTimeout(2*time.Second))
 		n := 0
 		for range 20 {
 			// 7 per 10s: the calls stay inside one window however slow.
@@ -544,17 +541,13 @@ func TestSentinelFailover(t *testing.T) {
 	st := redistest.StartSentinel(t)
 	var after atomic.Bool
 	before, since := NewAudit(), NewAudit()
-	src := newSource(t, st.Client(t), Options{
-		Buckets: 10, MaxBatch: 1, Timeout: 200 * time.Millisecond,
-		Backoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
-		OnAdmit: func(b time.Time, n int64) {
-			if after.Load() {
-				since.Record(b, n)
-			} else {
-				before.Record(b, n)
-			}
-		},
-	})
+	src := newSource(t, st.Client(t), WithBuckets(10), WithMaxBatch(1), WithTimeout(200*time.Millisecond), WithBackoff(20*time.Millisecond), WithMaxBackoff(200*time.Millisecond), WithOnAdmit(func(b time.Time, n int64) {
+		if after.Load() {
+			since.Record(b, n)
+		} else {
+			before.Record(b, n)
+		}
+	}))
 	eng, err := flow.New(flow.WithTokenSource(src))
 	require.NoError(t, err)
 	const threshold = 200
@@ -605,7 +598,7 @@ func TestSentinelFailover(t *testing.T) {
 
 func TestRefusalIsRememberedUntilRetryAfter(t *testing.T) {
 	srv := redistest.Start(t)
-	s := newSource(t, srv.Client(), Options{MaxBatch: 1})
+	s := newSource(t, srv.Client(), WithMaxBatch(1))
 	ctx := context.Background()
 	r := req("closed", 2, time.Second, 1)
 	for range 2 {
@@ -649,7 +642,7 @@ func TestAuditFullest(t *testing.T) {
 func TestRetriedCallCountsOnce(t *testing.T) {
 	srv := redistest.Start(t)
 	for _, exact := range []int64{0, 100} {
-		s := newSource(t, srv.Client(), Options{MaxBatch: 1, ExactBelow: exact})
+		s := newSource(t, srv.Client(), WithMaxBatch(1), WithExactBelow(exact))
 		r := req(fmt.Sprintf("retried-%d", exact), 5, 10*time.Second, 2)
 		l := s.limitFor(r)
 		first, err := s.takeAs("call-1", l, perWindow(r), 2, 2, 0, nil)

@@ -77,7 +77,7 @@ type Stats struct {
 	// off, and requests refused after Close.
 	Refused int64
 	// Late counts requests refused because no answer came within
-	// Options.Timeout while Redis was not known to be down.
+	// WithTimeout while Redis was not known to be down.
 	Late   int64
 	Leased int64 // tokens leased beyond the requests that asked
 	// Returned counts tokens given back unspent to their server bucket:

@@ -71,7 +71,7 @@ func TestNoConvoy(t *testing.T) {
 	srv := redistest.Start(t)
 	for _, batch := range []int64{1, 100_000} {
 		t.Run(fmt.Sprintf("maxbatch=%d", batch), func(t *testing.T) {
-			src := newSource(t, srv.Client(), Options{MaxBatch: batch})
+			src := newSource(t, srv.Client(), WithMaxBatch(batch))
 			eng, err := flow.New(flow.WithTokenSource(src))
 			require.NoError(t, err)
 			require.NoError(t, eng.LoadRules([]flow.Rule{{ID: fmt.Sprintf("convoy-%d", batch), Resource: "api", Threshold: 2000, Global: true, Fallback: flow.FallbackClosed}}))
@@ -105,7 +105,7 @@ func TestSaturatedCPUKeepsRedis(t *testing.T) {
 	for _, g := range []int{64, 256} {
 		t.Run(fmt.Sprintf("goroutines=%d", g), func(t *testing.T) {
 			audit := NewAudit()
-			src, err := New(srv.Client(), Options{OnAdmit: audit.Record}) // default timeouts
+			src, err := New(srv.Client(), WithOnAdmit(audit.Record)) // default timeouts
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = src.Close() })
 			eng, err := flow.New(flow.WithTokenSource(src))
@@ -127,7 +127,7 @@ func TestSaturatedCPUKeepsRedis(t *testing.T) {
 // path of a global rule, allocates nothing.
 func TestLeaseTakeAllocatesNothing(t *testing.T) {
 	srv := redistest.Start(t)
-	src := newSource(t, srv.Client(), Options{})
+	src := newSource(t, srv.Client())
 	r := req("allocs", 1e9, time.Second, 1)
 	b := src.Bind(r)
 	ctx := t.Context()
@@ -175,7 +175,7 @@ func TestLateRepliesKeepRedis(t *testing.T) {
 	client := srv.Client()
 	client.AddHook(lateHook{150 * time.Millisecond})
 	audit := NewAudit()
-	src, err := New(client, Options{Timeout: 50 * time.Millisecond, OnAdmit: audit.Record})
+	src, err := New(client, WithTimeout(50*time.Millisecond), WithOnAdmit(audit.Record))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = src.Close() })
 	eng, err := flow.New(flow.WithTokenSource(src))

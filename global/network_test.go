@@ -28,7 +28,7 @@ func TestFarRedisWorksWithDefaults(t *testing.T) {
 		t.Run(fmt.Sprintf("rtt=%v", rtt), func(t *testing.T) {
 			px := redistest.StartProxy(t, srv.Addr(), rtt)
 			var served atomic.Int64
-			src, err := New(px.Client(), Options{OnAdmit: func(time.Time, int64) { served.Inc() }})
+			src, err := New(px.Client(), WithOnAdmit(func(time.Time, int64) { served.Inc() }))
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = src.Close() })
 			eng, err := flow.New(flow.WithTokenSource(src))
@@ -68,10 +68,7 @@ func TestSilentRedisIsDetected(t *testing.T) {
 	srv := redistest.Start(t)
 	px := redistest.StartProxy(t, srv.Addr(), 0)
 	var served atomic.Int64
-	src := newSource(t, px.Client(), Options{
-		Timeout: 50 * time.Millisecond, CallTimeout: 200 * time.Millisecond, FailAfter: 2, MaxBatch: 1,
-		OnAdmit: func(time.Time, int64) { served.Inc() },
-	})
+	src := newSource(t, px.Client(), WithTimeout(50*time.Millisecond), WithCallTimeout(200*time.Millisecond), WithFailAfter(2), WithMaxBatch(1), WithOnAdmit(func(time.Time, int64) { served.Inc() }))
 	eng, err := flow.New(flow.WithTokenSource(src))
 	require.NoError(t, err)
 	require.NoError(t, eng.LoadRules([]flow.Rule{{ID: "silent", Resource: "api", Threshold: 1e6, Global: true, Fallback: flow.FallbackOpen}}))
@@ -135,8 +132,7 @@ func TestClusterNodeFailsAlone(t *testing.T) {
 		}
 	}
 	var served atomic.Int64
-	src := newSource(t, c, Options{Timeout: 50 * time.Millisecond, CallTimeout: 200 * time.Millisecond, MaxBatch: 1,
-		OnAdmit: func(time.Time, int64) { served.Inc() }})
+	src := newSource(t, c, WithTimeout(50*time.Millisecond), WithCallTimeout(200*time.Millisecond), WithMaxBatch(1), WithOnAdmit(func(time.Time, int64) { served.Inc() }))
 	eng, err := flow.New(flow.WithTokenSource(src))
 	require.NoError(t, err)
 	require.NoError(t, eng.LoadRules([]flow.Rule{

@@ -46,7 +46,7 @@ func TestRandomArrivalsMatchTheOracle(t *testing.T) {
 			engs := make([]*flow.Engine, tc.instances)
 			res := make([]*flow.Resource, tc.instances)
 			for i := range engs {
-				src := newSource(t, srv.Client(), Options{OnAdmit: audit.Record})
+				src := newSource(t, srv.Client(), WithOnAdmit(audit.Record))
 				eng, err := flow.New(flow.WithTokenSource(src))
 				require.NoError(t, err)
 				require.NoError(t, eng.LoadRules([]flow.Rule{{ID: key, Resource: "api", Threshold: float64(tc.threshold), Global: true, Fallback: flow.FallbackClosed}}))

@@ -21,7 +21,7 @@ import (
 func TestPartialLoadIsAdmitted(t *testing.T) {
 	srv := redistest.Start(t)
 	audit := NewAudit()
-	src := newSource(t, srv.Client(), Options{OnAdmit: audit.Record})
+	src := newSource(t, srv.Client(), WithOnAdmit(audit.Record))
 	eng, err := flow.New(flow.WithTokenSource(src))
 	require.NoError(t, err)
 	require.NoError(t, eng.LoadRules([]flow.Rule{{ID: "partial", Resource: "api", Threshold: 1000, Global: true, Fallback: flow.FallbackClosed}}))
@@ -51,7 +51,7 @@ func TestPartialLoadIsAdmitted(t *testing.T) {
 func TestStrandedTokensAreBounded(t *testing.T) {
 	srv := redistest.Start(t)
 	audit := NewAudit()
-	src := newSource(t, srv.Client(), Options{OnAdmit: audit.Record})
+	src := newSource(t, srv.Client(), WithOnAdmit(audit.Record))
 	eng, err := flow.New(flow.WithTokenSource(src))
 	require.NoError(t, err)
 	require.NoError(t, eng.LoadRules([]flow.Rule{{ID: "stranded", Resource: "api", Threshold: 1000, Global: true, Fallback: flow.FallbackClosed}}))

@@ -18,7 +18,7 @@ import (
 // whose hash tag holds the caller's key (escaped), so that the keys of one
 // rule spread over the slots of a Redis Cluster; each expires on its own
 // once idle, as every limit's data does. In this instance a caller's limit
-// is a small state, kept in a bounded cache (Options.MaxKeys): one lease
+// is a small state, kept in a bounded cache (WithMaxKeys): one lease
 // slot rather than one per P, and the rule's health rather than its own, so
 // that a failing Redis makes every key of the rule fall back together.
 // A caller's limit leases tokens only once hot (hotCalls calls to Redis

@@ -19,12 +19,12 @@ import (
 )
 
 // perKeyEngines starts n instances sharing a PerKey global rule.
-func perKeyEngines(t *testing.T, c func() redis.UniversalClient, n int, rule flow.Rule, opts Options) ([]*flow.Engine, []*Source) {
+func perKeyEngines(t *testing.T, c func() redis.UniversalClient, n int, rule flow.Rule, opts ...Option) ([]*flow.Engine, []*Source) {
 	t.Helper()
 	engs := make([]*flow.Engine, n)
 	srcs := make([]*Source, n)
 	for i := range n {
-		srcs[i] = newSource(t, c(), opts)
+		srcs[i] = newSource(t, c(), opts...)
 		eng, err := flow.New(flow.WithTokenSource(srcs[i]))
 		require.NoError(t, err)
 		require.NoError(t, eng.LoadRules([]flow.Rule{rule}))
@@ -40,7 +40,7 @@ func TestPerKeyGlobal(t *testing.T) {
 	srv := redistest.Start(t)
 	const threshold = 10 // per 10 s window
 	rule := flow.Rule{ID: "users", Resource: "api", Threshold: threshold / 10.0, StatInterval: 10 * time.Second, Global: true, PerKey: true, Fallback: flow.FallbackClosed}
-	engs, _ := perKeyEngines(t, func() redis.UniversalClient { return srv.Client() }, 2, rule, Options{})
+	engs, _ := perKeyEngines(t, func() redis.UniversalClient { return srv.Client() }, 2, rule)
 	keys := []string{"alice", "bob", "{alice}", "alice\n", "\x00\xff", "id:users", "{id:users}"}
 	for _, key := range keys {
 		got := 0
@@ -79,7 +79,7 @@ func TestPerKeyGlobal(t *testing.T) {
 // by Redis on every request; a hot key leases.
 func TestPerKeyGlobalColdKeyCostsOneCall(t *testing.T) {
 	srv := redistest.Start(t)
-	src := newSource(t, srv.Client(), Options{})
+	src := newSource(t, srv.Client())
 	eng, err := flow.New(flow.WithTokenSource(src))
 	require.NoError(t, err)
 	require.NoError(t, eng.LoadRules([]flow.Rule{{ID: "k", Resource: "api", Threshold: 1000, Global: true, PerKey: true}}))
@@ -105,7 +105,7 @@ func TestPerKeyGlobalColdKeyCostsOneCall(t *testing.T) {
 func TestPerKeyGlobalSpreadsOverCluster(t *testing.T) {
 	cl := redistest.StartCluster(t, 3)
 	c := cl.Client(t)
-	src := newSource(t, c, Options{})
+	src := newSource(t, c)
 	eng, err := flow.New(flow.WithTokenSource(src))
 	require.NoError(t, err)
 	require.NoError(t, eng.LoadRules([]flow.Rule{{ID: "spread", Resource: "api", Threshold: 5, Global: true, PerKey: true}}))
@@ -130,7 +130,7 @@ func TestPerKeyGlobalSpreadsOverCluster(t *testing.T) {
 func TestPerKeyGlobalFallsBackPerKey(t *testing.T) {
 	srv := redistest.Start(t)
 	px := redistest.StartProxy(t, srv.Addr(), 0)
-	src := newSource(t, px.Client(), Options{Timeout: 50 * time.Millisecond, CallTimeout: 100 * time.Millisecond})
+	src := newSource(t, px.Client(), WithTimeout(50*time.Millisecond), WithCallTimeout(100*time.Millisecond))
 	eng, err := flow.New(flow.WithTokenSource(src))
 	require.NoError(t, err)
 	require.NoError(t, eng.LoadRules([]flow.Rule{{ID: "fb", Resource: "api", Threshold: 2, StatInterval: 10 * time.Second, Global: true, PerKey: true, LocalShare: 0.25}}))
@@ -161,7 +161,7 @@ func TestPerKeyGlobalBoundedCallers(t *testing.T) {
 	srv := redistest.Start(t)
 	const threshold = 5 // per 10 s window
 	rule := flow.Rule{ID: "many", Resource: "api", Threshold: threshold / 10.0, StatInterval: 10 * time.Second, Global: true, PerKey: true, Fallback: flow.FallbackClosed}
-	engs, srcs := perKeyEngines(t, func() redis.UniversalClient { return srv.Client() }, 2, rule, Options{MaxKeys: 16})
+	engs, srcs := perKeyEngines(t, func() redis.UniversalClient { return srv.Client() }, 2, rule, WithMaxKeys(16))
 	var counts sync.Map
 	var wg sync.WaitGroup
 	for g := range 8 {
@@ -259,8 +259,7 @@ func TestKeyedGlobalClusterSilentNodeKeyFallsBack(t *testing.T) {
 	silent := cl.Servers[0].Addr()
 	onSilent, onOther := advPickKeys(t, c, ruleID, silent, 1, 1)
 	var served atomic.Int64
-	src := newSource(t, c, Options{Timeout: 50 * time.Millisecond, CallTimeout: 200 * time.Millisecond, MaxBatch: 1,
-		OnAdmit: func(time.Time, int64) { served.Inc() }})
+	src := newSource(t, c, WithTimeout(50*time.Millisecond), WithCallTimeout(200*time.Millisecond), WithMaxBatch(1), WithOnAdmit(func(time.Time, int64) { served.Inc() }))
 	eng, err := flow.New(flow.WithTokenSource(src))
 	require.NoError(t, err)
 	require.NoError(t, eng.LoadRules([]flow.Rule{
@@ -292,8 +291,7 @@ func TestKeyedGlobalClusterHealthyKeysNotRefused(t *testing.T) {
 	silent := cl.Servers[0].Addr()
 	onSilent, onOther := advPickKeys(t, c, ruleID, silent, 3, 1)
 	var served atomic.Int64
-	src := newSource(t, c, Options{Timeout: 50 * time.Millisecond, CallTimeout: 200 * time.Millisecond, MaxBatch: 1,
-		OnAdmit: func(time.Time, int64) { served.Inc() }})
+	src := newSource(t, c, WithTimeout(50*time.Millisecond), WithCallTimeout(200*time.Millisecond), WithMaxBatch(1), WithOnAdmit(func(time.Time, int64) { served.Inc() }))
 	eng, err := flow.New(flow.WithTokenSource(src))
 	require.NoError(t, err)
 	require.NoError(t, eng.LoadRules([]flow.Rule{
@@ -327,7 +325,7 @@ func TestKeyedGlobalClusterHealthyKeysNotRefused(t *testing.T) {
 // threshold.
 func TestKeyedGlobalKeysApply(t *testing.T) {
 	srv := redistest.Start(t)
-	src := newSource(t, srv.Client(), Options{})
+	src := newSource(t, srv.Client())
 	eng, err := flow.New(flow.WithTokenSource(src))
 	require.NoError(t, err)
 	require.NoError(t, eng.LoadRules([]flow.Rule{{ID: "keys", Resource: "api", Threshold: 1, StatInterval: 10 * time.Second,
@@ -353,7 +351,7 @@ func TestKeyedGlobalKeysApply(t *testing.T) {
 func TestKeyedGlobalKeysApplyInFallback(t *testing.T) {
 	srv := redistest.Start(t)
 	px := redistest.StartProxy(t, srv.Addr(), 0)
-	src := newSource(t, px.Client(), Options{Timeout: 50 * time.Millisecond, CallTimeout: 100 * time.Millisecond})
+	src := newSource(t, px.Client(), WithTimeout(50*time.Millisecond), WithCallTimeout(100*time.Millisecond))
 	eng, err := flow.New(flow.WithTokenSource(src))
 	require.NoError(t, err)
 	require.NoError(t, eng.LoadRules([]flow.Rule{{ID: "keysfb", Resource: "api", Threshold: 1, StatInterval: 10 * time.Second,
@@ -380,7 +378,7 @@ func TestKeyedGlobalKeysApplyInFallback(t *testing.T) {
 // rule's key from another PerKey rule's.
 func TestKeyedGlobalRuleIDsAndKeysNeverCollide(t *testing.T) {
 	srv := redistest.Start(t)
-	src := newSource(t, srv.Client(), Options{})
+	src := newSource(t, srv.Client())
 	eng, err := flow.New(flow.WithTokenSource(src))
 	require.NoError(t, err)
 	require.NoError(t, eng.LoadRules([]flow.Rule{
@@ -408,7 +406,7 @@ func TestKeyedGlobalRuleIDsAndKeysNeverCollide(t *testing.T) {
 // a hot key of a PerKey rule, through the KeyedSource and the TokenSource.
 func TestKeyedGlobalHotLeaseAllocatesNothing(t *testing.T) {
 	srv := redistest.Start(t)
-	src := newSource(t, srv.Client(), Options{})
+	src := newSource(t, srv.Client())
 	r := req("pkallocs", 1e9, time.Second, 1)
 	r.PerKey = true
 	b := src.Bind(r).(flow.KeyedSource)
@@ -440,7 +438,7 @@ func TestKeyedGlobalHotLeaseAllocatesNothing(t *testing.T) {
 // limit keep at most MaxKeys callers' limits and a bounded heap.
 func TestKeyedGlobalFloodBounded(t *testing.T) {
 	srv := redistest.Start(t)
-	src := newSource(t, srv.Client(), Options{MaxKeys: 1000})
+	src := newSource(t, srv.Client(), WithMaxKeys(1000))
 	r := req("flood", 10, time.Second, 1)
 	r.PerKey = true
 	parent := src.limitFor(r)
@@ -473,7 +471,7 @@ func TestKeyedGlobalThresholdUnderEvictionAndReloads(t *testing.T) {
 		return flow.Rule{ID: "hotkey", Resource: "api", Threshold: th, Global: true, PerKey: true, Fallback: flow.FallbackClosed}
 	}
 	engs, srcs := perKeyEngines(t, func() redis.UniversalClient { return srv.Client() }, 3, rule(hi),
-		Options{MaxKeys: 2, OnAdmit: audit.Record})
+		WithMaxKeys(2), WithOnAdmit(audit.Record))
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	var admitted, tried atomic.Int64
@@ -546,12 +544,12 @@ func TestKeyedGlobalManyKeysExact(t *testing.T) {
 		t.Run(fmt.Sprint("exact=", exact), func(t *testing.T) {
 			srv := redistest.Start(t)
 			const threshold = 50
-			opts := Options{MaxKeys: 4}
+			opts := []Option{WithMaxKeys(4)}
 			if exact {
-				opts.ExactBelow = threshold
+				opts = append(opts, WithExactBelow(threshold))
 			}
 			rule := flow.Rule{ID: "many", Resource: "api", Threshold: threshold / 100.0, StatInterval: 100 * time.Second, Global: true, PerKey: true, Fallback: flow.FallbackClosed}
-			engs, srcs := perKeyEngines(t, func() redis.UniversalClient { return srv.Client() }, 3, rule, opts)
+			engs, srcs := perKeyEngines(t, func() redis.UniversalClient { return srv.Client() }, 3, rule, opts...)
 			var counts sync.Map
 			var wg sync.WaitGroup
 			for g := range 9 {
@@ -595,8 +593,7 @@ func TestKeyedGlobalColdKeysOutageAndBack(t *testing.T) {
 	// Timeouts far above the proxy's 10 ms, so that a round trip the
 	// scheduler delays on a loaded machine is not a late request (refused,
 	// as documented): the cut below is detected by connection errors.
-	src := newSource(t, px.Client(), Options{Timeout: time.Second, CallTimeout: 2 * time.Second,
-		MaxBackoff: 400 * time.Millisecond, OnAdmit: func(time.Time, int64) { served.Inc() }})
+	src := newSource(t, px.Client(), WithTimeout(time.Second), WithCallTimeout(2*time.Second), WithMaxBackoff(400*time.Millisecond), WithOnAdmit(func(time.Time, int64) { served.Inc() }))
 	eng, err := flow.New(flow.WithTokenSource(src))
 	require.NoError(t, err)
 	require.NoError(t, eng.LoadRules([]flow.Rule{{ID: "cold", Resource: "api", Threshold: 100, Global: true, PerKey: true, LocalShare: 0.5}}))
@@ -659,7 +656,7 @@ func TestKeyedGlobalCloseLeavesNothing(t *testing.T) {
 	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
 	srv := redistest.Start(t)
 	px := redistest.StartProxy(t, srv.Addr(), 300*time.Millisecond)
-	src, err := New(px.Client(), Options{Timeout: 50 * time.Millisecond, CallTimeout: 2 * time.Second, MaxKeys: 8})
+	src, err := New(px.Client(), WithTimeout(50*time.Millisecond), WithCallTimeout(2*time.Second), WithMaxKeys(8))
 	require.NoError(t, err)
 	r := req("closing", 100, time.Second, 1)
 	r.PerKey = true
@@ -683,7 +680,7 @@ func TestKeyedGlobalCloseLeavesNothing(t *testing.T) {
 // of a Global PerKey rule, admitted from its lease, allocate nothing.
 func TestKeyedGlobalEntryOnLeaseAllocatesNothing(t *testing.T) {
 	srv := redistest.Start(t)
-	src := newSource(t, srv.Client(), Options{})
+	src := newSource(t, srv.Client())
 	eng, err := flow.New(flow.WithTokenSource(src))
 	require.NoError(t, err)
 	require.NoError(t, eng.LoadRules([]flow.Rule{{ID: "pkentry", Resource: "api", Threshold: 1e6, Global: true, PerKey: true}}))
@@ -712,7 +709,7 @@ func TestKeyedGlobalEntryOnLeaseAllocatesNothing(t *testing.T) {
 // a key and from the non-per-key rule of the same ID.
 func TestKeyedGlobalOddCallersApart(t *testing.T) {
 	srv := redistest.Start(t)
-	src := newSource(t, srv.Client(), Options{})
+	src := newSource(t, srv.Client())
 	eng, err := flow.New(flow.WithTokenSource(src))
 	require.NoError(t, err)
 	require.NoError(t, eng.LoadRules([]flow.Rule{

@@ -9,7 +9,7 @@ import (
 )
 
 // renewPresence renews this instance's presence in every limit it keeps a
-// share of, every third of Options.PresenceTTL, until Close. It does not
+// share of, every third of WithPresenceTTL, until Close. It does not
 // renew a limit that backs off: an instance that cannot reach Redis lets
 // its presence lapse, and the others then keep its shares.
 func (s *Source) renewPresence() {

@@ -37,10 +37,7 @@ func TestFallbackLocalIsKeptFromTheOthers(t *testing.T) {
 	for i := range instances {
 		counted[i] = atomic.NewInt64(0)
 		proxies[i] = redistest.StartProxy(t, srv.Addr(), 0)
-		src, err := New(proxies[i].Client(), Options{
-			PresenceTTL: 300 * time.Millisecond, CallTimeout: 200 * time.Millisecond,
-			OnAdmit: func(time.Time, int64) { counted[i].Inc() },
-		})
+		src, err := New(proxies[i].Client(), WithPresenceTTL(300*time.Millisecond), WithCallTimeout(200*time.Millisecond), WithOnAdmit(func(time.Time, int64) { counted[i].Inc() }))
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = src.Close() })
 		eng, err := flow.New(flow.WithTokenSource(src))
@@ -189,8 +186,7 @@ func TestFailingLimitKeepsOthersShares(t *testing.T) {
 	down := atomic.NewBool(false)
 	c := srv.Client()
 	c.AddHook(failKeyHook{tag: hashTag("id:a"), on: down})
-	src := newSource(t, c, Options{PresenceTTL: time.Minute, Timeout: time.Second, CallTimeout: time.Second,
-		Backoff: 50 * time.Millisecond, MaxBatch: 1})
+	src := newSource(t, c, WithPresenceTTL(time.Minute), WithTimeout(time.Second), WithCallTimeout(time.Second), WithBackoff(50*time.Millisecond), WithMaxBatch(1))
 	bind := func(id string) (flow.BoundSource, *limit) {
 		r := flow.GlobalRequest{Key: "id:" + id, Resource: id, Threshold: 100, Interval: time.Second, LocalShare: 0.5}
 		b := src.Bind(r)

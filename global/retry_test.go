@@ -18,7 +18,7 @@ import (
 // second rule, or a source that failed, cannot say.
 func TestGlobalRefusalSaysWhenToRetry(t *testing.T) {
 	srv := redistest.Start(t)
-	src := newSource(t, srv.Client(), Options{MaxBatch: 1})
+	src := newSource(t, srv.Client(), WithMaxBatch(1))
 	eng, err := flow.New(flow.WithTokenSource(src))
 	require.NoError(t, err)
 	require.NoError(t, eng.LoadRules([]flow.Rule{
@@ -63,7 +63,7 @@ func TestGlobalRefusalSaysWhenToRetry(t *testing.T) {
 // gone, FallbackClosed) blocks without a retry time.
 func TestFailedSourceCannotSay(t *testing.T) {
 	srv := redistest.Start(t)
-	src := newSource(t, srv.Client(), Options{MaxBatch: 1, Timeout: 50 * time.Millisecond})
+	src := newSource(t, srv.Client(), WithMaxBatch(1), WithTimeout(50*time.Millisecond))
 	eng, err := flow.New(flow.WithTokenSource(src))
 	require.NoError(t, err)
 	require.NoError(t, eng.LoadRules([]flow.Rule{{ID: "g-down", Resource: "api", Threshold: 2, Global: true, Fallback: flow.FallbackClosed}}))

@@ -25,7 +25,7 @@ import (
 // Source is a flow.TokenSource on Redis. It is safe for simultaneous use.
 type Source struct {
 	client redis.UniversalClient
-	opts   Options
+	opts   options
 	limits sync.Map // limitID -> *limit
 	gcras  sync.Map // a GCRA rule's key -> *gcraLimit
 
@@ -81,7 +81,7 @@ func (s *Source) goCall(fn func()) bool {
 	go func() {
 		defer s.bg.Done()
 		defer func() {
-			// A panic in a user hook (Options.Clock) must not take the
+			// A panic in a user hook (WithClock) must not take the
 			// process down from a goroutine no caller owns (fly counts it
 			// as a failed call).
 			_ = recover()
@@ -94,9 +94,13 @@ func (s *Source) goCall(fn func()) bool {
 // New returns a Source on client. It returns an error naming the field and
 // value when an option is invalid. It loads the scripts in the background,
 // which also dials a first connection before any request waits for one.
-func New(client redis.UniversalClient, opts Options) (*Source, error) {
+func New(client redis.UniversalClient, option ...Option) (*Source, error) {
 	if client == nil {
 		return nil, errors.New("global: client must not be nil")
+	}
+	var opts options
+	for _, o := range option {
+		o(&opts)
 	}
 	opts = opts.withDefaults()
 	if err := opts.validate(); err != nil {

@@ -24,7 +24,7 @@ func TestSpanExactOnTheServer(t *testing.T) {
 	const threshold = 40 // per interval: 100/s
 	var srcs []*Source
 	for range 4 {
-		srcs = append(srcs, newSource(t, srv.Client(), Options{Buckets: 4, ExactBelow: 1}))
+		srcs = append(srcs, newSource(t, srv.Client(), WithBuckets(4), WithExactBelow(1)))
 	}
 	r := req("span", threshold/interval.Seconds(), interval, 1)
 	r.SpanExact = true
@@ -88,7 +88,7 @@ func TestSpanExactThroughTheEngine(t *testing.T) {
 	const threshold = 50.0 // per second
 	var engs []*flow.Engine
 	for range 3 {
-		src := newSource(t, srv.Client(), Options{})
+		src := newSource(t, srv.Client())
 		e, err := flow.New(flow.WithTokenSource(src))
 		require.NoError(t, err)
 		require.NoError(t, e.LoadRules([]flow.Rule{{Resource: "api", Threshold: threshold, Global: true, SpanExact: true}}))

@@ -48,7 +48,7 @@ func BenchmarkMiddleware(b *testing.B) {
 		for _, hd := range []struct {
 			name string
 			h    http.Handler
-		}{{"plain", h}, {"leapflow", Handler(e, "GET /x", h)}} {
+		}{{"plain", h}, {"leapflow", New(e).Handler("GET /x", h)}} {
 			b.Run(wr.name+"/"+hd.name, func(b *testing.B) {
 				r := httptest.NewRequest(http.MethodGet, "/x", nil)
 				b.ReportAllocs()
@@ -71,7 +71,7 @@ func TestMiddlewareAllocations(t *testing.T) {
 	if err := e.LoadRules([]flow.Rule{{Resource: "GET /x", Threshold: 1e12}}); err != nil {
 		t.Fatal(err)
 	}
-	h := Handler(e, "GET /x", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
+	h := New(e).Handler("GET /x", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
 	w := http1Like{httptest.NewRecorder()}
 	r := httptest.NewRequest(http.MethodGet, "/x", nil)
 	h.ServeHTTP(w, r)

@@ -6,7 +6,7 @@
 //
 //	mux := http.NewServeMux()
 //	mux.Handle("GET /items/{id}", items)
-//	handler := httpflow.Middleware(eng, httpflow.WithMux(mux), httpflow.WithKey(httpflow.ClientIP()))(mux)
+//	handler := httpflow.New(eng, httpflow.WithMux(mux), httpflow.WithKey(httpflow.ClientIP())).Middleware(mux)
 //
 // # Naming
 //
@@ -133,46 +133,20 @@ func WithExceptions(fn func(status int) bool) Option {
 // paths only (see the package doc).
 func MethodPath(r *http.Request) string { return r.Method + " " + r.URL.Path }
 
-// Middleware wraps handlers so that each request enters eng first.
-func Middleware(eng *flow.Engine, opts ...Option) func(http.Handler) http.Handler {
-	m := newMiddleware(eng, opts)
-	return func(next http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, next, "") })
-	}
-}
-
-// Handler wraps one handler under a resource named resource.
-func Handler(eng *flow.Engine, resource string, h http.Handler, opts ...Option) http.Handler {
-	m := newMiddleware(eng, opts)
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, h, resource) })
-}
-
-// Stats counts what a middleware did besides admitting and blocking.
-type Stats struct {
-	// FailedOpen counts requests let through because their resource could
-	// not be made; FailedClosed those answered 503 for it.
-	FailedOpen, FailedClosed int64
-}
-
-type middleware struct {
+// Limiter admits HTTP requests through an engine: Middleware and Handler
+// wrap handlers so that each request enters the engine first, and Stats
+// counts what it did besides admitting and blocking. It is safe for
+// simultaneous use; one Limiter may wrap any number of handlers.
+type Limiter struct {
 	eng *flow.Engine
 	cfg config
 	// failedOpen and failedClosed back Stats.
 	failedOpen, failedClosed atomic.Int64
 }
 
-// MiddlewareWithStats is Middleware that also returns a function reading
-// its Stats.
-func MiddlewareWithStats(eng *flow.Engine, opts ...Option) (func(http.Handler) http.Handler, func() Stats) {
-	m := newMiddleware(eng, opts)
-	mw := func(next http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, next, "") })
-	}
-	return mw, func() Stats { return Stats{FailedOpen: m.failedOpen.Load(), FailedClosed: m.failedClosed.Load()} }
-}
-
-func newMiddleware(eng *flow.Engine, opts []Option) *middleware {
-	m := &middleware{eng: eng}
+// New returns a Limiter on eng.
+func New(eng *flow.Engine, opts ...Option) *Limiter {
+	m := &Limiter{eng: eng}
 	for _, o := range opts {
 		if o != nil {
 			o(&m.cfg)
@@ -187,8 +161,31 @@ func newMiddleware(eng *flow.Engine, opts []Option) *middleware {
 	return m
 }
 
+// Middleware wraps next so that each request enters the engine first,
+// under the resource WithResource (or the request's pattern) names.
+func (m *Limiter) Middleware(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, next, "") })
+}
+
+// Handler wraps h under the resource named resource.
+func (m *Limiter) Handler(resource string, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, h, resource) })
+}
+
+// Stats counts what a Limiter did besides admitting and blocking.
+type Stats struct {
+	// FailedOpen counts requests let through because their resource could
+	// not be made; FailedClosed those answered 503 for it.
+	FailedOpen, FailedClosed int64
+}
+
+// Stats returns the Limiter's counts so far.
+func (m *Limiter) Stats() Stats {
+	return Stats{FailedOpen: m.failedOpen.Load(), FailedClosed: m.failedClosed.Load()}
+}
+
 // name is the resource of r.
-func (m *middleware) name(r *http.Request) string {
+func (m *Limiter) name(r *http.Request) string {
 	if m.cfg.resource != nil {
 		return m.cfg.resource(r)
 	}
@@ -211,7 +208,7 @@ func (e errStatus) Error() string { return "httpflow: response status " + strcon
 // errPanic is the exception of a handler that panicked.
 var errPanic = errors.New("httpflow: handler panicked")
 
-func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler, resource string) {
+func (m *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handler, resource string) {
 	if resource == "" {
 		resource = m.name(r)
 	}
@@ -353,7 +350,7 @@ func (tr *tracker) snoopHooks() *httpsnoop.Hooks {
 
 // defaultBlock answers 429 (or 503) with Retry-After and the RateLimit
 // fields.
-func (m *middleware) defaultBlock(w http.ResponseWriter, _ *http.Request, b Blocked) {
+func (m *Limiter) defaultBlock(w http.ResponseWriter, _ *http.Request, b Blocked) {
 	h := w.Header()
 	if b.RetryAfter >= 0 {
 		// At least a second: the field has no smaller unit, and 0 would
@@ -379,7 +376,7 @@ func (m *middleware) defaultBlock(w http.ResponseWriter, _ *http.Request, b Bloc
 
 // policyHeader sets RateLimit-Policy for an admitted request of resource,
 // from the resource's strictest QPS rule in force.
-func (m *middleware) policyHeader(h http.Header, resource string) {
+func (m *Limiter) policyHeader(h http.Header, resource string) {
 	name, quota, window, ok := m.eng.Policy(resource)
 	if !ok {
 		return

@@ -55,7 +55,7 @@ func TestBlockedGets429WithHeaders(t *testing.T) {
 	clock := stattest.NewClock(0)
 	eng := engine(t, clock, flow.Rule{ID: "items", Resource: "GET /items/{id}", Threshold: 2})
 	mux := http.NewServeMux()
-	mux.Handle("GET /items/{id}", Middleware(eng)(ok))
+	mux.Handle("GET /items/{id}", New(eng).Middleware(ok))
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 	c := srv.Client()
@@ -82,7 +82,7 @@ func TestMuxLevelNaming(t *testing.T) {
 	mux := http.NewServeMux()
 	mux.Handle("GET /a/{x}", ok)
 	mux.Handle("GET /b", ok)
-	srv := httptest.NewServer(Middleware(eng, WithMux(mux))(mux))
+	srv := httptest.NewServer(New(eng, WithMux(mux)).Middleware(mux))
 	defer srv.Close()
 	c := srv.Client()
 	assert.Equal(t, http.StatusOK, get(t, c, srv.URL+"/a/1").StatusCode)
@@ -99,7 +99,7 @@ func TestMuxLevelNaming(t *testing.T) {
 // X-Forwarded-For from an untrusted peer does not change the key.
 func TestPerClientKeys(t *testing.T) {
 	eng := engine(t, stattest.NewClock(0), flow.Rule{Resource: "api", Threshold: 2, PerKey: true})
-	srv := httptest.NewServer(Handler(eng, "api", ok, WithKey(ClientIP())))
+	srv := httptest.NewServer(New(eng, WithKey(ClientIP())).Handler("api", ok))
 	defer srv.Close()
 	c := srv.Client()
 	codes := []int{}
@@ -150,7 +150,7 @@ func TestClientIP(t *testing.T) {
 // request under the shared "no key" entry, never around the rules.
 func TestOverlongKeyDoesNotSkipTheRules(t *testing.T) {
 	eng := engine(t, stattest.NewClock(0), flow.Rule{Resource: "api", Threshold: 2, PerKey: true})
-	srv := httptest.NewServer(Handler(eng, "api", ok, WithKey(Header("X-Api-Key"))))
+	srv := httptest.NewServer(New(eng, WithKey(Header("X-Api-Key"))).Handler("api", ok))
 	defer srv.Close()
 	long := strings.Repeat("k", 1024+1)
 	codes := []int{}
@@ -164,7 +164,7 @@ func TestOverlongKeyDoesNotSkipTheRules(t *testing.T) {
 // wait answers 503, never an empty 200.
 func TestDeadlineWhileQueuedIs503(t *testing.T) {
 	eng := engine(t, nil, flow.Rule{Resource: "slow", Threshold: 0.1, Behavior: flow.Throttle, MaxQueueing: time.Minute})
-	h := Handler(eng, "slow", ok)
+	h := New(eng).Handler("slow", ok)
 	deadline := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 50*time.Millisecond)
 		defer cancel()
@@ -181,11 +181,11 @@ func TestDeadlineWhileQueuedIs503(t *testing.T) {
 func TestOnlyTheSentStatusCounts(t *testing.T) {
 	eng := engine(t, stattest.NewClock(0))
 	mux := http.NewServeMux()
-	mux.Handle("GET /late500", Middleware(eng)(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	mux.Handle("GET /late500", New(eng).Middleware(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(w, "ok")
 		w.WriteHeader(http.StatusInternalServerError) // superfluous: 200 went out
 	})))
-	mux.Handle("GET /500then200", Middleware(eng)(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	mux.Handle("GET /500then200", New(eng).Middleware(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusInternalServerError)
 		w.WriteHeader(http.StatusOK)
 	})))
@@ -206,13 +206,13 @@ func TestOnlyTheSentStatusCounts(t *testing.T) {
 func TestExceptions(t *testing.T) {
 	eng := engine(t, stattest.NewClock(0))
 	mux := http.NewServeMux()
-	mux.Handle("GET /fail", Middleware(eng)(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	mux.Handle("GET /fail", New(eng).Middleware(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusBadGateway)
 	})))
-	mux.Handle("GET /panic", Middleware(eng)(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+	mux.Handle("GET /panic", New(eng).Middleware(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
 		panic(http.ErrAbortHandler) // the server closes the connection quietly
 	})))
-	mux.Handle("GET /fine", Middleware(eng)(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	mux.Handle("GET /fine", New(eng).Middleware(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusNotFound)
 	})))
 	srv := httptest.NewServer(mux)
@@ -241,7 +241,7 @@ func TestExceptions(t *testing.T) {
 func TestHijackAndFlushThroughTheWrapper(t *testing.T) {
 	eng := engine(t, nil)
 	mux := http.NewServeMux()
-	mux.Handle("GET /raw", Middleware(eng)(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	mux.Handle("GET /raw", New(eng).Middleware(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		conn, buf, err := http.NewResponseController(w).Hijack()
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
@@ -251,7 +251,7 @@ func TestHijackAndFlushThroughTheWrapper(t *testing.T) {
 		_, _ = buf.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 6\r\nConnection: close\r\n\r\nraw ok")
 		_ = buf.Flush()
 	})))
-	mux.Handle("GET /events", Middleware(eng)(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	mux.Handle("GET /events", New(eng).Middleware(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		rc := http.NewResponseController(w)
 		for i := range 3 {
@@ -287,7 +287,7 @@ func TestHijackAndFlushThroughTheWrapper(t *testing.T) {
 func TestCancelEndsTheWait(t *testing.T) {
 	eng := engine(t, nil, flow.Rule{Resource: "slow", Threshold: 0.1, Behavior: flow.Throttle, MaxQueueing: time.Minute})
 	var ran atomic.Int64
-	srv := httptest.NewServer(Handler(eng, "slow", http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran.Add(1) })))
+	srv := httptest.NewServer(New(eng).Handler("slow", http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran.Add(1) })))
 	defer srv.Close()
 	get(t, srv.Client(), srv.URL) // takes the slot now; the next waits 10 s
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
@@ -308,15 +308,15 @@ func TestCancelEndsTheWait(t *testing.T) {
 func TestFailOpenWhenTheRegistryIsFull(t *testing.T) {
 	e, err := flow.New(flow.WithMaxResources(1))
 	require.NoError(t, err)
-	mw, stats := MiddlewareWithStats(e, WithResource(MethodPath))
-	srv := httptest.NewServer(mw(ok))
+	l := New(e, WithResource(MethodPath))
+	srv := httptest.NewServer(l.Middleware(ok))
 	defer srv.Close()
 	c := srv.Client()
 	assert.Equal(t, http.StatusOK, get(t, c, srv.URL+"/one").StatusCode)
 	assert.Equal(t, http.StatusOK, get(t, c, srv.URL+"/two").StatusCode, "no room: let through")
-	assert.Equal(t, int64(1), stats().FailedOpen)
+	assert.Equal(t, int64(1), l.Stats().FailedOpen)
 
-	closed := httptest.NewServer(Middleware(e, WithResource(MethodPath), WithFailClosed())(ok))
+	closed := httptest.NewServer(New(e, WithResource(MethodPath), WithFailClosed()).Middleware(ok))
 	defer closed.Close()
 	assert.Equal(t, http.StatusServiceUnavailable, get(t, closed.Client(), closed.URL+"/three").StatusCode)
 }
@@ -327,10 +327,10 @@ func TestConcurrency503(t *testing.T) {
 	eng := engine(t, nil, flow.Rule{Resource: "one", Metric: flow.Concurrency, Threshold: 1})
 	release := make(chan struct{})
 	started := make(chan struct{})
-	srv := httptest.NewServer(Handler(eng, "one", http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+	srv := httptest.NewServer(New(eng, WithConcurrency503()).Handler("one", http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
 		close(started)
 		<-release
-	}), WithConcurrency503()))
+	})))
 	defer srv.Close()
 	done := make(chan struct{})
 	go func() {
@@ -364,7 +364,7 @@ func TestPolicyNamesAreStructuredStrings(t *testing.T) {
 func TestStatusPerRequest(t *testing.T) {
 	eng := engine(t, nil)
 	mux := http.NewServeMux()
-	mux.Handle("GET /s/{code}", Middleware(eng)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	mux.Handle("GET /s/{code}", New(eng).Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.PathValue("code") == "500" {
 			w.WriteHeader(http.StatusInternalServerError)
 			return
@@ -412,7 +412,7 @@ func TestHeadersOnAdmit(t *testing.T) {
 	)
 	mux := http.NewServeMux()
 	for _, p := range []string{"GET /a", "GET /b", "GET /c"} {
-		mux.Handle(p, Middleware(eng, WithHeadersOnAdmit())(ok))
+		mux.Handle(p, New(eng, WithHeadersOnAdmit()).Middleware(ok))
 	}
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
@@ -439,7 +439,7 @@ func TestFlushSendsTheStatus(t *testing.T) {
 	}{{"h1-Flush", false, false}, {"h1-ResponseController", false, true}, {"h2-Flush", true, false}} {
 		t.Run(tc.name, func(t *testing.T) {
 			eng := engine(t, stattest.NewClock(0))
-			srv := httptest.NewUnstartedServer(Handler(eng, "api", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			srv := httptest.NewUnstartedServer(New(eng).Handler("api", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 				if tc.rc {
 					_ = http.NewResponseController(w).Flush()
 				} else {
@@ -477,7 +477,7 @@ func (f fancyWriter) ReadFrom(r io.Reader) (int64, error) {
 // path does not hook ReadFrom.
 func TestReadFromOnTheHttpsnoopPath(t *testing.T) {
 	eng := engine(t, stattest.NewClock(0))
-	h := Handler(eng, "api", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	h := New(eng).Handler("api", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = w.(io.ReaderFrom).ReadFrom(strings.NewReader("body"))
 		w.WriteHeader(http.StatusInternalServerError) // too late: 200 went out
 	}))
@@ -499,7 +499,7 @@ func TestPolicyLeavesOutRelatedRules(t *testing.T) {
 		flow.Rule{ID: "own", Resource: "GET /a", Threshold: 100},
 		flow.Rule{ID: "rel", Resource: "GET /a", RelatedResource: "GET /b", Threshold: 1},
 	)
-	srv := httptest.NewServer(Handler(eng, "GET /a", ok, WithHeadersOnAdmit()))
+	srv := httptest.NewServer(New(eng, WithHeadersOnAdmit()).Handler("GET /a", ok))
 	defer srv.Close()
 	codes := 0
 	for range 5 {
@@ -516,7 +516,7 @@ func TestPolicyLeavesOutRelatedRules(t *testing.T) {
 func TestColdWarmUpLeavesNothingRemaining(t *testing.T) {
 	clock := stattest.NewClock(0)
 	eng := engine(t, clock, flow.Rule{ID: "w", Resource: "api", Threshold: 30, Behavior: flow.WarmUp, WarmUpPeriod: 10 * time.Second})
-	srv := httptest.NewServer(Handler(eng, "api", ok))
+	srv := httptest.NewServer(New(eng).Handler("api", ok))
 	defer srv.Close()
 	clock.Set(time.Second)
 	var resp *http.Response

@@ -40,7 +40,7 @@ func TestWrapperKeepsEveryInterface(t *testing.T) {
 		}
 		got := make(chan seen, 1)
 		eng := engine(t, stattest.NewClock(0))
-		srv := httptest.NewUnstartedServer(Handler(eng, "api", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		srv := httptest.NewUnstartedServer(New(eng).Handler("api", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			under := w.(interface{ Unwrap() http.ResponseWriter }).Unwrap()
 			_, fast := w.(*http1Writer)
 			got <- seen{interfaces(w), interfaces(under), fast}
@@ -80,7 +80,7 @@ func TestHTTP1WriterCounts(t *testing.T) {
 		},
 	}
 	for p, h := range routes {
-		mux.Handle(p, Middleware(eng)(h))
+		mux.Handle(p, New(eng).Middleware(h))
 	}
 	srv := httptest.NewServer(mux)
 	defer srv.Close()

@@ -55,11 +55,11 @@ func run(ctx context.Context, addr string, out io.Writer) error {
 	// One middleware around the mux: it names each request by the route
 	// pattern the mux will match, and each caller by its IP address (no
 	// proxy in front here, so no forwarded header is trusted).
-	handler := httpflow.Middleware(eng,
+	handler := httpflow.New(eng,
 		httpflow.WithMux(mux),
 		httpflow.WithKey(httpflow.ClientIP()),
 		httpflow.WithHeadersOnAdmit(),
-	)(mux)
+	).Middleware(mux)
 
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
