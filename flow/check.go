@@ -390,6 +390,12 @@ func (e *Engine) finish(rr *resourceRules, h *held, p int, now, wait int64, earl
 		// A window admitted it on the node: recounted as in count.
 		node = e.recount(node, p, ran, metric.Pass, n)
 	}
+	if h.conc && node != rr.node {
+		// Its concurrency was taken on the node let go: it moves with the
+		// pass to the live node, where Exit gives it back.
+		rr.node.ReleaseConcurrency(n)
+		node.AcquireConcurrency(n, math.MaxInt64)
+	}
 	if h.nbor > 0 && !h.borrowedFrom(second(node)) {
 		// It waited for a later bucket of a window of its own (a
 		// span-exact one): the resource counts it as occupied too, as

@@ -29,6 +29,8 @@ var ErrInvalidOption = errors.New("flow: invalid option")
 // EntryOption modifies one Entry call. Options are plain values, so passing
 // them allocates nothing.
 type EntryOption struct {
+	// noQueue is Allow's: no rule may make the request wait.
+	noQueue  bool
 	count    int64
 	hasCount bool
 	hasKey   bool
@@ -48,6 +50,9 @@ type request struct {
 	// rules, in ns (WithWait); hasWait says a WithWait gave it.
 	wait    int64
 	hasWait bool
+	// noQueue says no rule may make it wait (Allow): a Throttle rule
+	// admits it only if its slot is now.
+	noQueue bool
 }
 
 // WithCount makes the request count as n (a batch), 1 <= n <= 2^30: it
@@ -344,7 +349,8 @@ func (e *Engine) Allow(resource string, opts ...EntryOption) (Refusal, error) {
 	if waits(opts) {
 		return Refusal{}, errAllowWaits
 	}
-	en, err := e.Entry(resource, opts...)
+	var buf [8]EntryOption
+	en, err := e.Entry(resource, append(append(buf[:0], opts...), EntryOption{noQueue: true})...)
 	return allowed(&en, err)
 }
 
@@ -353,7 +359,8 @@ func (r *Resource) Allow(opts ...EntryOption) (Refusal, error) {
 	if waits(opts) {
 		return Refusal{}, errAllowWaits
 	}
-	en, err := r.Entry(opts...)
+	var buf [8]EntryOption
+	en, err := r.Entry(append(append(buf[:0], opts...), EntryOption{noQueue: true})...)
 	return allowed(&en, err)
 }
 
@@ -490,6 +497,7 @@ func parseOptions(q *request, opts []EntryOption) error {
 		if o.hasCount {
 			q.n = o.count
 		}
+		q.noQueue = q.noQueue || o.noQueue
 		if o.ctx != nil {
 			q.ctx = o.ctx
 		}

@@ -563,3 +563,27 @@ func TestAllowAdmitsAndCompletesAtOnce(t *testing.T) {
 	assert.Zero(t, testing.AllocsPerRun(100, func() { _, _ = e.Allow("free") }))
 	assert.Zero(t, testing.AllocsPerRun(100, func() { _, _ = h.Allow() }), "refused")
 }
+
+// Allow never waits: a Throttle rule (and a PerKey one) admits it only if
+// its slot is now, however long its MaxQueueing.
+func TestAllowNeverWaits(t *testing.T) {
+	clock := stattest.NewClock(time.Second)
+	var slept time.Duration
+	e, err := New(WithClock(clock), WithSleep(func(_ context.Context, d time.Duration) error { slept += d; return nil }))
+	require.NoError(t, err)
+	load(t, e, Rule{Resource: "paced", Threshold: 5, Behavior: Throttle, MaxQueueing: 500 * time.Millisecond},
+		Rule{Resource: "keyed", Threshold: 5, Behavior: Throttle, MaxQueueing: 500 * time.Millisecond, PerKey: true})
+	for _, tc := range []struct {
+		res  string
+		opts []EntryOption
+	}{{"paced", nil}, {"keyed", []EntryOption{WithKey("a")}}} {
+		_, err := e.Allow(tc.res, tc.opts...)
+		require.NoError(t, err, "%s: its slot is now", tc.res)
+		_, err = e.Allow(tc.res, tc.opts...)
+		require.ErrorIs(t, err, ErrBlocked, "%s: the next slot is 200 ms away", tc.res)
+		en, err := e.Entry(tc.res, tc.opts...)
+		require.NoError(t, err, "%s: Entry queues for it", tc.res)
+		en.Exit(nil)
+	}
+	assert.Equal(t, 400*time.Millisecond, slept, "only the two Entry calls waited")
+}

@@ -923,3 +923,40 @@ func TestExitsRacingAnAdoptionLeaveNothing(t *testing.T) {
 	}
 	assert.Zero(t, e.adopting.Load(), "no node holds adopted requests")
 }
+
+// A request whose node the registry lets go while it is admitted (a reload
+// removed its rule and a new resource needed the room) counts its pass and
+// its concurrency on the live node, where its Exit gives them back: no node
+// is left counting a request that exited.
+func TestConcurrencyFollowsARecountedPass(t *testing.T) {
+	for _, rules := range [][]Rule{
+		{{Resource: "r", Threshold: 5, Metric: Concurrency}},
+		{{Resource: "r", Threshold: 5, Metric: Concurrency}, {Resource: "r", Threshold: 100}},
+	} {
+		now := int64(time.Hour)
+		var hook func()
+		e, err := New(WithMaxResources(1), WithClock(clockFunc(func() int64 {
+			if h := hook; h != nil {
+				hook = nil
+				h()
+			}
+			return now
+		})))
+		require.NoError(t, err)
+		load(t, e, rules...)
+		now += int64(2 * time.Minute)
+		hook = func() { // while r's request is being admitted
+			require.NoError(t, e.LoadRules(nil))
+			y, err := e.Entry("y") // r's idle node goes for y
+			require.NoError(t, err)
+			y.Exit(nil)
+		}
+		en, err := e.Entry("r", WithCount(1))
+		require.NoError(t, err)
+		en.Exit(nil)
+		n := e.registry.Lookup("r")
+		require.NotNil(t, n)
+		assert.Zero(t, n.Concurrency(), "%v", rules)
+		assert.Zero(t, n.Inflight(), "%v", rules)
+	}
+}

@@ -50,6 +50,9 @@ func (rr *resourceRules) takePaced(h *held, now, wait int64, q *request, rf *ref
 		pr := &rr.paced[i]
 		rate := pr.pace(now, rr.node)
 		queue := max(pr.p.MaxQueue(), q.wait)
+		if q.noQueue {
+			queue = 0
+		}
 		ph, d, ok := pr.p.Reserve(now, q.n, rate, queue)
 		if !ok {
 			*rf = refusal{pr.be, rate, paceRoom(d, queue)}

@@ -173,6 +173,9 @@ func (kr *keyRule) acquire(q *request) (*keytable.State, int64, bool) {
 // a throttled request waits, or false, what the rule saw and when it could
 // admit it.
 func (kr *keyRule) admit(q *request, now int64, held *keyHeld) (wait int64, seen float64, rm room, ok bool) {
+	if q.noQueue {
+		return kr.admitQueue(q, now, held, 0)
+	}
 	return kr.admitQueue(q, now, held, kr.maxQueue)
 }
 
