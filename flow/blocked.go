@@ -22,13 +22,14 @@ type Refusal struct {
 	// failed or cannot say, a request larger than the threshold, and any
 	// block on a resource with more than one rule).
 	RetryAfter time.Duration
-	// Reset is, for a QPS Reject rule, how long until everything its
-	// window holds now has left it (rounded up to the millisecond);
-	// negative otherwise.
+	// Reset is how long until everything the rule holds now has left it
+	// (rounded up to the millisecond): a QPS Reject rule's window, a GCRA
+	// rule's bucket; negative when the rule cannot say.
 	Reset time.Duration
 	// Remaining is what the window had left for the request: 0 when the
 	// rule does not count one (a cold WarmUp rule's lower limit, a related
-	// resource's rate, Throttle, GCRA and global rules).
+	// resource's rate, Throttle, GCRA and global rules, their local
+	// fallbacks too).
 	Remaining int64
 }
 
@@ -51,7 +52,7 @@ func (en *Entry) Refusal() Refusal {
 	// admitted against (not a cold WarmUp rule's lower limit, nor a
 	// related resource's rate).
 	rule := &be.Rule
-	if be.Reason == ReasonConcurrency || be.Reason == ReasonFlow && rule.Behavior == Reject && rule.RelatedResource == "" {
+	if be.Reason == ReasonConcurrency || be.Reason == ReasonFlow && rule.Behavior == Reject && rule.RelatedResource == "" && !rule.Global {
 		quota, _ := be.Quota()
 		r.Remaining = max(quota-int64(en.seen()), 0)
 	}

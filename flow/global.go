@@ -301,7 +301,9 @@ func compileGlobal(c *compiling) {
 		bound:    bound,
 		fallback: r.Fallback,
 		be:       newBlockError(r, ReasonGlobal),
-		beLocal:  newBlockError(r, ReasonFlow),
+		// The local fallback admits LocalShare of the threshold: that is
+		// the quota its refusals tell (the rule's Keys aside).
+		beLocal: newKeyBlockError(r, ReasonFlow, r.Threshold*r.LocalShare),
 	}
 	g.hint, _ = bound.(RetryHinter)
 	switch {

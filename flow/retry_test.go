@@ -2,6 +2,7 @@ package flow
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -363,4 +364,25 @@ func TestEveryRefusalLeadsBackToItsRule(t *testing.T) {
 		assert.Same(t, be, got.Err, r.Resource)
 		assert.Equal(t, r.Resource, got.Resource)
 	}
+}
+
+// A refusal by a Global rule's local fallback tells the fallback's quota
+// (LocalShare of the threshold) and no Remaining: the local window is not
+// the rule's.
+func TestLocalFallbackRefusalTellsItsOwnQuota(t *testing.T) {
+	down := sourceFunc(func(context.Context, GlobalRequest) (bool, error) { return false, errors.New("down") })
+	e, err := New(WithClock(stattest.NewClock(time.Second)), WithTokenSource(down))
+	require.NoError(t, err)
+	load(t, e, Rule{Resource: "r", Threshold: 10, Global: true, Fallback: FallbackLocal, LocalShare: 0.5})
+	var en Entry
+	for range 6 {
+		if en, err = e.Entry("r"); err != nil {
+			break
+		}
+	}
+	require.ErrorIs(t, err, ErrBlocked, "the fallback admits 5")
+	r := en.Refusal()
+	q, _ := r.Err.Quota()
+	assert.Equal(t, int64(5), q)
+	assert.Zero(t, r.Remaining)
 }

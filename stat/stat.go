@@ -6,7 +6,8 @@ import (
 )
 
 // ErrTooManyResources is the error (wrapped with the cap) returned for a new
-// resource once a Registry holds its maximum and none can be let go.
+// resource once an engine holds its maximum (flow.WithMaxResources) and none
+// can be let go.
 var ErrTooManyResources = errors.New("stat: too many resources")
 
 // ErrInvalidName is the error (wrapped with the reason) returned for a
@@ -22,7 +23,7 @@ const MaxNameLen = 1024
 // window's buckets valid at the instant (the last second, in buckets of
 // 250 ms by default), so they move as buckets come and go, up and down
 // under steady load when requests are few. For steady per-second figures,
-// read completed seconds (flow.Feed, Registry.Seconds), each whole.
+// read completed seconds (flow.Feed), each whole.
 type Snapshot struct {
 	Resource string
 	// Per second, over the sliding last second.
@@ -42,7 +43,7 @@ type Snapshot struct {
 }
 
 // Second is what one resource counted in one second of the engine clock:
-// its completed seconds are read through Registry.Seconds, each once.
+// its completed seconds are read through flow.Feed, each once.
 type Second struct {
 	Resource string
 	// Start is the engine clock's reading at the second's start (a whole
