@@ -190,7 +190,10 @@ func (e *Engine) release(rr *resourceRules, h *held, n int64) {
 	if h.conc {
 		rr.node.ReleaseConcurrency(n)
 	}
-	h.releaseWindows(n)
+	if h.releaseWindows(n, second(rr.node)) && !h.conc {
+		// A borrow the node's window had folded in: a pass, given back.
+		passed = true
+	}
 	if passed && e.adopting.Load() != 0 {
 		// Its pass on the node, given back above, may be in a count a
 		// Concurrency rule adopted since (see Engine.adopt): it ends as
@@ -432,7 +435,7 @@ const maxAlign = 4
 func (e *Engine) align(rr *resourceRules, h *held, p int, now, t int64, q *request) (int64, refusal, bool) {
 	n := q.n
 	for range maxAlign {
-		h.releaseWindows(n)
+		h.releaseWindows(n, nil)
 		var rf refusal
 		later, ok := rr.alignWindows(h, p, now, t, n, &rf)
 		if ok && len(rr.keyed) > 0 {

@@ -960,3 +960,32 @@ func TestConcurrencyFollowsARecountedPass(t *testing.T) {
 		assert.Zero(t, n.Inflight(), "%v", rules)
 	}
 }
+
+// A reservation whose borrowed bucket was folded into the resource's
+// window before a Concurrency rule adopted what was in flight, then
+// cancelled, ends its part of the adopted count: the rule admits its whole
+// threshold again once nothing is in flight.
+func TestCancelledBorrowEndsItsAdoptedCount(t *testing.T) {
+	clock := stattest.NewClock(time.Second)
+	e, err := New(WithClock(clock), WithSleep(func(ctx context.Context, _ time.Duration) error { return ctx.Err() }))
+	require.NoError(t, err)
+	load(t, e, Rule{Resource: "r", Threshold: 1})
+	en, err := e.Entry("r")
+	require.NoError(t, err)
+	en.Exit(nil)
+	res, err := e.Reserve("r", WithWait(2*time.Second))
+	require.NoError(t, err)
+	clock.Advance(res.Delay())
+	_, err = e.Allow("r") // makes the borrowed bucket: the borrow folds in
+	require.ErrorIs(t, err, ErrBlocked)
+	require.Equal(t, int64(1), e.registry.Lookup("r").Inflight(), "the folded borrow is in flight")
+	load(t, e, Rule{Resource: "r", Threshold: 1}, Rule{Resource: "r", Threshold: 2, Metric: Concurrency})
+	res.Cancel()
+	n := e.registry.Lookup("r")
+	assert.Zero(t, n.Inflight())
+	assert.Zero(t, n.Concurrency(), "the adopted count ended with the cancel")
+	clock.Advance(time.Hour)
+	en, err = e.Entry("r")
+	require.NoError(t, err)
+	en.Exit(nil)
+}

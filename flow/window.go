@@ -157,14 +157,17 @@ func (h *held) borrows(yield func(borrowedAt) bool) {
 
 // releaseWindows gives back what the request's window groups took
 // (admissions and borrows of n) and forgets them.
-func (h *held) releaseWindows(n int64) {
+func (h *held) releaseWindows(n int64, nw *window.Window) (folded bool) {
 	for r := range h.reservations {
 		r.Cancel()
 	}
 	for b := range h.borrows {
-		b.w.Unborrow(b.start, n)
+		if b.w.Unborrow(b.start, n) && b.w == nw {
+			folded = true
+		}
 	}
 	h.nres, h.more, h.nbor, h.bmore = 0, h.more[:0], 0, h.bmore[:0]
+	return folded
 }
 
 // borrowedFrom reports whether one of the request's borrows is from w.

@@ -224,11 +224,13 @@ func (w *Window) AdmitAt(p int, now, at, n, threshold int64) (r Reservation, sta
 // one); once that bucket has left the ring, the correction follows its
 // handed-over counts. The record of a grant is kept until its borrower
 // settles (Unborrow or Arrived), so a later borrow of a bucket a window on
-// cannot take it meanwhile. Each grant must be settled exactly once.
-func (w *Window) Unborrow(start, n int64) {
+// cannot take it meanwhile. Each grant must be settled exactly once. It
+// reports whether the borrow had been folded (counted in the window's
+// passes until now).
+func (w *Window) Unborrow(start, n int64) (folded bool) {
 	s, folded, ok := w.arr.Unborrow(start, n)
 	if !ok || !folded {
-		return
+		return false
 	}
 	var into *ring.WindowWrap[bucket]
 	for b := range w.arr.Buckets(s, s+1) {
@@ -240,7 +242,7 @@ func (w *Window) Unborrow(start, n int64) {
 		if w.handover != nil {
 			w.handover(s, Counts{Pass: -n, Occupied: -n, MinRT: -1})
 		}
-		return
+		return true
 	}
 	// Folded on stripe 0 (see NewWindow's fold), which took a lease of n
 	// and used it: undo all three. The lease first, so that no admission
@@ -255,6 +257,7 @@ func (w *Window) Unborrow(start, n int64) {
 		// Already handed over: the correction follows it.
 		w.handover(into.Start(), Counts{Occupied: -n, MinRT: -1})
 	}
+	return true
 }
 
 // Land makes the bucket holding now, if it is not made, folding into it
