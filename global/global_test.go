@@ -202,6 +202,7 @@ func TestLimitKeys(t *testing.T) {
 // TestManyEnginesHoldTheGlobalLimit runs several engines, each with its own
 // client and Source as separate instances would, against one global rule,
 // and checks every server window.
+// It runs in real time (about 5 s): the server windows are Redis's.
 func TestManyEnginesHoldTheGlobalLimit(t *testing.T) {
 	srv := redistest.Start(t)
 	for _, batch := range []int64{1, 100} {
@@ -537,6 +538,9 @@ func TestCluster(t *testing.T) {
 // or, in the gap, by the local fallback) and fail only with blocks, and
 // once the new master serves, global limiting resumes on it and holds its
 // threshold.
+// It runs in real time, longer than 5 s, as an exception: Redis Sentinel
+// needs its down-after period (1 s) and an election before it promotes,
+// and neither runs on a fake clock.
 func TestSentinelFailover(t *testing.T) {
 	st := redistest.StartSentinel(t)
 	var after atomic.Bool

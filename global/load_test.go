@@ -100,6 +100,8 @@ func TestNoConvoy(t *testing.T) {
 // the call out, back off Redis and put the rule on its fallback (millions
 // admitted against 1000/s under FallbackOpen). No request may fall back,
 // and no server window may hold more than the threshold.
+// It runs in real time, longer than 5 s, as an exception: the point is a
+// real scheduler starving real Redis replies.
 func TestSaturatedCPUKeepsRedis(t *testing.T) {
 	srv := redistest.Start(t)
 	for _, g := range []int{64, 256} {

@@ -586,6 +586,8 @@ func TestKeyedGlobalManyKeysExact(t *testing.T) {
 // none late; then Redis is cut: the rule falls back per key (FallbackLocal)
 // and, once backing off, the Source makes few calls however many keys come;
 // then Redis returns and decides again.
+// It runs in real time, longer than 5 s, as an exception: the outage, the
+// backoff and the recovery are timed by a real Redis behind a proxy.
 func TestKeyedGlobalColdKeysOutageAndBack(t *testing.T) {
 	srv := redistest.Start(t)
 	px := redistest.StartProxy(t, srv.Addr(), 10*time.Millisecond)

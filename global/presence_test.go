@@ -26,6 +26,8 @@ import (
 // Once their presence lapses it keeps their shares free, so that all four
 // together admit about the threshold; and once they are back, Redis
 // decides for them again and the four still admit about the threshold.
+// It runs in real time, longer than 5 s, as an exception: presence lapses
+// and is renewed on Redis's clock, over windows of a second.
 func TestFallbackLocalIsKeptFromTheOthers(t *testing.T) {
 	srv := redistest.Start(t)
 	const threshold, instances = 400, 4
