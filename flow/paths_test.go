@@ -21,7 +21,7 @@ func randomRule(rng *rand.Rand, resource string) Rule {
 		th += 0.5
 	}
 	r := Rule{Resource: resource, Threshold: th}
-	switch rng.IntN(11) {
+	switch rng.IntN(12) {
 	case 0, 1: // plain Reject, on one of three windows
 		r.StatInterval = []time.Duration{0, 500 * time.Millisecond, 2 * time.Second}[rng.IntN(3)]
 	case 2:
@@ -45,6 +45,9 @@ func randomRule(rng *rand.Rand, resource string) Rule {
 		r.RelatedResource = "other"
 	case 10:
 		r.DryRun = true
+	case 11:
+		r.Global, r.Fallback = true, []Fallback{FallbackLocal, FallbackOpen, FallbackClosed}[rng.IntN(3)]
+		r.PerKey = rng.IntN(3) == 0
 	}
 	return r
 }
@@ -53,8 +56,9 @@ func randomRule(rng *rand.Rand, resource string) Rule {
 // kind into two engines, one with the short paths shortPaths chooses and
 // one with none (generalOnly: every request goes through the general
 // checker), drives both with the same random requests on fake clocks (by
-// name and through handles, batches, keys, exits, a resource without
-// rules), and requires every decision, everything a refusal says and the
+// name and through handles, batches, keys, waits, exits, a resource
+// without rules, global rules on a source that admits, refuses and fails
+// in a fixed pattern), and requires every decision, everything a refusal says and the
 // statistics to be the same. Every short path is taken on the way.
 func TestShortPathsDecideAsTheGeneralChecker(t *testing.T) {
 	// One P: both engines' windows have one stripe, so the two requests of
@@ -76,7 +80,17 @@ func TestShortPathsDecideAsTheGeneralChecker(t *testing.T) {
 		errs := [2]error{}
 		for i := range engines {
 			clocks[i] = stattest.NewClock(time.Hour)
-			e, err := New(WithClock(clocks[i]), WithSleep(func(ctx context.Context, _ time.Duration) error { return ctx.Err() }))
+			// A token source that admits two calls in three and fails every
+			// seventh: the same answers to the same calls on both engines.
+			calls := 0
+			src := sourceFunc(func(context.Context, GlobalRequest) (bool, error) {
+				calls++
+				if calls%7 == 0 {
+					return false, errors.New("down")
+				}
+				return calls%3 != 0, nil
+			})
+			e, err := New(WithClock(clocks[i]), WithTokenSource(src), WithSleep(func(ctx context.Context, _ time.Duration) error { return ctx.Err() }))
 			require.NoError(t, err)
 			e.generalOnly = i == 1
 			errs[i] = e.LoadRules(rules)
@@ -128,6 +142,10 @@ func TestShortPathsDecideAsTheGeneralChecker(t *testing.T) {
 			if rng.IntN(3) == 0 {
 				k := WithKey(string(rune('a' + rng.IntN(3))))
 				opts[0], opts[1] = append(opts[0], k), append(opts[1], k)
+			}
+			if rng.IntN(5) == 0 {
+				w := WithWait(time.Duration(rng.IntN(400)) * time.Millisecond)
+				opts[0], opts[1] = append(opts[0], w), append(opts[1], w)
 			}
 			byHandle := rng.IntN(2) == 0
 			var ens [2]Entry
