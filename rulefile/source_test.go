@@ -330,7 +330,7 @@ func TestSourceRereadsAfterAnEventOverflow(t *testing.T) {
 	require.NoError(t, os.WriteFile(path, []byte(rulesOf("1")), 0o644))
 	eng, err := flow.New()
 	require.NoError(t, err)
-	src := NewFileSource(path, WithDebounce(10 * time.Millisecond))
+	src := NewFileSource(path, WithDebounce(10*time.Millisecond))
 	release, blocked := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	s := Start(eng, src, WithOnError(func(error) { once.Do(func() { close(blocked); <-release }) }))
