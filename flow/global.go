@@ -124,6 +124,9 @@ type globalKeySpec struct {
 	st         *keytable.State
 	threshold  float64
 	localLimit int64
+	// be and beLocal are the rule's errors at the key's threshold: its
+	// refusals tell the key's quota.
+	be, beLocal *BlockError
 }
 
 // keyLimits returns the threshold and local fallback limit of the
@@ -136,6 +139,17 @@ func (g *globalRule) keyLimits(q *request) (float64, int64, *keytable.State) {
 		}
 	}
 	return g.req.Threshold, g.localLimit, nil
+}
+
+// blockErrors returns what rule g refuses the request with, by the source
+// and by the local fallback: a listed key's own, else the rule's.
+func (g *globalRule) blockErrors(q *request) (be, beLocal *BlockError) {
+	if q.hasKey && g.spec != nil {
+		if s, ok := g.spec[q.key]; ok {
+			return s.be, s.beLocal
+		}
+	}
+	return g.be, g.beLocal
 }
 
 // globalRequest is what global rule r asks its token source.
@@ -179,6 +193,7 @@ func globalKey(r *Rule) string {
 // the source itself refused.
 func (e *Engine) global(node *stats.Node, g *globalRule, h *held, i, p int, now int64, q *request) (*BlockError, bool) {
 	ctx, n := q.ctx, q.n
+	be, beLocal := g.blockErrors(q)
 	if ctx == nil {
 		ctx = context.Background()
 	}
@@ -187,19 +202,19 @@ func (e *Engine) global(node *stats.Node, g *globalRule, h *held, i, p int, now 
 		if ok {
 			return nil, false
 		}
-		return g.be, true
+		return be, true
 	}
 	if ctx.Err() != nil {
 		// The caller gave up waiting: that says nothing about the source,
 		// and the fallback must not admit it.
-		return g.be, false
+		return be, false
 	}
 	node.AddFallback()
 	switch g.fallback {
 	case FallbackOpen:
 		return nil, false
 	case FallbackClosed:
-		return g.be, false
+		return be, false
 	}
 	if g.keys != nil {
 		// Per key, at LocalShare of the threshold.
@@ -217,7 +232,7 @@ func (e *Engine) global(node *stats.Node, g *globalRule, h *held, i, p int, now 
 				continue
 			}
 			if !ok {
-				return g.beLocal, false
+				return beLocal, false
 			}
 			h.gkeys[i] = keyHeld{st: st, b: b}
 			return nil, false
@@ -227,14 +242,14 @@ func (e *Engine) global(node *stats.Node, g *globalRule, h *held, i, p int, now 
 		// A Global GCRA rule: its local bucket.
 		_, tok, ok, _ := g.gcra.take(now, n, 0)
 		if !ok {
-			return g.beLocal, false
+			return beLocal, false
 		}
 		h.ggcra[i] = tok
 		return nil, false
 	}
 	r, ok := g.local.AdmitOn(p, now, n, g.localLimit)
 	if !ok {
-		return g.beLocal, false
+		return beLocal, false
 	}
 	h.gres[i] = r
 	return nil, false
@@ -321,7 +336,9 @@ func compileGlobal(c *compiling) {
 			g.spec = make(map[string]globalKeySpec, len(r.Keys))
 			for _, kl := range r.Keys {
 				g.spec[kl.Key] = globalKeySpec{st: t.Specific(kl.Key), threshold: kl.Threshold,
-					localLimit: perWindow(kl.Threshold*r.LocalShare, r.StatInterval)}
+					localLimit: perWindow(kl.Threshold*r.LocalShare, r.StatInterval),
+					be:         newKeyBlockError(r, ReasonGlobal, kl.Threshold),
+					beLocal:    newKeyBlockError(r, ReasonFlow, kl.Threshold*r.LocalShare)}
 			}
 		}
 		rr.keyedGlobal = true

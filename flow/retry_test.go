@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/atomic"
 
 	"github.com/leapflow/leapflow/stat/stattest"
 )
@@ -385,4 +386,36 @@ func TestLocalFallbackRefusalTellsItsOwnQuota(t *testing.T) {
 	q, _ := r.Err.Quota()
 	assert.Equal(t, int64(5), q)
 	assert.Zero(t, r.Remaining)
+}
+
+// A Global PerKey rule refuses a key it lists in Keys with that key's
+// quota, by the source and by the local fallback, and any other key with
+// the rule's.
+func TestGlobalListedKeyRefusalTellsTheKeysQuota(t *testing.T) {
+	var fail atomic.Bool
+	src := sourceFunc(func(context.Context, GlobalRequest) (bool, error) {
+		if fail.Load() {
+			return false, errors.New("down")
+		}
+		return false, nil
+	})
+	e, err := New(WithClock(stattest.NewClock(time.Second)), WithTokenSource(src))
+	require.NoError(t, err)
+	load(t, e, Rule{Resource: "r", Threshold: 1, Global: true, PerKey: true, Fallback: FallbackLocal, LocalShare: 0.5,
+		Keys: []KeyLimit{{Key: "vip", Threshold: 100}}})
+	quota := func(key string) int64 {
+		en, err := e.Entry("r", WithKey(key))
+		require.ErrorIs(t, err, ErrBlocked, key)
+		q, _ := en.Refusal().Err.Quota()
+		return q
+	}
+	assert.Equal(t, int64(100), quota("vip"), "refused by the source")
+	assert.Equal(t, int64(1), quota("other"))
+	fail.Store(true)
+	for range 60 { // the fallback admits 50 for vip
+		if en, err := e.Entry("r", WithKey("vip")); err == nil {
+			en.Exit(nil)
+		}
+	}
+	assert.Equal(t, int64(50), quota("vip"), "refused by the local fallback")
 }
