@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"math"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,32 +17,6 @@ import (
 )
 
 const ms = time.Millisecond
-
-// sleeper records waits instead of sleeping; it honours ctx.
-type sleeper struct {
-	mu    sync.Mutex
-	waits []time.Duration
-}
-
-func (s *sleeper) sleep(ctx context.Context, d time.Duration) error {
-	s.mu.Lock()
-	s.waits = append(s.waits, d)
-	s.mu.Unlock()
-	return ctx.Err()
-}
-
-func newEngine(t testing.TB, clock stat.Clock, opts ...Option) (*Engine, *sleeper) {
-	t.Helper()
-	s := &sleeper{}
-	e, err := New(append([]Option{WithClock(clock), WithSleep(s.sleep)}, opts...)...)
-	require.NoError(t, err)
-	return e, s
-}
-
-func load(t testing.TB, e *Engine, rules ...Rule) {
-	t.Helper()
-	require.NoError(t, e.LoadRules(rules))
-}
 
 func TestRuleValidation(t *testing.T) {
 	for _, tc := range []struct {

@@ -596,11 +596,6 @@ func TestNewConcurrencyRuleWaitsForTheCount(t *testing.T) {
 	assert.Zero(t, e.registry.Lookup("api").Concurrency())
 }
 
-// clockFunc is a Clock read through a function.
-type clockFunc func() int64
-
-func (f clockFunc) Now() int64 { return f() }
-
 // Resources are let go and registered again while requests count on them,
 // through names and handles, and rule loads pin and unpin them: every
 // admitted request is counted once, on the node the registry holds.

@@ -17,17 +17,6 @@ import (
 	"github.com/leapflow/leapflow/stat/stattest"
 )
 
-// try enters resource with opts and exits at once; it reports whether the
-// request was admitted.
-func try(e *Engine, resource string, opts ...EntryOption) bool {
-	en, err := e.Entry(resource, opts...)
-	if err != nil {
-		return false
-	}
-	en.Exit(nil)
-	return true
-}
-
 // admitted counts the requests of tries admitted for key ("": no key).
 func admitted(e *Engine, resource, key string, tries int) int {
 	var opts []EntryOption

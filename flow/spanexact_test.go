@@ -315,10 +315,6 @@ func TestGlobalSpanExactFallsBackSpanExact(t *testing.T) {
 	assert.Equal(t, int64(time.Second+1), st[50].t-st[0].t, "the share again once the first burst left every span")
 }
 
-type sourceFunc func(ctx context.Context, req GlobalRequest) (bool, error)
-
-func (f sourceFunc) Acquire(ctx context.Context, req GlobalRequest) (bool, error) { return f(ctx, req) }
-
 // Span-exact and plain rules together, with plain entries, waits (some cut
 // short by their context) and batches on the real clock with the CPU
 // oversubscribed: every continuous span of the stamps holds the threshold.
