@@ -176,9 +176,10 @@ func Check(name string, data []byte) ([]flow.Rule, error) {
 	return rules, nil
 }
 
-// ReadFile reads and checks one rule file.
+// ReadFile reads and checks one rule file: a regular file (symlinks
+// followed) of at most MaxFileSize bytes, read through that limit.
 func ReadFile(path string) ([]flow.Rule, error) {
-	data, err := os.ReadFile(path)
+	data, err := readRuleFile(path)
 	if err != nil {
 		return nil, err
 	}

@@ -313,7 +313,7 @@ func (f *FileSource) read() ([]flow.Rule, [32]byte, error) {
 		out, err := Format(rules)
 		return rules, sha256.Sum256(out), err
 	}
-	data, err := os.ReadFile(f.path)
+	data, err := readRuleFile(f.path)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			err = fmt.Errorf("rulefile: %s is missing: the rules in force stay", f.path)

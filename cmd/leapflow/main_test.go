@@ -2,9 +2,12 @@ package main
 
 import (
 	"bytes"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -101,5 +104,32 @@ func TestFmtWriteNeverDestroys(t *testing.T) {
 			assert.Equal(t, 0, code, "rewritten as %q: %s", written, errOut)
 			assert.Equal(t, before, after, "rewritten as %q", written)
 		})
+	}
+}
+
+// check refuses a 100 MB file and /dev/zero with a clear message and a
+// non-zero exit, without reading them: the process stays under 30 MB of
+// peak RSS (run as a child, measured by its rusage).
+func TestCheckRefusesHugeAndEndlessFilesCheaply(t *testing.T) {
+	if p := os.Getenv("LEAPFLOW_CHECK_CHILD"); p != "" {
+		os.Exit(run([]string{"check", p}, io.Discard, os.Stderr))
+	}
+	dir := t.TempDir()
+	huge := filepath.Join(dir, "huge.yaml")
+	f, err := os.Create(huge)
+	require.NoError(t, err)
+	require.NoError(t, f.Truncate(100<<20))
+	require.NoError(t, f.Close())
+	for path, want := range map[string]string{huge: "more than 8388608", "/dev/zero": "not a regular file (a device)"} {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestCheckRefusesHugeAndEndlessFilesCheaply$")
+		cmd.Env = append(os.Environ(), "LEAPFLOW_CHECK_CHILD="+path)
+		out, err := cmd.CombinedOutput()
+		var exit *exec.ExitError
+		require.ErrorAs(t, err, &exit, "%s: exits non-zero\n%s", path, out)
+		assert.Contains(t, string(out), want, path)
+		if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+			t.Logf("%s: peak RSS %d KiB", path, ru.Maxrss)
+			assert.Less(t, ru.Maxrss, int64(30<<10), "%s: peak RSS in KiB", path) // Linux reports KiB
+		}
 	}
 }
