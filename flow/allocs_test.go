@@ -177,7 +177,13 @@ func TestAWaitThatSleepsAllocatesNothing(t *testing.T) {
 		}
 	}
 	wait()
-	assert.Zero(t, testing.AllocsPerRun(100, wait))
+	allowed := 0.0
+	if raceEnabled {
+		// A quarter of the timers put back are dropped and made anew
+		// (three objects each): about 0.75 a call, 1 by chance.
+		allowed = 3
+	}
+	assert.LessOrEqual(t, testing.AllocsPerRun(100, wait), allowed)
 	assert.Equal(t, 102, admitted, "each waited its 1 µs slot (the clock stays put) and went")
 }
 
