@@ -98,12 +98,8 @@ func New(client redis.UniversalClient, option ...Option) (*Source, error) {
 	if client == nil {
 		return nil, errors.New("global: client must not be nil")
 	}
-	var opts options
-	for _, o := range option {
-		o(&opts)
-	}
-	opts = opts.withDefaults()
-	if err := opts.validate(); err != nil {
+	opts, err := newOptions(option)
+	if err != nil {
 		return nil, err
 	}
 	var id [8]byte
