@@ -346,36 +346,39 @@ func (e *Engine) Wait(ctx context.Context, resource string, opts ...EntryOption)
 // once, its RT 0. It takes Entry's options but refuses a wait
 // (ErrInvalidOption): waiting is Wait's. Like Entry it allocates nothing.
 func (e *Engine) Allow(resource string, opts ...EntryOption) (Refusal, error) {
-	if waits(opts) {
-		return Refusal{}, errAllowWaits
-	}
 	var buf [8]EntryOption
-	en, err := e.Entry(resource, append(append(buf[:0], opts...), EntryOption{noQueue: true})...)
+	o, err := allowOptions(buf[:0], opts)
+	if err != nil {
+		return Refusal{}, err
+	}
+	en, err := e.Entry(resource, o...)
 	return allowed(&en, err)
 }
 
 // Allow is Engine.Allow on this resource.
 func (r *Resource) Allow(opts ...EntryOption) (Refusal, error) {
-	if waits(opts) {
-		return Refusal{}, errAllowWaits
-	}
 	var buf [8]EntryOption
-	en, err := r.Entry(append(append(buf[:0], opts...), EntryOption{noQueue: true})...)
+	o, err := allowOptions(buf[:0], opts)
+	if err != nil {
+		return Refusal{}, err
+	}
+	en, err := r.Entry(o...)
 	return allowed(&en, err)
+}
+
+// allowOptions appends to buf Allow's options: opts, which must not wait,
+// and the one that lets no rule queue the request.
+func allowOptions(buf, opts []EntryOption) ([]EntryOption, error) {
+	for i := range opts {
+		if o := &opts[i]; o.hasWait && o.wait != 0 {
+			return nil, errAllowWaits
+		}
+	}
+	return append(append(buf, opts...), EntryOption{noQueue: true}), nil
 }
 
 // errAllowWaits is Allow's error for a wait option.
 var errAllowWaits = fmt.Errorf("%w: Allow does not wait (WithWait)", ErrInvalidOption)
-
-// waits reports whether opts ask for a wait (Allow refuses one).
-func waits(opts []EntryOption) bool {
-	for i := range opts {
-		if o := &opts[i]; o.hasWait && o.wait != 0 {
-			return true
-		}
-	}
-	return false
-}
 
 // allowed ends Allow's Entry: an admission completes at once.
 func allowed(en *Entry, err error) (Refusal, error) {

@@ -133,23 +133,36 @@ type globalKeySpec struct {
 // request's key under a PerKey global rule, and the listed key's state
 // (nil: look it up).
 func (g *globalRule) keyLimits(q *request) (float64, int64, *keytable.State) {
-	if q.hasKey && g.spec != nil {
-		if s, ok := g.spec[q.key]; ok {
-			return s.threshold, s.localLimit, s.st
-		}
+	if s, ok := g.listed(q); ok {
+		return s.threshold, s.localLimit, s.st
 	}
 	return g.req.Threshold, g.localLimit, nil
 }
 
-// blockErrors returns what rule g refuses the request with, by the source
-// and by the local fallback: a listed key's own, else the rule's.
-func (g *globalRule) blockErrors(q *request) (be, beLocal *BlockError) {
-	if q.hasKey && g.spec != nil {
-		if s, ok := g.spec[q.key]; ok {
-			return s.be, s.beLocal
-		}
+// blockError is what rule g's source refuses the request with: a listed
+// key's own error (its quota), else the rule's. localBlockError is the
+// same for the local fallback. Both are read only on a refusal.
+func (g *globalRule) blockError(q *request) *BlockError {
+	if s, ok := g.listed(q); ok {
+		return s.be
 	}
-	return g.be, g.beLocal
+	return g.be
+}
+
+func (g *globalRule) localBlockError(q *request) *BlockError {
+	if s, ok := g.listed(q); ok {
+		return s.beLocal
+	}
+	return g.beLocal
+}
+
+// listed returns the request's key's entry in the rule's Keys, if any.
+func (g *globalRule) listed(q *request) (globalKeySpec, bool) {
+	if !q.hasKey || g.spec == nil {
+		return globalKeySpec{}, false
+	}
+	s, ok := g.spec[q.key]
+	return s, ok
 }
 
 // globalRequest is what global rule r asks its token source.
@@ -193,7 +206,6 @@ func globalKey(r *Rule) string {
 // the source itself refused.
 func (e *Engine) global(node *stats.Node, g *globalRule, h *held, i, p int, now int64, q *request) (*BlockError, bool) {
 	ctx, n := q.ctx, q.n
-	be, beLocal := g.blockErrors(q)
 	if ctx == nil {
 		ctx = context.Background()
 	}
@@ -202,19 +214,19 @@ func (e *Engine) global(node *stats.Node, g *globalRule, h *held, i, p int, now 
 		if ok {
 			return nil, false
 		}
-		return be, true
+		return g.blockError(q), true
 	}
 	if ctx.Err() != nil {
 		// The caller gave up waiting: that says nothing about the source,
 		// and the fallback must not admit it.
-		return be, false
+		return g.blockError(q), false
 	}
 	node.AddFallback()
 	switch g.fallback {
 	case FallbackOpen:
 		return nil, false
 	case FallbackClosed:
-		return be, false
+		return g.blockError(q), false
 	}
 	if g.keys != nil {
 		// Per key, at LocalShare of the threshold.
@@ -232,7 +244,7 @@ func (e *Engine) global(node *stats.Node, g *globalRule, h *held, i, p int, now 
 				continue
 			}
 			if !ok {
-				return beLocal, false
+				return g.localBlockError(q), false
 			}
 			h.gkeys[i] = keyHeld{st: st, b: b}
 			return nil, false
@@ -242,14 +254,14 @@ func (e *Engine) global(node *stats.Node, g *globalRule, h *held, i, p int, now 
 		// A Global GCRA rule: its local bucket.
 		_, tok, ok, _ := g.gcra.take(now, n, 0)
 		if !ok {
-			return beLocal, false
+			return g.localBlockError(q), false
 		}
 		h.ggcra[i] = tok
 		return nil, false
 	}
 	r, ok := g.local.AdmitOn(p, now, n, g.localLimit)
 	if !ok {
-		return beLocal, false
+		return g.localBlockError(q), false
 	}
 	h.gres[i] = r
 	return nil, false
