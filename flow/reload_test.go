@@ -1,6 +1,7 @@
 package flow
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -135,4 +136,65 @@ func TestNewIntervalWindowIsSeeded(t *testing.T) {
 	load(t, e, Rule{Resource: "api", Threshold: 100}, Rule{Resource: "api", Threshold: 10, StatInterval: 2 * time.Second})
 	assert.Empty(t, greedy(t, e, clock, "api", 1600*ms), "the 2 s window holds the 100 passes")
 	assert.NotEmpty(t, greedy(t, e, clock, "api", 2700*ms), "once they have left it")
+}
+
+// keyStarts runs steps of traffic on clock: at each step the clock moves
+// by step and every key tries once; it returns each key's admissions.
+func keyStarts(e *Engine, clock *stattest.Clock, keys, steps int, step time.Duration) map[string][]int64 {
+	starts := map[string][]int64{}
+	for range steps {
+		clock.Advance(step)
+		for k := range keys {
+			key := fmt.Sprint("k", k)
+			if en, err := e.Entry("api", WithKey(key)); err == nil {
+				starts[key] = append(starts[key], en.Start())
+				en.Exit(nil)
+			}
+		}
+	}
+	return starts
+}
+
+// Reloads that change only a PerKey rule's MaxKeys, back and forth while
+// requests run on a moving clock, move every key's state to the new table
+// with its count: a request that looks a key up while the table moves finds
+// the state being moved, never a fresh one. No key is admitted over its
+// threshold in any of its windows.
+func TestPerKeyReloadsOfMaxKeysUnderTrafficKeepEveryCount(t *testing.T) {
+	clock := stattest.NewClock(0)
+	e, _ := newEngine(t, clock)
+	const limit, keys = 20, 503
+	rule := Rule{ID: "u", Resource: "api", Threshold: limit, PerKey: true, MaxKeys: 1000}
+	load(t, e, rule)
+	stop, done := make(chan struct{}), make(chan struct{})
+	var reloads int
+	var reloadErr error
+	go func() {
+		defer close(done)
+		for ; ; reloads++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			rule.MaxKeys = []int{2000, 1000}[reloads%2]
+			if err := e.LoadRules([]Rule{rule}); err != nil {
+				reloadErr = err
+				return
+			}
+		}
+	}()
+	starts := keyStarts(e, clock, keys, 200, 20*ms)
+	close(stop)
+	<-done
+	require.NoError(t, reloadErr)
+	over := 0
+	for k, v := range starts {
+		if most, at := worstWindow(v, int64(250*ms)); most > limit {
+			over++
+			t.Logf("key %s: %d in the window of buckets %d..%d", k, most, at, at+3)
+		}
+	}
+	assert.Zero(t, over, "keys over their threshold in a window, over %d reloads", reloads)
+	assert.Positive(t, reloads)
 }

@@ -130,10 +130,17 @@ func (t *Table) fresh(id ID) *State {
 // old forwards every lookup and release to t from then on: a request that
 // read the old rule set finds the same states, and no state lives in two
 // tables (evicted from one, it would be dead in the other).
+//
+// A lookup in t of a key not moved yet moves its state itself (see add):
+// were it to make a state of its own, the key would start afresh, and the
+// requests still counting in the old state would count where no lookup
+// finds them. Locks go old table's sets first, then t's, in both.
 func (t *Table) Migrate(old *Table) {
 	t.sketch = old.sketch
 	t.seeds = old.seeds // the states keep their identities
 	t.noKey = old.noKey
+	t.from.Store(old)
+	defer t.from.Store(nil)
 	old.specMu.Lock()
 	t.spec, t.pinned = old.spec, old.pinned
 	old.spec, old.pinned = map[string]*State{}, map[ID]*State{}
@@ -145,7 +152,11 @@ func (t *Table) Migrate(old *Table) {
 	for i := range old.sets {
 		unlockOld := old.lock(i, i)
 		for j := range old.sets[i].ways {
-			if st := old.sets[i].ways[j].st.Load(); st != nil {
+			w := &old.sets[i].ways[j]
+			if st := w.st.Load(); st != nil {
+				w.tag.Store(0)
+				w.st.Store(nil)
+				old.size.Dec()
 				t.insert(st)
 			}
 		}

@@ -61,8 +61,9 @@ type Table struct {
 
 	// locks guard adding to and evicting from sets (by set index).
 	locks [setLocks]paddedMutex
-	// next is the table this one moved to (see Migrate).
-	next atomic.Pointer[Table]
+	// next is the table this one moved to, from the table moving into
+	// this one while Migrate runs (see Migrate).
+	next, from atomic.Pointer[Table]
 
 	// specMu guards spec, the states of the keys listed in the rule's
 	// Keys (kept across reloads), and pinned, Conc states with requests
@@ -238,18 +239,33 @@ func (s *set) findID(id ID) *State {
 
 // add is Get's slow path: a key new to the table (or back to it).
 func (t *Table) add(id ID, a, b int) *State {
+	// While a table moves into this one, its key may not have moved yet:
+	// its sets are locked first (the order Migrate locks in), and a state
+	// still there moves now.
+	var fa, fb int
+	unlockFrom := func() {}
+	from := t.from.Load()
+	if from != nil {
+		fa, fb = from.setsOf(id.h)
+		unlockFrom = from.lock(fa, fb)
+	}
 	unlock := t.lock(a, b)
 	if n := t.next.Load(); n != nil {
 		// Moved to another table while we waited (see Migrate).
 		unlock()
+		unlockFrom()
 		return n.current().getID(id)
 	}
+	defer unlockFrom()
 	defer unlock()
 	// Added by another request while we waited?
 	if st := t.findLocked(id, a, b); st != nil {
 		return st
 	}
 	var st *State
+	if from != nil {
+		st = from.removeLocked(id, fa, fb)
+	}
 	if t.kind == Conc {
 		t.specMu.Lock()
 		if st = t.pinned[id]; st != nil {
@@ -264,6 +280,23 @@ func (t *Table) add(id ID, a, b int) *State {
 	}
 	t.placeLocked(st, a, b)
 	return st
+}
+
+// removeLocked takes the state of id out of sets a and b, if there (their
+// locks held), without ending it: it moves.
+func (t *Table) removeLocked(id ID, a, b int) *State {
+	for _, si := range [2]int{a, b} {
+		for i := range t.sets[si].ways {
+			w := &t.sets[si].ways[i]
+			if st := w.st.Load(); st != nil && st.id == id {
+				w.tag.Store(0)
+				w.st.Store(nil)
+				t.size.Dec()
+				return st
+			}
+		}
+	}
+	return nil
 }
 
 // getID is Get for a key known by its identity (same seeds: see Migrate).
@@ -324,20 +357,8 @@ func (t *Table) placeLocked(st *State, a, b int) {
 func (t *Table) take(key string) *State {
 	id := ID{t.hash(key), t.check(key)}
 	a, b := t.setsOf(id.h)
-	unlock := t.lock(a, b)
-	defer unlock()
-	for _, si := range [2]int{a, b} {
-		for i := range t.sets[si].ways {
-			w := &t.sets[si].ways[i]
-			if st := w.st.Load(); st != nil && st.id == id {
-				w.tag.Store(0)
-				w.st.Store(nil)
-				t.size.Dec()
-				return st
-			}
-		}
-	}
-	return nil
+	defer t.lock(a, b)()
+	return t.removeLocked(id, a, b)
 }
 
 // put puts st, the state of key, into the sets: a key that left the
