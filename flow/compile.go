@@ -1,7 +1,6 @@
 package flow
 
 import (
-	"fmt"
 	"math"
 	"time"
 
@@ -20,31 +19,63 @@ import (
 type ruleSet struct {
 	rules      []Rule
 	byResource map[string]*resourceRules
-	// states holds shaping state by rule, so a reload that keeps a rule
-	// keeps its warm-up tokens and throttle timeline.
-	warm   map[ruleKey]*warmup.Bucket
-	pacers map[ruleKey]*pace.Pacer
-	locals map[ruleKey]*window.Window
-	// tables holds per-key rules' keys, kept across reloads.
-	tables map[tableID]*keytable.Table
-	// shadows holds dry-run rules' windows and counts.
-	shadows map[ruleKey]*shadow
-	// gcras holds GCRA rules' arrival times (for a Global GCRA rule, its
-	// local fallback's).
-	gcras map[ruleKey]*gcra.Cell
+	// The state of rules, by rule, so that a reload that keeps a rule (see
+	// ruleKey) keeps its counts: warm-up tokens, throttle timelines, a
+	// Global rule's local fallback window, per-key tables, dry-run windows
+	// and GCRA arrival times (for a Global GCRA rule, its local
+	// fallback's). Window rules count in their resource's node, which
+	// outlives rule sets.
+	warm    map[ruleKey]kept[*warmup.Bucket]
+	pacers  map[ruleKey]kept[*pace.Pacer]
+	locals  map[ruleKey]kept[*window.Window]
+	tables  map[ruleKey]kept[*keytable.Table]
+	shadows map[ruleKey]kept[*shadow]
+	gcras   map[ruleKey]kept[*gcra.Cell]
 }
 
-// ruleKey identifies a rule's state across reloads: the rule (every field
-// of it, printed: a Rule with Keys is not comparable), and which of the
-// identical copies of it in the set it is (two identical Throttle rules are
-// two timelines, and stay two when loaded again).
+// ruleKey identifies a rule across reloads: a rule is the same rule when
+// its Resource, ID (or both none), Metric and PerKey match, and copy tells
+// apart the rules alike in a set, in their order. Its state is kept, made
+// to fit what else changed (see keep).
 type ruleKey struct {
-	rule string
-	copy int
+	resource, id string
+	metric       Metric
+	perKey       bool
+	copy         int
 }
 
-// fingerprint is a rule's every field, for ruleKey.
-func fingerprint(r *Rule) string { return fmt.Sprintf("%#v", *r) }
+// kept is a rule's state in a rule set and the rule it was made for.
+type kept[V any] struct {
+	v V
+	r *Rule
+}
+
+// keep returns the state of c's rule in the set being built, recording it
+// in next: the old set's state of the same rule, as carry makes it fit the
+// rule (carry may return it as it was, a state made from it, or false to
+// start afresh), else fresh's.
+func keep[V any](c *compiling, old, next map[ruleKey]kept[V], carry func(v V, was *Rule) (V, bool), fresh func() V) V {
+	var v V
+	o, ok := old[c.k]
+	if ok {
+		v, ok = carry(o.v, o.r)
+	}
+	if !ok {
+		v = fresh()
+	}
+	next[c.k] = kept[V]{v, c.r}
+	return v
+}
+
+// slower is how many times slower the rate of rule r is than the rate of
+// rule was (both per second): what a timeline ahead of now stretches by
+// when a reload changes the rate; 1 when either is 0.
+func slower(was, r float64) float64 {
+	if was <= 0 || r <= 0 {
+		return 1
+	}
+	return was / r
+}
 
 // site is what the slot an Entry carries leads back to: the engine, and
 // for a refusal by a resource's single window, the rules that refused.
@@ -134,7 +165,7 @@ type compiling struct {
 	r         *Rule
 	rr        *resourceRules
 	k         ruleKey     // the rule's state
-	id        tableID     // a PerKey rule's key table
+	now       int64       // the clock at load
 	bound     BoundSource // a Global rule's bound token source, if any
 	related   *stats.Node // a related-resource rule's other resource
 }
@@ -145,32 +176,27 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stats.Node, bounds []Boun
 	next := &ruleSet{
 		rules:      norm,
 		byResource: map[string]*resourceRules{},
-		warm:       map[ruleKey]*warmup.Bucket{},
-		pacers:     map[ruleKey]*pace.Pacer{},
-		locals:     map[ruleKey]*window.Window{},
-		tables:     map[tableID]*keytable.Table{},
-		shadows:    map[ruleKey]*shadow{},
-		gcras:      map[ruleKey]*gcra.Cell{},
+		warm:       map[ruleKey]kept[*warmup.Bucket]{},
+		pacers:     map[ruleKey]kept[*pace.Pacer]{},
+		locals:     map[ruleKey]kept[*window.Window]{},
+		tables:     map[ruleKey]kept[*keytable.Table]{},
+		shadows:    map[ruleKey]kept[*shadow]{},
+		gcras:      map[ruleKey]kept[*gcra.Cell]{},
 	}
-	copies := map[string]int{}
-	tableCopies := map[tableID]int{}
+	copies := map[ruleKey]int{}
+	now := e.now()
 	for i := range norm {
-		fp := fingerprint(&norm[i])
 		r := &norm[i]
-		c := compiling{e: e, next: next, old: old, r: r, k: ruleKey{fp, copies[fp]}, bound: bounds[i]}
-		copies[fp]++
+		k := ruleKey{resource: r.Resource, id: r.ID, metric: r.Metric, perKey: r.PerKey}
+		k.copy = copies[k]
+		copies[k]++
+		c := compiling{e: e, next: next, old: old, r: r, k: k, now: now, bound: bounds[i]}
 		c.rr = e.resourceRules(next, r, nodes)
 		if !r.DryRun {
 			c.rr.rules++
 			if r.Metric == QPS && r.RelatedResource == "" && (c.rr.policy == nil || r.Threshold < c.rr.policy.Rule.Threshold) {
 				c.rr.policy = newBlockError(r, ReasonFlow)
 			}
-		}
-		if r.PerKey {
-			c.id = tableID{resource: r.Resource, id: r.ID, metric: r.Metric, behavior: r.Behavior, interval: r.StatInterval,
-				maxQueue: r.MaxQueueing, global: r.Global}
-			c.id.copy = tableCopies[c.id]
-			tableCopies[c.id]++
 		}
 		if r.RelatedResource != "" {
 			c.related = nodes[r.RelatedResource]
@@ -200,13 +226,6 @@ func (e *Engine) resourceRules(next *ruleSet, r *Rule, nodes map[string]*stats.N
 // count stays far below the counters' headroom.
 func perWindow(threshold float64, interval time.Duration) int64 {
 	return int64(math.Floor(threshold * interval.Seconds()))
-}
-
-func reuse[V any](old map[ruleKey]V, k ruleKey, make func() V) V {
-	if v, ok := old[k]; ok {
-		return v
-	}
-	return make()
 }
 
 // shortPaths chooses the short paths Entry takes for rr's shape, if any:

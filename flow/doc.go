@@ -68,10 +68,17 @@
 // Memory is bounded: a rule tracks at most MaxKeys keys (default 100,000),
 // about 154 bytes a key, and an engine's rules together at most WithMaxKeys
 // (default 1,000,000). A key evicted while active keeps its counts in a
-// sketch, so eviction gives it nothing more (KeyEvictions counts them). A
-// reload that changes a PerKey rule's threshold, Keys or MaxKeys keeps its
-// keys' counts. docs/guarantees.md has the table, the sketch and the
-// hashing.
+// sketch, so eviction gives it nothing more (KeyEvictions counts them).
+// docs/guarantees.md has the table, the sketch and the hashing.
+//
+// A reload keeps what a rule counted while it stays the same rule: its
+// Resource, ID (or both none), Metric and PerKey. Windows, keys' counts
+// and holds, warm-up and queues survive changes of Threshold, MaxKeys,
+// Keys, Burst, MaxQueueing, and Behavior between Reject and WarmUp; a
+// queue or GCRA debt is stretched to the new rate, and a window of a new
+// StatInterval starts from what the old one counted over its span (erring
+// strict). A change between Throttle and Reject, or of Metric, starts the
+// rule afresh.
 //
 // # Waiting: Wait, Reserve and WithWait
 //

@@ -22,17 +22,26 @@ type shadowRule struct {
 	rule  *Rule
 }
 
-// addShadow adds dry-run rule r, whose state is keyed k.
-func (e *Engine) addShadow(next, old *ruleSet, rr *resourceRules, r *Rule, k ruleKey) {
-	s := reuse(old.shadows, k, func() *shadow {
-		w, err := window.NewWindow(e.buckets(r.StatInterval), r.StatInterval)
+// addShadow adds c's dry-run rule: its window kept while its interval is,
+// what it would have blocked kept while it is the same rule.
+func addShadow(c *compiling) {
+	r := c.r
+	fresh := func() *shadow {
+		w, err := window.NewWindow(c.e.buckets(r.StatInterval), r.StatInterval)
 		if err != nil {
 			panic(err) // validated
 		}
 		return &shadow{w: w}
-	})
-	next.shadows[k] = s
-	rr.shadows = append(rr.shadows, shadowRule{s: s, limit: perWindow(r.Threshold, r.StatInterval), rule: r})
+	}
+	s := keep(c, c.old.shadows, c.next.shadows, func(s *shadow, was *Rule) (*shadow, bool) {
+		if was.StatInterval == r.StatInterval {
+			return s, true
+		}
+		ns := fresh()
+		ns.blocked.Store(s.blocked.Load())
+		return ns, true
+	}, fresh)
+	c.rr.shadows = append(c.rr.shadows, shadowRule{s: s, limit: perWindow(r.Threshold, r.StatInterval), rule: r})
 }
 
 // shade checks an admitted request against the resource's dry-run rules,
@@ -86,7 +95,7 @@ func (e *Engine) DryRuns() []DryRun {
 var dryRunKind = kind{
 	is:       func(r *Rule) bool { return r.DryRun },
 	validate: validateDryRun,
-	compile:  func(c *compiling) { c.e.addShadow(c.next, c.old, c.rr, c.r, c.k) },
+	compile:  addShadow,
 	describe: func(r *Rule) string { return describeRate(r) + " (dry run)" },
 }
 

@@ -4,7 +4,6 @@ import (
 	"sync"
 
 	"github.com/leapflow/leapflow/internal/clocks"
-	"github.com/leapflow/leapflow/internal/keytable"
 	"github.com/leapflow/leapflow/internal/pins"
 	"github.com/leapflow/leapflow/internal/slots"
 	"github.com/leapflow/leapflow/internal/stats"
@@ -104,7 +103,7 @@ func New(opts ...Option) (*Engine, error) {
 	} else {
 		e.steady.origin, e.steady.mono = e.pins.Monotonic(cfg.clock)
 	}
-	e.rules.Store(&ruleSet{byResource: map[string]*resourceRules{}, tables: map[tableID]*keytable.Table{}})
+	e.rules.Store(&ruleSet{byResource: map[string]*resourceRules{}})
 	return e, nil
 }
 
@@ -147,8 +146,9 @@ func (e *Engine) Rules() []Rule {
 // stat.ErrTooManyResources), and nothing changes: the rules in force stay,
 // and no resource is created (a token source that is a Binder may have
 // been asked to bind the set's global rules). Statistics live in the resources' nodes and
-// survive any reload; a rule loaded again unchanged keeps its warm-up and
-// throttle state. A window the new rules count in and the old ones did
+// survive any reload; a rule that stays the same rule (its Resource, ID,
+// Metric and PerKey) keeps its counts, warm-up and queues, fitted to what
+// else changed (see the package doc, "Per-key limits"). A window the new rules count in and the old ones did
 // not (a span-exact rule turned on or added, a new StatInterval) starts
 // with what its resource passed over its span, and what waiting requests
 // borrowed, so the reload does not admit its threshold again on top; it

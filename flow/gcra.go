@@ -43,9 +43,17 @@ var gcraKind = kind{
 // compileGCRA adds a local GCRA rule: its cell kept across reloads that
 // keep the rule.
 func compileGCRA(c *compiling) {
-	g := reuse(c.old.gcras, c.k, func() *gcra.Cell { return &gcra.Cell{} })
-	c.next.gcras[c.k] = g
-	c.rr.gcras = append(c.rr.gcras, newGCRARule(g, c.r))
+	c.rr.gcras = append(c.rr.gcras, newGCRARule(keepCell(c, c.r.Threshold, func(was *Rule) float64 { return was.Threshold }), c.r))
+}
+
+// keepCell is the GCRA cell of c's rule, limiting at rate: the old one if
+// the rule stays the same rule, what it owes stretched to the new rate
+// (rateOf is the rate the old rule limited at).
+func keepCell(c *compiling, rate float64, rateOf func(was *Rule) float64) *gcra.Cell {
+	return keep(c, c.old.gcras, c.next.gcras, func(g *gcra.Cell, was *Rule) (*gcra.Cell, bool) {
+		g.Rescale(c.now, slower(rateOf(was), rate))
+		return g, true
+	}, func() *gcra.Cell { return &gcra.Cell{} })
 }
 
 // validateGCRA checks Burst on every rule, and what a GCRA rule needs.

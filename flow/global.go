@@ -6,7 +6,6 @@ import (
 	"math"
 	"time"
 
-	"github.com/leapflow/leapflow/internal/gcra"
 	"github.com/leapflow/leapflow/internal/keytable"
 	"github.com/leapflow/leapflow/internal/stats"
 	"github.com/leapflow/leapflow/internal/window"
@@ -336,7 +335,7 @@ func compileGlobal(c *compiling) {
 	switch {
 	case r.PerKey:
 		// Its local fallback is per key, at LocalShare of the threshold.
-		t := e.keyTable(c.next, c.old, rr, r, c.id)
+		t := e.keyTable(c)
 		g.hint = nil
 		g.keys = t
 		g.localLimit = perWindow(r.Threshold*r.LocalShare, r.StatInterval)
@@ -355,12 +354,15 @@ func compileGlobal(c *compiling) {
 		}
 		rr.keyedGlobal = true
 	case r.Behavior == GCRA:
-		cell := reuse(c.old.gcras, c.k, func() *gcra.Cell { return &gcra.Cell{} })
-		c.next.gcras[c.k] = cell
-		local := newGCRARule(cell, localShare(r))
+		lr := localShare(r)
+		cell := keepCell(c, lr.Threshold, func(was *Rule) float64 { return localShare(was).Threshold })
+		local := newGCRARule(cell, lr)
 		g.gcra = &local
 	default:
-		g.local = reuse(c.old.locals, c.k, func() *window.Window {
+		// Its local window is kept while its shape is.
+		g.local = keep(c, c.old.locals, c.next.locals, func(w *window.Window, was *Rule) (*window.Window, bool) {
+			return w, was.StatInterval == r.StatInterval && was.SpanExact == r.SpanExact
+		}, func() *window.Window {
 			n, interval := e.buckets(r.StatInterval), r.StatInterval
 			if r.SpanExact {
 				// The fallback is span-exact too.
@@ -372,7 +374,6 @@ func compileGlobal(c *compiling) {
 			}
 			return w
 		})
-		c.next.locals[c.k] = g.local
 		g.localLimit = perWindow(r.Threshold*r.LocalShare, r.StatInterval)
 	}
 	rr.globals = append(rr.globals, g)

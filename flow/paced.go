@@ -33,12 +33,21 @@ var pacedKind = kind{
 // warm-up model) kept across reloads that keep the rule.
 func compilePaced(c *compiling) {
 	r := c.r
-	p := reuse(c.old.pacers, c.k, func() *pace.Pacer { return pace.New(r.MaxQueueing) })
-	c.next.pacers[c.k] = p
+	// A new rate stretches (or shrinks) what is queued; a new queue takes
+	// a new pacer, which goes on from the old one's timeline.
+	p := keep(c, c.old.pacers, c.next.pacers, func(p *pace.Pacer, was *Rule) (*pace.Pacer, bool) {
+		ratio := slower(was.Threshold, r.Threshold)
+		if was.MaxQueueing == r.MaxQueueing {
+			p.Rescale(c.now, ratio)
+			return p, true
+		}
+		np := pace.New(r.MaxQueueing)
+		np.Follow(p, c.now, ratio)
+		return np, true
+	}, func() *pace.Pacer { return pace.New(r.MaxQueueing) })
 	pr := pacedRule{p: p, rate: r.Threshold, be: newBlockError(r, ReasonQueue)}
 	if r.Behavior == WarmUpThrottle {
-		pr.warm = reuse(c.old.warm, c.k, func() *warmup.Bucket { return newWarmUp(r) })
-		c.next.warm[c.k] = pr.warm
+		pr.warm = keepWarmUp(c)
 	}
 	c.rr.paced = append(c.rr.paced, pr)
 }

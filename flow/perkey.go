@@ -3,26 +3,12 @@ package flow
 import (
 	"fmt"
 	"math"
-	"time"
 
 	"github.com/leapflow/leapflow/internal/keytable"
 	"github.com/leapflow/leapflow/internal/names"
 	"github.com/leapflow/leapflow/internal/pace"
 	"github.com/leapflow/leapflow/internal/stats"
 )
-
-// tableID identifies a per-key rule's table across reloads: everything
-// but its thresholds and MaxKeys, which a reload may change while the keys
-// keep their counts; and which of the rules alike it is.
-type tableID struct {
-	resource, id string
-	metric       Metric
-	behavior     Behavior
-	interval     time.Duration
-	maxQueue     time.Duration
-	global       bool // a Global rule's local fallback
-	copy         int
-}
 
 // keyRule is a compiled PerKey rule.
 type keyRule struct {
@@ -58,20 +44,12 @@ type keyHeld struct {
 // during Entry); it has at most one PerKey Concurrency rule.
 const maxKeyRules = 4
 
-// addKeyed adds PerKey rule r, whose table is identified by id, to rr.
-func (e *Engine) addKeyed(next, old *ruleSet, rr *resourceRules, r *Rule, id tableID) {
-	t := e.keyTable(next, old, rr, r, id)
+// addKeyed adds c's PerKey rule.
+func addKeyed(c *compiling) {
+	r, rr := c.r, c.rr
+	t := c.e.keyTable(c)
 	kr := keyRule{t: t, be: newBlockError(r, ReasonFlow)}
-	limitOf := func(threshold float64) (int64, float64) {
-		switch t.Kind() {
-		case keytable.Conc:
-			return int64(threshold), 0
-		case keytable.Pace:
-			return 0, threshold
-		}
-		return perWindow(threshold, r.StatInterval), 0
-	}
-	kr.limit, kr.rate = limitOf(r.Threshold)
+	kr.limit, kr.rate = keyLimit(t.Kind(), r, r.Threshold)
 	switch t.Kind() {
 	case keytable.Conc:
 		kr.be = newBlockError(r, ReasonConcurrency)
@@ -82,7 +60,7 @@ func (e *Engine) addKeyed(next, old *ruleSet, rr *resourceRules, r *Rule, id tab
 	if len(r.Keys) > 0 {
 		kr.spec = make(map[string]keySpec, len(r.Keys))
 		for _, kl := range r.Keys {
-			limit, rate := limitOf(kl.Threshold)
+			limit, rate := keyLimit(t.Kind(), r, kl.Threshold)
 			kr.spec[kl.Key] = keySpec{st: t.Specific(kl.Key), limit: limit, rate: rate,
 				be: newKeyBlockError(r, kr.be.Reason, kl.Threshold)}
 		}
@@ -94,22 +72,75 @@ func (e *Engine) addKeyed(next, old *ruleSet, rr *resourceRules, r *Rule, id tab
 	}
 }
 
-// keyTable returns the table of PerKey rule r in the set being built: the
-// old set's, moved to a new one if MaxKeys changed, with the keys r lists
-// in Keys kept apart and those it no longer lists put back.
-func (e *Engine) keyTable(next, old *ruleSet, rr *resourceRules, r *Rule, id tableID) *keytable.Table {
-	t := old.tables[id]
-	if t == nil || t.Capacity() != keytable.CapacityFor(r.MaxKeys) {
-		nt := keytable.New(keyTableConfig(r, e.now))
-		nt.CountEvictions(rr.node.AddKeyEviction) // before Migrate: it evicts too
-		if t != nil {
-			nt.Migrate(t)
-		}
-		t = nt
-	} else {
-		t.CountEvictions(rr.node.AddKeyEviction) // the resource's node may be new
+// keyLimit is a key's limit under PerKey rule r at threshold: in flight
+// (Conc), per window (Window), or its rate (Pace).
+func keyLimit(k keytable.Kind, r *Rule, threshold float64) (int64, float64) {
+	switch k {
+	case keytable.Conc:
+		return int64(threshold), 0
+	case keytable.Pace:
+		return 0, threshold
 	}
-	next.tables[id] = t
+	return perWindow(threshold, r.StatInterval), 0
+}
+
+// keyThresholds returns a key's threshold under PerKey rule r: its own if
+// r lists it, else the rule's.
+func keyThresholds(r *Rule) func(key string) float64 {
+	own := make(map[string]float64, len(r.Keys))
+	for _, kl := range r.Keys {
+		own[kl.Key] = kl.Threshold
+	}
+	return func(key string) float64 {
+		if t, ok := own[key]; ok {
+			return t
+		}
+		return r.Threshold
+	}
+}
+
+// keyTable returns the table of c's PerKey rule (or a Global PerKey rule's
+// local fallback). A reload that keeps the rule keeps its keys' counts and
+// holds:
+//   - of the same kind of table (Throttle and Reject, or QPS and
+//     Concurrency, keep nothing of each other's);
+//   - moved to a new table if MaxKeys changed (see keytable.Migrate);
+//   - over a window of a new StatInterval, from what the old window
+//     counted over the new one's span (see keytable.Rewindow);
+//   - a throttled key's queue stretched to its new rate;
+//   - the keys r lists in Keys kept apart, those it no longer lists put
+//     back.
+func (e *Engine) keyTable(c *compiling) *keytable.Table {
+	r, rr := c.r, c.rr
+	cfg := keyTableConfig(r, e.now)
+	t := keep(c, c.old.tables, c.next.tables, func(t *keytable.Table, was *Rule) (*keytable.Table, bool) {
+		if t.Kind() != cfg.Kind {
+			return nil, false
+		}
+		if t.Kind() == keytable.Pace {
+			before, after := keyThresholds(was), keyThresholds(r)
+			listed := func(key string) float64 { return slower(before(key), after(key)) }
+			t.RescaleTimelines(c.now, slower(was.Threshold, r.Threshold), listed)
+		}
+		switch {
+		case t.Kind() == keytable.Window && t.BucketLen() != cfg.Window/keytable.Buckets:
+			nt := keytable.New(cfg)
+			nt.CountEvictions(rr.node.AddKeyEviction)
+			nt.Rewindow(t)
+			return nt, true
+		case t.Capacity() != keytable.CapacityFor(r.MaxKeys):
+			nt := keytable.New(cfg)
+			nt.CountEvictions(rr.node.AddKeyEviction) // before Migrate: it evicts too
+			nt.Migrate(t)
+			return nt, true
+		}
+		t.CountEvictions(rr.node.AddKeyEviction) // the resource's node may be new
+		return t, true
+	}, func() *keytable.Table {
+		t := keytable.New(cfg)
+		t.CountEvictions(rr.node.AddKeyEviction)
+		return t
+	})
 	listed := make([]string, len(r.Keys))
 	for i, kl := range r.Keys {
 		listed[i] = kl.Key
@@ -235,7 +266,7 @@ func keyless(node *stats.Node, q *request) {
 var perKeyKind = kind{
 	is:       func(r *Rule) bool { return r.PerKey && !r.Global },
 	validate: validatePerKeyKind,
-	compile:  func(c *compiling) { c.e.addKeyed(c.next, c.old, c.rr, c.r, c.id) },
+	compile:  addKeyed,
 	describe: func(r *Rule) string {
 		if r.Metric == Concurrency {
 			return " in flight per key"

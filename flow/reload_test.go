@@ -198,3 +198,159 @@ func TestPerKeyReloadsOfMaxKeysUnderTrafficKeepEveryCount(t *testing.T) {
 	assert.Zero(t, over, "keys over their threshold in a window, over %d reloads", reloads)
 	assert.Positive(t, reloads)
 }
+
+// reloading runs traffic on a moving clock, reloading between rules a and
+// b (one field apart) every few steps: each step the clock moves 10 ms
+// and every key tries once with Allow (PerKey rules: keys k0..k4; else
+// one request without a key). It returns each key's admission times.
+func reloading(t *testing.T, a, b Rule) map[string][]stamp {
+	t.Helper()
+	clock := stattest.NewClock(time.Hour)
+	e, _ := newEngine(t, clock)
+	load(t, e, a)
+	starts := map[string][]stamp{}
+	keys := 1
+	if a.PerKey {
+		keys = 5
+	}
+	for step := range 600 {
+		clock.Advance(10 * ms)
+		if step%37 == 36 {
+			load(t, e, []Rule{b, a}[step/37%2])
+		}
+		for k := range keys {
+			key := fmt.Sprint("k", k)
+			var opts []EntryOption
+			if a.PerKey {
+				opts = append(opts, WithKey(key))
+			}
+			if _, err := e.Allow("api", opts...); err == nil {
+				starts[key] = append(starts[key], stamp{clock.Now(), 1})
+			}
+		}
+	}
+	return starts
+}
+
+// inFlightReloading is reloading for Concurrency rules: each step every
+// key enters once and holds its entry for hold steps; it returns the most
+// any key held at once.
+func inFlightReloading(t *testing.T, a, b Rule, hold int) int {
+	t.Helper()
+	clock := stattest.NewClock(time.Hour)
+	e, _ := newEngine(t, clock)
+	load(t, e, a)
+	keys := 1
+	if a.PerKey {
+		keys = 5
+	}
+	held := make([][]Entry, keys)
+	most := 0
+	for step := range 600 {
+		clock.Advance(10 * ms)
+		if step%37 == 36 {
+			load(t, e, []Rule{b, a}[step/37%2])
+		}
+		for k := range keys {
+			var opts []EntryOption
+			if a.PerKey {
+				opts = append(opts, WithKey(fmt.Sprint("k", k)))
+			}
+			if len(held[k]) == hold {
+				held[k][0].Exit(nil)
+				held[k] = held[k][1:]
+			}
+			if en, err := e.Entry("api", opts...); err == nil {
+				held[k] = append(held[k], en)
+			}
+			most = max(most, len(held[k]))
+		}
+	}
+	return most
+}
+
+// A reload that keeps a rule (its Resource, ID, Metric and PerKey) keeps
+// what it counted, whatever else changed of Threshold, MaxKeys, Keys,
+// Burst, MaxQueueing, StatInterval, and Behavior between Reject and
+// WarmUp: under traffic on a moving clock, reloaded back and forth every
+// 370 ms, no key is admitted over the looser of the two rules in any span
+// (a rule that started afresh at a reload admits its threshold again on
+// top of what the window holds). Every rule kind, PerKey and not.
+func TestAReloadThatKeepsTheRuleKeepsItsCounts(t *testing.T) {
+	win := Rule{ID: "r", Resource: "api", Threshold: 20}
+	keyed := Rule{ID: "r", Resource: "api", Threshold: 20, PerKey: true, MaxKeys: 8}
+	with := func(r Rule, f func(*Rule)) Rule { f(&r); return r }
+	// Windows: the most in any span of 3/4 of the window (a key's window
+	// and the node's second window both hold that to the threshold).
+	windows := []struct {
+		name string
+		a, b Rule
+		most int64
+	}{
+		{"window/Threshold", win, with(win, func(r *Rule) { r.Threshold = 25 }), 25},
+		{"window/WarmUp", win, with(win, func(r *Rule) { r.Behavior, r.WarmUpPeriod, r.ColdFactor = WarmUp, time.Second, 3 }), 20},
+		{"warmup/Threshold", with(win, func(r *Rule) { r.Behavior, r.WarmUpPeriod, r.ColdFactor = WarmUp, time.Second, 3 }),
+			with(win, func(r *Rule) { r.Behavior, r.WarmUpPeriod, r.ColdFactor, r.Threshold = WarmUp, time.Second, 3, 25 }), 25},
+		{"perkey/Threshold", keyed, with(keyed, func(r *Rule) { r.Threshold = 25 }), 25},
+		{"perkey/MaxKeys", keyed, with(keyed, func(r *Rule) { r.MaxKeys = 64 }), 20},
+		{"perkey/Keys", keyed, with(keyed, func(r *Rule) { r.Keys = []KeyLimit{{Key: "k1", Threshold: 20}} }), 20},
+		{"perkey/StatInterval", keyed, with(keyed, func(r *Rule) { r.StatInterval, r.Threshold = 2*time.Second, 10 }), 20},
+	}
+	for _, c := range windows {
+		t.Run(c.name, func(t *testing.T) {
+			for k, st := range reloading(t, c.a, c.b) {
+				assert.LessOrEqual(t, mostInSpan(st, int64(750*ms)-1), c.most, "key %s", k)
+			}
+		})
+	}
+	// Rates: consecutive admissions no closer than the faster rate allows.
+	paced := with(win, func(r *Rule) { r.Behavior, r.Threshold = Throttle, 10 })
+	keyPaced := with(keyed, func(r *Rule) { r.Behavior, r.Threshold = Throttle, 10 })
+	gcraRule := with(win, func(r *Rule) { r.Behavior, r.Threshold, r.Burst = GCRA, 10, 1 })
+	rates := []struct {
+		name string
+		a, b Rule
+		gap  time.Duration // the least time between two admissions
+	}{
+		{"throttle/Threshold", paced, with(paced, func(r *Rule) { r.Threshold = 20 }), 50 * ms},
+		{"throttle/MaxQueueing", paced, with(paced, func(r *Rule) { r.MaxQueueing = time.Second }), 100 * ms},
+		{"perkey-throttle/Threshold", keyPaced, with(keyPaced, func(r *Rule) { r.Threshold = 20 }), 50 * ms},
+		{"perkey-throttle/MaxKeys", keyPaced, with(keyPaced, func(r *Rule) { r.MaxKeys = 64 }), 100 * ms},
+		{"perkey-throttle/MaxQueueing", keyPaced, with(keyPaced, func(r *Rule) { r.MaxQueueing = time.Second }), 100 * ms},
+		{"perkey-throttle/Keys", keyPaced, with(keyPaced, func(r *Rule) { r.Keys = []KeyLimit{{Key: "k1", Threshold: 10}} }), 100 * ms},
+		{"gcra/Threshold", gcraRule, with(gcraRule, func(r *Rule) { r.Threshold = 20 }), 50 * ms},
+		{"gcra/Burst", gcraRule, with(gcraRule, func(r *Rule) { r.Burst = 2 }), 0},
+	}
+	for _, c := range rates {
+		t.Run(c.name, func(t *testing.T) {
+			for k, st := range reloading(t, c.a, c.b) {
+				for i := 1; i < len(st); i++ {
+					if gap := time.Duration(st[i].t - st[i-1].t); c.gap > 0 && gap < c.gap {
+						t.Errorf("key %s: admitted %v after the one before, at %v", k, gap, time.Duration(st[i].t))
+						break
+					}
+				}
+				if c.gap == 0 { // Burst 1 <-> 2 at 10/s: at most 2 in any 100 ms
+					assert.LessOrEqual(t, mostInSpan(st, int64(100*ms)), int64(2), "key %s", k)
+				}
+			}
+		})
+	}
+	// In flight: never more held at once than the larger limit.
+	conc := with(win, func(r *Rule) { r.Metric, r.Threshold = Concurrency, 3 })
+	keyConc := with(keyed, func(r *Rule) { r.Metric, r.Threshold = Concurrency, 3 })
+	for _, c := range []struct {
+		name string
+		a, b Rule
+		most int
+	}{
+		{"concurrency/Threshold", conc, with(conc, func(r *Rule) { r.Threshold = 4 }), 4},
+		{"perkey-concurrency/Threshold", keyConc, with(keyConc, func(r *Rule) { r.Threshold = 4 }), 4},
+		{"perkey-concurrency/MaxKeys", keyConc, with(keyConc, func(r *Rule) { r.MaxKeys = 64 }), 3},
+		{"perkey-concurrency/Keys", keyConc, with(keyConc, func(r *Rule) { r.Keys = []KeyLimit{{Key: "k1", Threshold: 3}} }), 3},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			assert.Equal(t, c.most, inFlightReloading(t, c.a, c.b, 10))
+		})
+	}
+}

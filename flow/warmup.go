@@ -25,8 +25,7 @@ var warmUpKind = kind{
 func compileWarmUp(c *compiling) {
 	r := c.r
 	g := c.rr.windowGroupOf(c.e, r)
-	wu := reuse(c.old.warm, c.k, func() *warmup.Bucket { return newWarmUp(r) })
-	c.next.warm[c.k] = wu
+	wu := keepWarmUp(c)
 	g.warm = append(g.warm, warmRule{w: wu, be: newBlockError(r, ReasonFlow)})
 	g.borrowable = false
 }
@@ -63,6 +62,20 @@ const (
 	maxColdFactor   = 1e6
 	maxWarmUpTokens = 1e15
 )
+
+// keepWarmUp is the warm-up bucket of c's WarmUp or WarmUpThrottle rule:
+// the old one if the rule stays the same rule, as warm as it was.
+func keepWarmUp(c *compiling) *warmup.Bucket {
+	r := c.r
+	return keep(c, c.old.warm, c.next.warm, func(b *warmup.Bucket, was *Rule) (*warmup.Bucket, bool) {
+		if was.Threshold == r.Threshold && was.ColdFactor == r.ColdFactor && was.WarmUpPeriod == r.WarmUpPeriod {
+			return b, true
+		}
+		nb := newWarmUp(r)
+		nb.Follow(b)
+		return nb, true
+	}, func() *warmup.Bucket { return newWarmUp(r) })
+}
 
 // newWarmUp is the warm-up bucket of a WarmUp or WarmUpThrottle rule.
 func newWarmUp(r *Rule) *warmup.Bucket {

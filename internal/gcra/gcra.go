@@ -77,3 +77,24 @@ func (l *Limiter) Take(now, n, maxWait int64) (wait, tok int64, ok bool, retry, 
 // under that request's would hand its tokens out a second time (two
 // requests on one slot), so the cancelled request errs towards blocking.
 func (l *Limiter) Give(n, tok int64) { l.c.tat.CompareAndSwap(tok, tok-n*l.interval) }
+
+// Rescale makes the tokens owed on c at now, taken at one rate, owed at a
+// rate ratio times slower (ratio is the old rate over the new): the time
+// its arrival time is ahead of now is ratio times as long, rounded up, so
+// what was taken stays taken under the new rate.
+func (c *Cell) Rescale(now int64, ratio float64) {
+	if ratio == 1 || !(ratio > 0) || math.IsInf(ratio, 0) {
+		return
+	}
+	for {
+		tat := c.tat.Load()
+		if tat <= now {
+			return
+		}
+		ahead := math.Ceil(float64(tat-now) * ratio)
+		next := now + int64(min(ahead, float64(math.MaxInt64/4)))
+		if c.tat.CompareAndSwap(tat, next) {
+			return
+		}
+	}
+}

@@ -3,6 +3,8 @@ package keytable
 import (
 	"math"
 	"time"
+
+	"github.com/leapflow/leapflow/internal/pace"
 )
 
 // victim picks the way a new key takes in sets a and b: an empty one, else
@@ -111,12 +113,9 @@ func (t *Table) fresh(id ID) *State {
 		// behind counts there, not in a window the carry was not read for.
 		b := max(t.now(), 0) / t.bucketLen
 		c, _ := t.sketch.carryOf(id.h, b)
-		st.head.Store(c.head)
-		for x := c.head - Buckets + 1; x <= c.head; x++ {
-			// Each count back in its own bucket: they leave the window
-			// when they would have.
-			st.words[slotOf(x)].Store(packBucket(x, uint64(c.at(x))))
-		}
+		// Each count back in its own bucket: they leave the window when
+		// they would have.
+		st.load(c)
 	case Pace:
 		if at := t.sketch.head(id.h); at != 0 {
 			st.head.Store(at)
@@ -198,4 +197,52 @@ func (t *Table) Release(st *State, n int64) {
 		}
 		st.pinned.Store(false)
 	}
+}
+
+// Rewindow fills t, a Window table of another window length, with the
+// keys of old (load time): each key starts from what old counted over
+// t's window at now, each count in the bucket that holds the last instant
+// of the bucket it was counted in (so it stays as long as it would have,
+// or longer), none of it dropped while any of that bucket is in t's
+// window. old lives on for the requests of the old rule set; what they
+// count there from now on is not carried.
+func (t *Table) Rewindow(old *Table) {
+	now := t.now()
+	t.seeds = old.seeds
+	conv := func(st *State) *State {
+		ns := t.newState(st.id)
+		if c, ok := st.carry(now/old.bucketLen - Buckets); ok {
+			ns.load(rebucket(c, old.bucketLen, t.bucketLen, now))
+		}
+		return ns
+	}
+	t.noKey = conv(old.noKey)
+	old.specMu.Lock()
+	for k, st := range old.spec {
+		t.spec[k] = conv(st)
+	}
+	old.specMu.Unlock()
+	for i := range old.sets {
+		unlockOld := old.lock(i, i)
+		for j := range old.sets[i].ways {
+			if st := old.sets[i].ways[j].st.Load(); st != nil {
+				t.insert(conv(st))
+			}
+		}
+		unlockOld()
+	}
+}
+
+// RescaleTimelines makes every Pace key's queue ahead of now ratio times
+// as long (see pace.Rescale): ratio(key) for a listed key, rule for the
+// others (load time, before the listed keys change).
+func (t *Table) RescaleTimelines(now int64, rule float64, ratio func(key string) float64) {
+	t.specMu.Lock()
+	for k, st := range t.spec {
+		pace.Rescale(&st.head, now, ratio(k))
+	}
+	t.specMu.Unlock()
+	pace.Rescale(&t.noKey.head, now, rule)
+	t.Each(func(st *State) { pace.Rescale(&st.head, now, rule) })
+	t.sketch.rescaleHeads(now, rule)
 }

@@ -3,6 +3,8 @@ package keytable
 import (
 	"math/bits"
 
+	"github.com/leapflow/leapflow/internal/pace"
+
 	"go.uber.org/atomic"
 )
 
@@ -112,6 +114,13 @@ func (s *sketch) addHead(h uint64, at int64) {
 				break
 			}
 		}
+	}
+}
+
+// rescaleHeads rescales every timeline head (see pace.Rescale).
+func (s *sketch) rescaleHeads(now int64, ratio float64) {
+	for i := range s.heads {
+		pace.Rescale(&s.heads[i], now, ratio)
 	}
 }
 

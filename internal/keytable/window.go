@@ -185,3 +185,31 @@ func (t *Table) RoomIn(st *State, now, n, limit int64) (retry, reset int64) {
 	}
 	return retry, reset
 }
+
+// rebucket is carry c, of buckets of length from, as a carry of buckets of
+// length to whose newest bucket is now's (see Table.Rewindow).
+func rebucket(c carry, from, to, now int64) carry {
+	nb := max(now, 0) / to
+	out := carry{head: nb}
+	for x := c.head - Buckets + 1; x <= c.head; x++ {
+		n := c.at(x)
+		if n == 0 {
+			continue
+		}
+		y := min(((x+1)*from-1)/to, nb)
+		if y <= nb-Buckets {
+			continue // the whole bucket is before the new window
+		}
+		s := &out.counts[slotOf(y)]
+		*s = uint32(min(uint64(*s)+uint64(n), math.MaxUint32))
+	}
+	return out
+}
+
+// load sets a fresh state's window to carry c.
+func (st *State) load(c carry) {
+	st.head.Store(c.head)
+	for x := c.head - Buckets + 1; x <= c.head; x++ {
+		st.words[slotOf(x)].Store(packBucket(x, uint64(c.at(x))))
+	}
+}

@@ -103,3 +103,35 @@ func (p *Pacer) Reserve(now, n int64, rate float64, maxQueue int64) (h Held, wai
 
 // GiveBack returns an abandoned slot (see GiveBack).
 func (p *Pacer) GiveBack(h Held) { GiveBack(&p.head, h) }
+
+// Rescale makes what is queued on the timeline whose head is head, paced
+// at one rate until now, take as long at a rate ratio times slower (ratio
+// is the old rate over the new): the queue ahead of now is ratio times as
+// long, rounded up, so its requests keep their place and none is admitted
+// sooner than the new rate allows after them. A past head is left alone.
+func Rescale(head *atomic.Int64, now int64, ratio float64) {
+	if ratio == 1 || !(ratio > 0) || math.IsInf(ratio, 0) {
+		return
+	}
+	for {
+		h := head.Load()
+		if h <= now {
+			return
+		}
+		ahead := math.Ceil(float64(h-now) * ratio)
+		next := now + int64(min(ahead, float64(maxCost)))
+		if head.CompareAndSwap(h, next) {
+			return
+		}
+	}
+}
+
+// Follow makes p, a new pacer for a rule whose queue changed, go on from
+// old's timeline, rescaled as Rescale does (load time).
+func (p *Pacer) Follow(old *Pacer, now int64, ratio float64) {
+	p.head.Store(old.head.Load())
+	Rescale(&p.head, now, ratio)
+}
+
+// Rescale rescales the pacer's timeline (see Rescale).
+func (p *Pacer) Rescale(now int64, ratio float64) { Rescale(&p.head, now, ratio) }

@@ -100,3 +100,15 @@ func (b *Bucket) sync(now int64, prevSecondPasses func() int64) {
 	next = min(next, b.maxToken) - passed
 	b.stored.Store(max(next, 0))
 }
+
+// Follow makes b, a new bucket for a rule whose warm-up changed, as warm
+// as old was: the same share of its tokens, rounded towards cold, synced
+// to the same second (load time).
+func (b *Bucket) Follow(old *Bucket) {
+	share := 1.0
+	if old.maxToken > 0 {
+		share = float64(old.stored.Load()) / float64(old.maxToken)
+	}
+	b.stored.Store(min(int64(math.Ceil(share*float64(b.maxToken))), b.maxToken))
+	b.lastFilled.Store(old.lastFilled.Load())
+}
