@@ -354,3 +354,36 @@ func TestAReloadThatKeepsTheRuleKeepsItsCounts(t *testing.T) {
 		})
 	}
 }
+
+// A reload that slows a Throttle rule, or a GCRA rule, stretches what is
+// queued (or owed) ahead of now to the new rate: the requests queued keep
+// their slots, and the next one goes where the new rate puts it after
+// them, not where the old rate would.
+func TestAReloadStretchesQueuesToTheNewRate(t *testing.T) {
+	for _, b := range []Behavior{Throttle, GCRA} {
+		t.Run(b.String(), func(t *testing.T) {
+			clock := stattest.NewClock(time.Hour)
+			e, s := newEngine(t, clock)
+			r := Rule{Resource: "api", Threshold: 10, Behavior: b, MaxQueueing: 2 * time.Second}
+			if b == GCRA {
+				r.MaxQueueing, r.Burst = 0, 1
+			}
+			load(t, e, r)
+			for range 5 { // queued (or owed) at 0, 100, ..., 400 ms
+				en, err := e.Entry("api", WithWait(2*time.Second))
+				require.NoError(t, err)
+				en.Exit(nil)
+			}
+			r.Threshold = 5
+			load(t, e, r)
+			en, err := e.Entry("api", WithWait(2*time.Second))
+			require.NoError(t, err)
+			en.Exit(nil)
+			// Throttle: the last slot, 400 ms ahead at 10/s, is 800 ms
+			// ahead at 5/s; the next is 200 ms after it. GCRA: 500 ms
+			// owed is 1 s, and a burst of 1 lets the next go 200 ms
+			// before the arrival time it sets.
+			assert.Equal(t, time.Second, s.waits[len(s.waits)-1], "waits: %v", s.waits)
+		})
+	}
+}

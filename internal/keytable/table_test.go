@@ -204,3 +204,34 @@ func TestMigrateKeepsCounts(t *testing.T) {
 		})
 	}
 }
+
+// Rewindow moves a key's counts to a table of another window length, each
+// in the new bucket that holds the last instant of its old one: they stay
+// in the new window at least as long as they would have, and leave it
+// once every instant of their old bucket has.
+func TestRewindowKeepsCountsOverTheNewSpan(t *testing.T) {
+	const ms = 1 // the test tables' clock: a window of 1000, buckets of 250
+	var now int64
+	old := newWindowTable(64, &now)
+	st := old.Get("k")
+	admit := func(tbl *Table, st *State, n, limit int64) bool {
+		_, _, ok, _ := tbl.Admit(st, now, n, limit)
+		return ok
+	}
+	now = 100 * ms
+	require.True(t, admit(old, st, 3, 10))
+	now = 600 * ms
+	require.True(t, admit(old, st, 4, 10))
+	now = 900 * ms
+	next := New(Config{Kind: Window, MaxKeys: 64, Window: 2000 * ms, Now: func() int64 { return now }})
+	next.Rewindow(old)
+	ns := next.Get("k")
+	assert.NotSame(t, st, ns)
+	assert.False(t, admit(next, ns, 4, 10), "7 of 10 held: [0, 250 ms) in bucket 0, [500, 750) in bucket 1 (500 ms each)")
+	assert.True(t, admit(next, ns, 3, 10))
+	now = 2100 * ms // buckets 1..4: the 3 of bucket 0 left, the 4+3 of bucket 1 stay
+	assert.False(t, admit(next, ns, 4, 10))
+	assert.True(t, admit(next, ns, 3, 10))
+	now = 2600 * ms // buckets 2..5
+	assert.True(t, admit(next, ns, 7, 10), "bucket 1 left")
+}
