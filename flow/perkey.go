@@ -124,29 +124,36 @@ func (e *Engine) keyTable(c *compiling) *keytable.Table {
 		}
 		switch {
 		case t.Kind() == keytable.Window && t.BucketLen() != cfg.Window/keytable.Buckets:
-			nt := keytable.New(cfg)
-			nt.CountEvictions(rr.node.AddKeyEviction)
+			nt := newKeyTable(cfg, rr)
 			nt.Rewindow(t)
 			return nt, true
 		case t.Capacity() != keytable.CapacityFor(r.MaxKeys):
-			nt := keytable.New(cfg)
-			nt.CountEvictions(rr.node.AddKeyEviction) // before Migrate: it evicts too
+			nt := newKeyTable(cfg, rr) // counting before Migrate: it evicts too
 			nt.Migrate(t)
 			return nt, true
 		}
-		t.CountEvictions(rr.node.AddKeyEviction) // the resource's node may be new
+		countKeys(t, rr) // the resource's node may be new
 		return t, true
-	}, func() *keytable.Table {
-		t := keytable.New(cfg)
-		t.CountEvictions(rr.node.AddKeyEviction)
-		return t
-	})
+	}, func() *keytable.Table { return newKeyTable(cfg, rr) })
 	listed := make([]string, len(r.Keys))
 	for i, kl := range r.Keys {
 		listed[i] = kl.Key
 	}
 	t.KeepSpecific(listed)
 	return t
+}
+
+// newKeyTable is a table of cfg counting its evictions in rr's node.
+func newKeyTable(cfg keytable.Config, rr *resourceRules) *keytable.Table {
+	t := keytable.New(cfg)
+	countKeys(t, rr)
+	return t
+}
+
+// countKeys makes t count its evictions and forgotten keys in rr's node.
+func countKeys(t *keytable.Table, rr *resourceRules) {
+	t.CountEvictions(rr.node.AddKeyEviction)
+	t.CountForgotten(rr.node.AddKeyForgotten)
 }
 
 // keyTableConfig is the table of per-key rule r (valid, defaults in).

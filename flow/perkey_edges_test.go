@@ -56,7 +56,7 @@ func TestKeyedClockBackAbsorbed(t *testing.T) {
 }
 
 // TestKeyedThrottleQueuedKeyEvicted: a key with requests queued (timeline
-// ahead of now) evicted by a flood keeps its timeline via the sketch.
+// ahead of now) evicted by a flood keeps its timeline in its ghost.
 func TestKeyedThrottleQueuedKeyEvicted(t *testing.T) {
 	clock := stattest.NewClock(time.Hour)
 	e, s := newEngine(t, clock)

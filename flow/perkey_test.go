@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -371,7 +372,7 @@ func TestPerKeyHammerFewKeys(t *testing.T) {
 func TestPerKeyHammerManyKeys(t *testing.T) {
 	e, err := New()
 	require.NoError(t, err)
-	const threshold, keys, goroutines = 20, 400, 16
+	const threshold, keys, goroutines = 20, 200, 16 // keys a table of 64 remembers when evicted
 	load(t, e, Rule{Resource: "api", Threshold: threshold, PerKey: true, MaxKeys: 64})
 	var mu sync.Mutex
 	starts := map[int][]int64{}
@@ -481,6 +482,114 @@ func TestKeylessRequestsShareOneKeyUnderEveryKind(t *testing.T) {
 				en, err := e.Entry("api")
 				require.NoError(t, err, "one exited: room again")
 				en.Exit(nil)
+			}
+		})
+	}
+}
+
+// allowKey reports whether key's request is admitted.
+func allowKey(e *Engine, key string) bool {
+	_, err := e.Allow("api", WithKey(key))
+	return err == nil
+}
+
+// A flood of distinct keys, one request each in one window, through a
+// table far smaller than the flood: none is refused. An evicted key leaves
+// only its own counts behind, so no key starts from another's.
+func TestAFloodOfDistinctKeysShutsNoKeyOut(t *testing.T) {
+	keys := 1_000_000
+	if raceEnabled {
+		keys = 100_000
+	}
+	for _, maxKeys := range []int{1024, 100_000} {
+		t.Run(fmt.Sprint("MaxKeys=", maxKeys), func(t *testing.T) {
+			e, _ := newEngine(t, stattest.NewClock(time.Hour))
+			load(t, e, Rule{Resource: "api", Threshold: 10, PerKey: true, MaxKeys: maxKeys})
+			refused := 0
+			for k := range keys {
+				if !allowKey(e, "k"+strconv.Itoa(k)) {
+					refused++
+				}
+			}
+			assert.Zero(t, refused, "of %d distinct keys", keys)
+			snap, _ := e.Snapshot("api")
+			assert.Positive(t, snap.KeyEvictions, "the keys were evicted while active")
+		})
+	}
+}
+
+// Attacker keys, each admitted up to its threshold and then evicted by the
+// next, flood a table of 1024 in one window (20,000 of them): fresh keys
+// among them, sending up to the threshold each, are admitted in full. (A
+// count sketch shared by keys would have refused them all.)
+func TestAttackerKeysEvictedAtTheirLimitShutNoFreshKeyOut(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(time.Hour))
+	const threshold = 5
+	load(t, e, Rule{Resource: "api", Threshold: threshold, PerKey: true, MaxKeys: 1024})
+	attacked, full, fresh := 0, 0, 0
+	for a := range 20_000 {
+		key := "attacker-" + strconv.Itoa(a)
+		for allowKey(e, key) {
+			attacked++
+		}
+		if a%20 == 19 {
+			fresh++
+			n := 0
+			for range threshold {
+				if allowKey(e, "fresh-"+strconv.Itoa(fresh)) {
+					n++
+				}
+			}
+			if n == threshold {
+				full++
+			}
+		}
+	}
+	assert.Equal(t, 20_000*threshold, attacked, "each attacker key admitted up to its threshold")
+	assert.GreaterOrEqual(t, full, fresh*99/100, "fresh keys admitted in full, of %d", fresh)
+	t.Logf("%d of %d fresh keys admitted in full", full, fresh)
+}
+
+// A key evicted and coming back in the same window is held to what it had
+// left, while at most 4 x MaxKeys keys were evicted in that window: the
+// table remembers every one of them (99% are promised). Beyond that, it
+// forgets the keys that gain least and counts them in KeysForgotten.
+func TestAKeyEvictedAndBackInItsWindowGetsNoMore(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		fillers int
+		held    int // victims at least that must be refused again
+	}{
+		{"4xMaxKeys", 4*1024 - 100 + 1024, 99}, // 4096 evicted: every victim remembered
+		{"20xMaxKeys", 20 * 1024, 0},           // beyond: documented, and counted
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e, _ := newEngine(t, stattest.NewClock(time.Hour))
+			const threshold, victims = 10, 100
+			load(t, e, Rule{Resource: "api", Threshold: threshold, PerKey: true, MaxKeys: 1024})
+			for v := range victims {
+				for range threshold {
+					require.True(t, allowKey(e, "victim-"+strconv.Itoa(v)))
+				}
+			}
+			for f := range c.fillers {
+				require.True(t, allowKey(e, "filler-"+strconv.Itoa(f)))
+			}
+			snap, _ := e.Snapshot("api")
+			refused := 0
+			for v := range victims {
+				if !allowKey(e, "victim-"+strconv.Itoa(v)) {
+					refused++
+				}
+			}
+			t.Logf("%d evicted while active, %d forgotten; %d of %d victims refused again", snap.KeyEvictions, snap.KeysForgotten, refused, victims)
+			assert.GreaterOrEqual(t, refused, c.held)
+			if c.held > 0 {
+				assert.LessOrEqual(t, snap.KeyEvictions, int64(4*1024))
+				assert.Zero(t, snap.KeysForgotten)
+			} else {
+				assert.Positive(t, snap.KeysForgotten, "forgetting is counted")
+				assert.Equal(t, victims, refused, "the fillers (1 each) are forgotten before the victims (10 each)")
 			}
 		})
 	}

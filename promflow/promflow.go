@@ -25,7 +25,9 @@
 //   - leapflow_requests_inflight: admitted and not exited, now.
 //   - leapflow_fallback_decisions_total: requests global rules decided by
 //     their fallback; leapflow_key_evictions_total: keys a PerKey rule
-//     evicted while active (both since the resource was registered).
+//     evicted while active, and leapflow_keys_forgotten_total: evicted keys
+//     it forgot while their window mattered (all since the resource was
+//     registered).
 //   - leapflow_rule_threshold{rule, metric}: each rule's threshold.
 //   - leapflow_rule_would_block_total{rule}: what each dry-run rule
 //     would have blocked (flow.Rule.DryRun).
@@ -67,6 +69,7 @@ type Collector struct {
 
 	passed, blocked, occupied, completed, failed *prometheus.Desc
 	duration, inflight, fallbacks, evictions     *prometheus.Desc
+	forgotten                                    *prometheus.Desc
 	threshold                                    *prometheus.Desc
 	reloads, reloadFailed, wouldBlock            *prometheus.Desc
 	reloader                                     Reloader
@@ -105,6 +108,7 @@ func New(eng *flow.Engine, opts ...Option) *Collector {
 		inflight:   desc("requests_inflight", "Requests admitted and not exited."),
 		fallbacks:  desc("fallback_decisions_total", "Requests a global rule decided by its fallback because its token source failed."),
 		evictions:  desc("key_evictions_total", "Keys a per-key rule evicted from its table while their window held admissions."),
+		forgotten:  desc("keys_forgotten_total", "Evicted keys a per-key rule forgot while their window held admissions: seen again, they start afresh."),
 		threshold:  desc("rule_threshold", "A rule's threshold: requests per second (metric qps) or in flight (metric concurrency).", "rule", "metric"),
 		wouldBlock: desc("rule_would_block_total", "Requests a dry-run rule would have blocked (it blocks nothing).", "rule"),
 		reloads:    prometheus.NewDesc("leapflow_rule_reloads_total", "Rule sets a rule source applied.", nil, nil),
@@ -148,7 +152,7 @@ func (c *Collector) add(batch []stat.Second) {
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.passed, c.blocked, c.occupied, c.completed, c.failed,
-		c.duration, c.inflight, c.fallbacks, c.evictions, c.threshold, c.wouldBlock} {
+		c.duration, c.inflight, c.fallbacks, c.evictions, c.forgotten, c.threshold, c.wouldBlock} {
 		ch <- d
 	}
 	if c.reloader != nil {
@@ -250,6 +254,7 @@ func (c *Collector) live(ch chan<- prometheus.Metric, snap stat.Snapshot) {
 	ch <- prometheus.MustNewConstMetric(c.inflight, prometheus.GaugeValue, float64(snap.Inflight), res)
 	ch <- prometheus.MustNewConstMetric(c.fallbacks, prometheus.CounterValue, float64(snap.Fallbacks), res)
 	ch <- prometheus.MustNewConstMetric(c.evictions, prometheus.CounterValue, float64(snap.KeyEvictions), res)
+	ch <- prometheus.MustNewConstMetric(c.forgotten, prometheus.CounterValue, float64(snap.KeysForgotten), res)
 }
 
 // label is a name as a label value: label values must be UTF-8, and one

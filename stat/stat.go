@@ -40,6 +40,11 @@ type Snapshot struct {
 	Fallbacks     int64 // decided by a global rule's fallback, ever
 	Keyless       int64 // checked by a per-key rule without a key, ever
 	KeyEvictions  int64 // keys evicted by a per-key rule while active, ever
+	// KeysForgotten counts evicted keys a per-key rule forgot while their
+	// window still mattered, to remember others: more were evicted within
+	// a window than it remembers (4 x MaxKeys fit), and such a key, seen
+	// again in that window, starts afresh. Ever.
+	KeysForgotten int64
 }
 
 // Second is what one resource counted in one second of the engine clock:

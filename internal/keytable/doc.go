@@ -1,6 +1,6 @@
 // Package keytable is the state of flow's PerKey rules: a bounded table of
 // compact per-key states (a window of Buckets buckets, a pacing timeline,
-// or a count in flight), and a sketch that remembers what evicted keys had.
+// or a count in flight), and ghosts that remember what evicted keys had.
 // flow keeps the rules (thresholds, listed keys, errors) and calls Get,
 // Admit, Undo, Acquire and Release on a request's key; nothing here knows
 // the Engine, and the tests drive it with plain numbers.
@@ -15,13 +15,15 @@
 //     or with nothing in flight (Conc) goes first: nothing is lost.
 //   - Else the key least recently counted in is evicted while active (more
 //     keys active at once than the table holds). Its count in its last
-//     window, and until when it counts, go into a small count sketch (two
-//     rows of cells, each keeping the largest live count written to it). A
-//     key that comes back starts with the smaller of its two cells in its
-//     newest bucket, which covers what it had: evicting a key k times in a
-//     window gives it nothing more. A key that shares both cells with an
-//     evicted active key starts with that key's count instead (stricter,
-//     never looser) until that window ends. Each such eviction calls the
+//     window, bucket by bucket (or its timeline), is kept as its ghost, by
+//     its hash alone (see ghosts): the key, seen again, takes its ghost
+//     back and starts from its own counts, each in its own bucket, so
+//     evicting a key k times in a window gives it nothing more; a key never
+//     seen starts from nothing, whatever other keys left behind. The
+//     ghosts hold 5.5 per key the table tracks: every key evicted while at
+//     most 4 x MaxKeys are per window. Beyond, the ghost whose key gains
+//     least (the smallest count) is forgotten and counted (see
+//     Table.CountForgotten). Each eviction of an active key calls the
 //     table's eviction counter (see Table.CountEvictions).
 //   - A Conc key with requests in flight is never dropped: evicted, it
 //     moves to a side table until its last request exits or it is seen

@@ -52,7 +52,7 @@ func (t *Table) idleFor(st *State, now int64) int64 {
 }
 
 // evict takes st out of the table (its way is being replaced, under the
-// set's lock): what it holds goes to the sketch, or, for a Conc state with
+// set's lock): what it holds goes to the ghosts, or, for a Conc state with
 // requests in flight, to the side table.
 func (t *Table) evict(st *State, now int64) {
 	st.dead.Store(true)
@@ -85,14 +85,16 @@ func (t *Table) evict(st *State, now int64) {
 		if !ok {
 			return // its window is over: nothing to keep
 		}
-		t.sketch.addCarry(st.id.h, c)
+		t.remember(st.id, ghostOf(c), b)
 		if c.head+Buckets <= b {
 			return // idle by this clock: not counted as active
 		}
 	case Pace:
 		// Kept even when past: the next request's cost runs from it.
 		at := st.head.Load()
-		t.sketch.addHead(st.id.h, at)
+		var x ghost
+		x.setTimeline(at)
+		t.remember(st.id, x, now)
 		if at <= now-int64(time.Second) {
 			return // idle a second: not counted as active
 		}
@@ -102,8 +104,43 @@ func (t *Table) evict(st *State, now int64) {
 	}
 }
 
-// fresh makes a state for key, starting from what the sketch says it had
-// when it was evicted.
+// memory is the table's ghosts, made if needed.
+func (t *Table) memory() *ghosts {
+	if g := t.ghosts.Load(); g != nil {
+		return g
+	}
+	t.ghosts.CompareAndSwap(nil, newGhosts(t.maxKeys))
+	return t.ghosts.Load()
+}
+
+// takeGhost takes the ghost of id from the ghosts of t, if it has any.
+func (t *Table) takeGhost(id ID) (ghost, bool) {
+	if g := t.ghosts.Load(); g != nil {
+		return g.take(id.h)
+	}
+	return ghost{}, false
+}
+
+// ghostNow is the clock in the unit of the table's ghosts (see ends).
+func (t *Table) ghostNow() int64 {
+	if t.kind == Window {
+		return max(t.now(), 0) / t.bucketLen
+	}
+	return t.now()
+}
+
+// remember puts an evicted key's ghost (see ghosts.put), counting a live
+// ghost it forgot.
+func (t *Table) remember(id ID, x ghost, now int64) {
+	if t.memory().put(t.kind, id.h, x, now) {
+		if count := t.forgot.Load(); count != nil {
+			(*count)()
+		}
+	}
+}
+
+// fresh makes a state for key, starting from what it had when it was
+// evicted, if remembered.
 func (t *Table) fresh(id ID) *State {
 	st := t.newState(id)
 	switch t.kind {
@@ -112,16 +149,31 @@ func (t *Table) fresh(id ID) *State {
 		// even with nothing carried: a request whose clock reading is
 		// behind counts there, not in a window the carry was not read for.
 		b := max(t.now(), 0) / t.bucketLen
-		c, _ := t.sketch.carryOf(id.h, b)
+		c := carry{head: b}
+		if x, ok := t.ghost(id); ok {
+			c = x.carryAt(b)
+		}
 		// Each count back in its own bucket: they leave the window when
 		// they would have.
 		st.load(c)
 	case Pace:
-		if at := t.sketch.head(id.h); at != 0 {
-			st.head.Store(at)
+		if x, ok := t.ghost(id); ok {
+			st.head.Store(x.timeline())
 		}
 	}
 	return st
+}
+
+// ghost takes key id's ghost: while a table moves into this one, from its
+// ghosts first (Migrate moves each under the old one's lock, so a ghost
+// not found there has arrived here).
+func (t *Table) ghost(id ID) (ghost, bool) {
+	if from := t.from.Load(); from != nil {
+		if x, ok := from.takeGhost(id); ok {
+			return x, true
+		}
+	}
+	return t.takeGhost(id)
 }
 
 // Migrate moves the keys of old, a table of another MaxKeys, into t (load
@@ -135,7 +187,6 @@ func (t *Table) fresh(id ID) *State {
 // requests still counting in the old state would count where no lookup
 // finds them. Locks go old table's sets first, then t's, in both.
 func (t *Table) Migrate(old *Table) {
-	t.sketch = old.sketch
 	t.seeds = old.seeds // the states keep their identities
 	t.noKey = old.noKey
 	t.from.Store(old)
@@ -160,6 +211,10 @@ func (t *Table) Migrate(old *Table) {
 			}
 		}
 		unlockOld()
+	}
+	// Then the ghosts: every add that could write one in old is over.
+	if g := old.ghosts.Load(); g != nil {
+		t.memory().moveFrom(g, t.kind, t.ghostNow(), nil)
 	}
 }
 
@@ -217,6 +272,12 @@ func (t *Table) Rewindow(old *Table) {
 		return ns
 	}
 	t.noKey = conv(old.noKey)
+	// The old table's ghosts too, copied: it lives on for the old rules.
+	if g := old.ghosts.Load(); g != nil {
+		t.memory().moveFrom(g.copy(), Window, now/t.bucketLen, func(x ghost) ghost {
+			return ghostOf(rebucket(x.carryAt(now/old.bucketLen), old.bucketLen, t.bucketLen, now))
+		})
+	}
 	old.specMu.Lock()
 	for k, st := range old.spec {
 		t.spec[k] = conv(st)
@@ -244,5 +305,7 @@ func (t *Table) RescaleTimelines(now int64, rule float64, ratio func(key string)
 	t.specMu.Unlock()
 	pace.Rescale(&t.noKey.head, now, rule)
 	t.Each(func(st *State) { pace.Rescale(&st.head, now, rule) })
-	t.sketch.rescaleHeads(now, rule)
+	if g := t.ghosts.Load(); g != nil {
+		g.rescaleTimelines(now, rule)
+	}
 }

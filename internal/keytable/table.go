@@ -54,10 +54,14 @@ type Table struct {
 	noKey     *State
 	now       func() int64
 	evicted   atomic.Pointer[func()] // counts an active key's eviction
+	forgot    atomic.Pointer[func()] // counts a live ghost forgotten
 	size      atomic.Int64           // keys in sets
 
-	// sketch holds what evicted active keys had (see the type's doc).
-	sketch sketch
+	// ghosts holds what evicted active keys had (see the type's doc),
+	// made at the first such eviction (a table that never fills costs
+	// none); never for Conc. maxKeys sizes it.
+	ghosts  atomic.Pointer[ghosts]
+	maxKeys int
 
 	// locks guard adding to and evicting from sets (by set index).
 	locks [setLocks]paddedMutex
@@ -112,9 +116,7 @@ func New(cfg Config) *Table {
 	if t.kind == Window {
 		t.bucketLen = cfg.Window / Buckets
 	}
-	if t.kind != Conc {
-		t.sketch = newSketch(cfg.MaxKeys, t.kind)
-	}
+	t.maxKeys = cfg.MaxKeys
 	t.sets = make([]set, (cfg.MaxKeys+setWays-1)/setWays)
 	return t
 }
@@ -122,6 +124,12 @@ func New(cfg Config) *Table {
 // CountEvictions makes the table call count on every eviction of an
 // active key (under a set's lock, never on a lookup of a tracked key).
 func (t *Table) CountEvictions(count func()) { t.evicted.Store(&count) }
+
+// CountForgotten makes the table call count whenever it forgets what an
+// evicted key had while that still mattered: more active keys were
+// evicted within a window than it remembers (see ghosts), and that key,
+// seen again in the window, starts afresh.
+func (t *Table) CountForgotten(count func()) { t.forgot.Store(&count) }
 
 // Kind is what the table keeps per key.
 func (t *Table) Kind() Kind { return t.kind }

@@ -43,8 +43,8 @@ func TestTableNeverHoldsMoreThanItsCapacity(t *testing.T) {
 		assert.Less(t, tbl.Capacity(), maxKeys+setWays)
 		for i := range 20 * tbl.Capacity() {
 			now += 10
-			// Active keys, counted in the sketch once evicted: a new key
-			// sharing both its cells with them may be refused.
+			// Active keys, remembered once evicted (more than the table
+			// remembers: some are forgotten).
 			_, _, _, dead := tbl.Admit(tbl.Get(fmt.Sprint(i)), now, 1, 1)
 			require.False(t, dead)
 		}
@@ -56,8 +56,7 @@ func TestTableNeverHoldsMoreThanItsCapacity(t *testing.T) {
 }
 
 // fill adds keys prefix0.. to tbl until st is evicted (dead), counting
-// one in each at now if count (refused when they share both sketch cells
-// with evicted keys); it returns how many it added.
+// one in each at now if count; it returns how many it added.
 func fill(t *testing.T, tbl *Table, st *State, prefix string, now int64, count bool) int {
 	t.Helper()
 	for i := range 100 * tbl.Capacity() {
@@ -109,8 +108,8 @@ func TestEvictedKeyComesBackWithItsCount(t *testing.T) {
 	hot := tbl.Get("hot")
 	runAdmitSteps(t, tbl, hot, limit, []admitStep{{0, 1, true}, {300, 2, true}, {400, 1, false}})
 	now = 500
-	// Keys that count nothing: their evictions leave the sketch as it
-	// was, so hot comes back with exactly its own counts.
+	// Keys that count nothing leave no ghost: hot comes back with
+	// exactly its own counts.
 	fill(t, tbl, hot, "flood", now, false)
 	assert.Positive(t, evictions, "an active key's eviction is counted")
 	back := tbl.Get("hot")
@@ -168,7 +167,7 @@ func TestSpecificKeysAreNeverEvicted(t *testing.T) {
 
 // TestMigrateKeepsCounts: a reload that changes MaxKeys moves the keys to
 // a new table: the same states when it grows, their counts through the
-// sketch when it shrinks; the old table forwards to the new one, so a
+// ghosts of evicted keys when it shrinks; the old table forwards to the new one, so a
 // request that read the old rules finds a live state.
 func TestMigrateKeepsCounts(t *testing.T) {
 	for _, c := range []struct{ from, to int }{{8, 64}, {64, 4}} {

@@ -213,3 +213,18 @@ func (st *State) load(c carry) {
 		st.words[slotOf(x)].Store(packBucket(x, uint64(c.at(x))))
 	}
 }
+
+// carry is a key's window at some bucket: counts by bucket slot for the
+// buckets head-Buckets+1 to head.
+type carry struct {
+	head   int64
+	counts [Buckets]uint32 // per-key limits fit: flow's maxKeyWindowCount
+}
+
+// at is the count carried in bucket x (0 outside the carry's window).
+func (c *carry) at(x int64) uint32 {
+	if x > c.head || x <= c.head-Buckets {
+		return 0
+	}
+	return c.counts[slotOf(x)]
+}

@@ -76,7 +76,9 @@ type Node struct {
 	// keyless counts requests without a key checked by a per-key rule;
 	// keyEvictions counts keys a per-key rule evicted from its table
 	// while their window still held admissions.
-	keyless, keyEvictions atomic.Int64
+	// keysForgotten counts evicted keys a per-key rule forgot while their
+	// window still held admissions.
+	keyless, keyEvictions, keysForgotten atomic.Int64
 
 	mu      sync.Mutex // guards adding to windows; reads go through the pointer
 	windows atomic.Pointer[map[windowShape]*window.Window]
@@ -327,6 +329,10 @@ func (n *Node) AddKeyEviction() { n.keyEvictions.Inc() }
 // since the node was made.
 func (n *Node) KeyEvictions() int64 { return n.keyEvictions.Load() }
 
+// AddKeyForgotten counts an evicted key a per-key rule forgot while its
+// window still held admissions.
+func (n *Node) AddKeyForgotten() { n.keysForgotten.Inc() }
+
 // Rate returns event e per second over the last second.
 func (n *Node) Rate(now int64, e metric.Event) float64 { return n.second.Rate(now, e) }
 
@@ -395,5 +401,6 @@ func (n *Node) Snapshot(now int64) stat.Snapshot {
 		Fallbacks:     n.Fallbacks(),
 		Keyless:       n.Keyless(),
 		KeyEvictions:  n.KeyEvictions(),
+		KeysForgotten: n.keysForgotten.Load(),
 	}
 }
