@@ -5,6 +5,7 @@
 //
 //	go run ./bench            # about two minutes on a 2-core machine
 //	go run ./bench -quick     # under 20 seconds
+//	go run ./bench -only=NAME # one named section (-h lists them)
 package main
 
 import (
@@ -32,6 +33,7 @@ type config struct {
 	memN        int
 	out         string
 	progress    bool
+	only        string // a named section to run alone
 }
 
 func defaultGoroutines() []int {
@@ -70,6 +72,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.accG, "accuracy-goroutines", 64, "goroutines of the accuracy hammer")
 	fs.StringVar(&c.out, "out", "bench-out", "folder for the report and charts")
 	fs.BoolVar(&c.progress, "progress", true, "show a progress bar on stderr")
+	fs.StringVar(&c.only, "only", "", "run only the named section, printing its tables; one of:"+sectionNames())
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -118,6 +121,10 @@ func main() {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
+	}
+	run := run
+	if cfg.only != "" {
+		run = func(cfg config, stdout, _ io.Writer) error { return runOnly(cfg, stdout) }
 	}
 	if err := run(cfg, os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -137,9 +137,12 @@ type perKeyResult struct {
 // perKeyMem is a limiter's heap per tracked key, and its heap after a
 // million distinct keys.
 type perKeyMem struct {
-	impl            string
-	perKey          float64
-	afterMillion    float64 // MiB
+	impl         string
+	perKey       float64
+	afterMillion float64 // MiB
+	// evicted is the heap per key of the bound after 4 x bound keys were
+	// evicted, one request each (-1: no bound).
+	evicted         float64
 	distinct, bound int
 }
 
@@ -192,10 +195,12 @@ func perKeySection(cfg config, tick func(string)) (res []perKeyResult, mem []per
 // hugeKeyRate never blocks a key within a run (and fits a key's window).
 const hugeKeyRate = 1e9
 
-// keyMemory measures heap bytes per key over n keys, and the heap after
-// distinct keys (a million) through a limiter bounded to bound (100,000).
+// keyMemory measures heap bytes per key over n keys, the same per key of a
+// bound of n after 4 x n were evicted (what the limiter remembers of them
+// in), and the heap after distinct keys (a million) through a limiter
+// bounded to bound (100,000).
 func keyMemory(l keyLimiter, n, distinct, bound int) perKeyMem {
-	names := keyNames(max(distinct, n))
+	names := keyNames(max(distinct, 5*n))
 	per := float64(heapGrowth(func() func() {
 		take, done := l.make(100, 2*n)
 		for _, k := range names[:n] {
@@ -210,8 +215,20 @@ func keyMemory(l keyLimiter, n, distinct, bound int) perKeyMem {
 		}
 		return func() { runtime.KeepAlive(take); done() }
 	})) / (1 << 20)
+	evicted := -1.0
+	if l.bound {
+		// 5 x n distinct keys through a bound of n: 4 x n evicted, with
+		// what the limiter remembers of them.
+		evicted = float64(heapGrowth(func() func() {
+			take, done := l.make(100, n)
+			for i := range 5 * n {
+				take(names[i])
+			}
+			return func() { runtime.KeepAlive(take); done() }
+		})) / float64(n)
+	}
 	runtime.KeepAlive(names) // not freed while the heap is measured
-	return perKeyMem{impl: l.name, perKey: per, afterMillion: after, distinct: distinct, bound: bound}
+	return perKeyMem{impl: l.name, perKey: per, afterMillion: after, evicted: evicted, distinct: distinct, bound: bound}
 }
 
 // heapGrowth is how much fill grows the heap by what it keeps until the
@@ -332,15 +349,16 @@ func (r *report) perKeyTables(w io.Writer, md bool) {
 		row(append(cells, fmt.Sprintf("%.2f", allocs))...)
 	}
 	if md {
-		fmt.Fprintf(w, "\nMemory (runtime.MemStats): heap bytes per tracked key over %d keys, and the heap after %d distinct keys "+
-			"through a limiter of %d keys where it has a bound. Accuracy: %d goroutines on the real clock for %v over 4 hot keys "+
+		fmt.Fprintf(w, "\nMemory (runtime.MemStats): heap bytes per tracked key over %d keys; the same per key of "+
+			"a bound of that many after 4 times as many were evicted in one window, one request each (with what the limiter remembers of "+
+			"them); and the heap after %d distinct keys through a limiter of %d keys where it has a bound. Accuracy: %d goroutines on the real clock for %v over 4 hot keys "+
 			"at 100/s each; the most one key got in any of its limiter's own windows (leapflow: 4 buckets of 250 ms) and in any "+
 			"continuous second (a bucketed window allows up to twice its threshold in a span that straddles its buckets; "+
 			"see the accuracy section).\n\n", r.cfg.memN, r.perKeyMem[0].distinct, r.perKeyMem[0].bound, r.cfg.accG, r.cfg.accDuration)
 	} else {
 		fmt.Fprintf(w, "\nPer-key memory and accuracy (4 hot keys at 100/s, most in any continuous second)\n")
 	}
-	head("impl", "bytes/key", "MiB after the distinct keys", "most in its own windows", "most in 1 s (threshold 100)")
+	head("impl", "bytes/key", "bytes/key after 4x evictions", "MiB after the distinct keys", "most in its own windows", "most in 1 s (threshold 100)")
 	for i, m := range r.perKeyMem {
 		most, own := "-", "-"
 		if i < len(r.perKeyAcc) {
@@ -349,6 +367,10 @@ func (r *report) perKeyTables(w io.Writer, md bool) {
 				own = fmt.Sprint(r.perKeyAcc[i].own)
 			}
 		}
-		row(m.impl, fmt.Sprintf("%.0f", m.perKey), fmt.Sprintf("%.1f", m.afterMillion), own, most)
+		evicted := "-"
+		if m.evicted >= 0 {
+			evicted = fmt.Sprintf("%.0f", m.evicted)
+		}
+		row(m.impl, fmt.Sprintf("%.0f", m.perKey), evicted, fmt.Sprintf("%.1f", m.afterMillion), own, most)
 	}
 }

@@ -735,3 +735,84 @@ func TestKeyedGlobalOddCallersApart(t *testing.T) {
 	assert.Equal(t, 2, spend("api"), "no key")
 	assert.Equal(t, 2, spend("plain"), "the non-per-key rule of the same ID")
 }
+
+// A reload that keeps a global PerKey rule (a new Threshold, MaxKeys or
+// Keys) keeps every key's count in Redis and its lease here: a key that
+// used 6 of 10 in a window gets 2 more of a new 8 in it (without leases,
+// whose unspent tokens stay counted in Redis when they expire, so that
+// the count is exact), and a hot key's limit in this instance is the same
+// one, its lease too.
+func TestPerKeyGlobalReloadKeepsEveryKeysCountAndLease(t *testing.T) {
+	for _, leasing := range []bool{false, true} {
+		t.Run(fmt.Sprint("leasing=", leasing), func(t *testing.T) {
+			srv := redistest.Start(t)
+			rule := flow.Rule{ID: "users", Resource: "api", Threshold: 1, StatInterval: 10 * time.Second, Global: true, PerKey: true, Fallback: flow.FallbackClosed}
+			var opts []Option
+			if !leasing {
+				opts = append(opts, WithMaxBatch(1))
+			}
+			engs, srcs := perKeyEngines(t, func() redis.UniversalClient { return srv.Client() }, 1, rule, opts...)
+			eng, src := engs[0], srcs[0]
+			admit := func(key string, tries int) int {
+				n := 0
+				for range tries {
+					if en, err := eng.Entry("api", flow.WithKey(key)); err == nil {
+						n++
+						en.Exit(nil)
+					}
+				}
+				return n
+			}
+			limitOf := func(key string) *limit {
+				parent := src.limitFor(flow.GlobalRequest{Key: "id:users", Resource: "api", Threshold: rule.Threshold, Interval: rule.StatInterval, PerKey: true})
+				l, ok := src.keyed.GetIfPresent(keyLimitID{parent: parent, caller: key})
+				require.True(t, ok, "key %s has a limit here", key)
+				return l
+			}
+			for k := range 20 {
+				require.Equal(t, 6, admit(fmt.Sprint("k", k), 6))
+			}
+			before := limitOf("k0")
+			lease := before.leases[0].Load()
+			for _, change := range []func(r *flow.Rule){
+				func(r *flow.Rule) { r.MaxKeys = 64 },
+				func(r *flow.Rule) { r.Keys = []flow.KeyLimit{{Key: "other", Threshold: 5}} },
+				func(r *flow.Rule) { r.Threshold = 0.8 }, // 8 per window (a larger one applies a window later: see scriptThreshold)
+			} {
+				change(&rule)
+				require.NoError(t, eng.LoadRules([]flow.Rule{rule}))
+			}
+			after := limitOf("k0")
+			assert.Same(t, before, after, "the key's limit here is kept")
+			if leasing {
+				assert.NotNil(t, lease, "k0 leased (hot)")
+				assert.Same(t, lease, after.leases[0].Load(), "with its lease")
+				return
+			}
+			for k := range 20 {
+				assert.Equal(t, 2, admit(fmt.Sprint("k", k), 20), "key k%d: 2 of the new 8 left", k)
+			}
+		})
+	}
+}
+
+// One request each from 20,000 distinct keys in one window, through a
+// PerKey rule of MaxKeys 1024 and a Source bounded to 1024 callers: none
+// is refused (each key is its own Redis hash; no key starts from another's
+// count).
+func TestPerKeyGlobalFloodOfDistinctKeysRefusesNone(t *testing.T) {
+	srv := redistest.Start(t)
+	rule := flow.Rule{ID: "users", Resource: "api", Threshold: 1, StatInterval: 10 * time.Second, Global: true, PerKey: true,
+		MaxKeys: 1024, Fallback: flow.FallbackClosed}
+	engs, _ := perKeyEngines(t, func() redis.UniversalClient { return srv.Client() }, 1, rule, WithMaxKeys(1024))
+	refused := 0
+	for k := range 20_000 {
+		en, err := engs[0].Entry("api", flow.WithKey(fmt.Sprint("k", k)))
+		if err != nil {
+			refused++
+			continue
+		}
+		en.Exit(nil)
+	}
+	assert.Zero(t, refused, "of 20,000 distinct keys")
+}

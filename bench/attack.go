@@ -1,0 +1,254 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/leapflow/leapflow/flow"
+	"github.com/leapflow/leapflow/stat"
+	"github.com/leapflow/leapflow/stat/stattest"
+)
+
+// A named section runs alone, by -only: sections too long, or too
+// specific, for the main run.
+type namedSection struct {
+	name, about string
+	run         func(cfg config, w io.Writer) error
+}
+
+var namedSections = []namedSection{
+	{"perkey-attack", "per-key limits under a flood of keys: distinct keys, attacker keys at their limit, keys evicted and back, memory (about 30 s)", perKeyAttack},
+	{"perkey-reload-soak", "per-key windows over their threshold while rules reload 10 times a second under traffic, real clock (60 s; -duration sets it)", perKeyReloadSoak},
+}
+
+// sectionNames lists the named sections, for -h.
+func sectionNames() string {
+	var b strings.Builder
+	for _, s := range namedSections {
+		fmt.Fprintf(&b, "\n  %s: %s", s.name, s.about)
+	}
+	return b.String()
+}
+
+// runOnly runs the named section.
+func runOnly(cfg config, stdout io.Writer) error {
+	for _, s := range namedSections {
+		if s.name == cfg.only {
+			return s.run(cfg, stdout)
+		}
+	}
+	return fmt.Errorf("bench: -only %q: no such section (one of:%s)", cfg.only, sectionNames())
+}
+
+// attackEngine is an engine on a frozen clock (one window) with one
+// PerKey rule on "api".
+func attackEngine(threshold float64, maxKeys int) *flow.Engine {
+	e, err := flow.New(flow.WithClock(stattest.NewClock(time.Hour)), flow.WithMaxKeys(4_000_000))
+	if err != nil {
+		panic(err)
+	}
+	if err := e.LoadRules([]flow.Rule{{Resource: "api", Threshold: threshold, PerKey: true, MaxKeys: maxKeys}}); err != nil {
+		panic(err)
+	}
+	return e
+}
+
+func allowed(e *flow.Engine, key string) bool {
+	_, err := e.Allow("api", flow.WithKey(key))
+	return err == nil
+}
+
+func perKeyAttack(cfg config, w io.Writer) error {
+	distinct := 1_000_000
+	if cfg.quick {
+		distinct = 100_000
+	}
+	fmt.Fprintf(w, "Per-key under attack: one PerKey Reject rule, all in one window (a frozen clock)\n\n")
+
+	fmt.Fprintf(w, "1. %d distinct keys, one request each (threshold 10)\n", distinct)
+	printed(w, []string{"MaxKeys", "refused", "evicted while active", "forgotten", "ns/request"}, func(row func(...string)) {
+		for _, maxKeys := range []int{1024, 100_000} {
+			e := attackEngine(10, maxKeys)
+			refused := 0
+			start := time.Now()
+			for k := range distinct {
+				if !allowed(e, "k"+strconv.Itoa(k)) {
+					refused++
+				}
+			}
+			ns := float64(time.Since(start).Nanoseconds()) / float64(distinct)
+			snap, _ := e.Snapshot("api")
+			row(fmt.Sprint(maxKeys), fmt.Sprint(refused), fmt.Sprint(snap.KeyEvictions), fmt.Sprint(snap.KeysForgotten), fmt.Sprintf("%.0f", ns))
+		}
+	})
+
+	fmt.Fprintf(w, "\n2. Attacker keys, each admitted up to the threshold (5) and then evicted; a fresh key every 20 attackers sends 5\n")
+	printed(w, []string{"MaxKeys", "attacker keys", "admitted to attackers", "fresh keys admitted in full"}, func(row func(...string)) {
+		for _, c := range []struct{ maxKeys, attackers int }{{1024, 20_000}, {8, 2_000}} {
+			e := attackEngine(5, c.maxKeys)
+			attacked, full, fresh := 0, 0, 0
+			for a := range c.attackers {
+				for allowed(e, "attacker-"+strconv.Itoa(a)) {
+					attacked++
+				}
+				if a%20 == 19 {
+					fresh++
+					n := 0
+					for range 5 {
+						if allowed(e, "fresh-"+strconv.Itoa(fresh)) {
+							n++
+						}
+					}
+					if n == 5 {
+						full++
+					}
+				}
+			}
+			row(fmt.Sprint(c.maxKeys), fmt.Sprint(c.attackers), fmt.Sprint(attacked), fmt.Sprintf("%d of %d", full, fresh))
+		}
+	})
+
+	fmt.Fprintf(w, "\n3. 100 keys at their threshold (10), then other keys evict them, then each sends once more (MaxKeys 1024)\n")
+	printed(w, []string{"evicted in the window", "victims refused (held to 10)", "forgotten"}, func(row func(...string)) {
+		for _, times := range []int{1, 2, 4, 8, 16} {
+			e := attackEngine(10, 1024)
+			for v := range 100 {
+				for range 10 {
+					allowed(e, "victim-"+strconv.Itoa(v))
+				}
+			}
+			for f := range times*1024 + 1024 - 100 {
+				allowed(e, "filler-"+strconv.Itoa(f))
+			}
+			snap, _ := e.Snapshot("api")
+			held := 0
+			for v := range 100 {
+				if !allowed(e, "victim-"+strconv.Itoa(v)) {
+					held++
+				}
+			}
+			row(fmt.Sprintf("%d (%dx MaxKeys)", snap.KeyEvictions, times), fmt.Sprintf("%d of 100", held), fmt.Sprint(snap.KeysForgotten))
+		}
+	})
+
+	n := 100_000
+	if cfg.quick {
+		n = 10_000
+	}
+	fmt.Fprintf(w, "\n4. Memory: heap bytes per key of MaxKeys %d, 16-byte keys, one request each in one window\n", n)
+	names := keyNames(5 * n)
+	printed(w, []string{"keys", "evicted while active", "bytes per tracked key"}, func(row func(...string)) {
+		for _, k := range []int{n, 2 * n, 5 * n} {
+			var evicted int64
+			grown := heapGrowth(func() func() {
+				e := attackEngine(100, n)
+				for _, key := range names[:k] {
+					allowed(e, key)
+				}
+				snap, _ := e.Snapshot("api")
+				evicted = snap.KeyEvictions
+				return func() { runtime.KeepAlive(e) }
+			})
+			row(fmt.Sprint(k), fmt.Sprint(evicted), fmt.Sprintf("%.0f", float64(grown)/float64(n)))
+		}
+	})
+	runtime.KeepAlive(names)
+	return nil
+}
+
+// perKeyReloadSoak loads a PerKey rule of 20 a second over 500 keys and
+// reloads it 10 times a second, changing its MaxKeys and Threshold by
+// turns, while goroutines hammer the keys on the real clock; it reports
+// the windows (4 buckets of 250 ms, as the rule counts) in which a key
+// was admitted more than the larger threshold.
+func perKeyReloadSoak(cfg config, w io.Writer) error {
+	d := cfg.duration
+	if d == 0 || d < time.Second {
+		d = 60 * time.Second
+	}
+	e, err := flow.New(flow.WithClock(stat.DefaultClock()))
+	if err != nil {
+		return err
+	}
+	const keys, goroutines, limit = 500, 4, 20
+	rules := []flow.Rule{
+		{ID: "u", Resource: "api", Threshold: limit, PerKey: true, MaxKeys: 1000},
+		{ID: "u", Resource: "api", Threshold: limit, PerKey: true, MaxKeys: 2000},
+		{ID: "u", Resource: "api", Threshold: limit - 5, PerKey: true, MaxKeys: 2000},
+	}
+	if err := e.LoadRules(rules[:1]); err != nil {
+		return err
+	}
+	stop := time.Now().Add(d)
+	type stamp struct {
+		key int
+		at  int64
+	}
+	out := make(chan []stamp, goroutines)
+	for g := range goroutines {
+		go func() {
+			var mine []stamp
+			for i := g; time.Now().Before(stop); i += goroutines {
+				k := i % keys
+				if en, err := e.Entry("api", flow.WithKey("k"+strconv.Itoa(k))); err == nil {
+					mine = append(mine, stamp{k, en.Start()})
+					en.Exit(nil)
+				}
+			}
+			out <- mine
+		}()
+	}
+	reloads := 0
+	for tick := time.NewTicker(100 * time.Millisecond); time.Now().Before(stop); <-tick.C {
+		reloads++
+		if err := e.LoadRules(rules[reloads%len(rules) : reloads%len(rules)+1]); err != nil {
+			return err
+		}
+	}
+	per := make([]map[int64]int, keys) // by key, by bucket of 250 ms
+	for k := range per {
+		per[k] = map[int64]int{}
+	}
+	admitted := 0
+	for range goroutines {
+		for _, s := range <-out {
+			per[s.key][s.at/int64(250*time.Millisecond)]++
+			admitted++
+		}
+	}
+	over, worst := 0, 0
+	for _, buckets := range per {
+		bs := make([]int64, 0, len(buckets))
+		for b := range buckets {
+			bs = append(bs, b)
+		}
+		sort.Slice(bs, func(i, j int) bool { return bs[i] < bs[j] })
+		for _, b := range bs {
+			n := buckets[b] + buckets[b-1] + buckets[b-2] + buckets[b-3]
+			if n > limit {
+				over++
+			}
+			worst = max(worst, n)
+		}
+	}
+	fmt.Fprintf(w, "Per-key reload soak: %v, %d keys, %d goroutines, %d reloads (MaxKeys 1000/2000, threshold 20/15)\n", d, keys, goroutines, reloads)
+	printed(w, []string{"admitted", "key windows over 20", "most in a key's window"}, func(row func(...string)) {
+		row(fmt.Sprint(admitted), fmt.Sprint(over), fmt.Sprint(worst))
+	})
+	if over > 0 {
+		return fmt.Errorf("bench: %d per-key windows over the threshold", over)
+	}
+	return nil
+}
+
+// printed prints an aligned table of cols, its rows given by fill.
+func printed(w io.Writer, cols []string, fill func(row func(...string))) {
+	var rows [][]string
+	fill(func(cells ...string) { rows = append(rows, cells) })
+	table(w, false, cols, rows)
+}
