@@ -67,7 +67,7 @@ func shade(rr *resourceRules, p int, now, n int64, borrow time.Duration) {
 type DryRun struct {
 	Rule Rule
 	// WouldBlock counts the requests it would have blocked since it was
-	// loaded (kept by reloads that keep the rule unchanged).
+	// loaded (kept by reloads that keep the rule: see LoadRules).
 	WouldBlock int64
 }
 

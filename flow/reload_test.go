@@ -1,6 +1,8 @@
 package flow
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -384,6 +386,51 @@ func TestAReloadStretchesQueuesToTheNewRate(t *testing.T) {
 			// owed is 1 s, and a burst of 1 lets the next go 200 ms
 			// before the arrival time it sets.
 			assert.Equal(t, time.Second, s.waits[len(s.waits)-1], "waits: %v", s.waits)
+		})
+	}
+}
+
+// A dry-run rule and a Global rule's local fallback keep what they
+// counted across a reload that keeps the rule: the dry run's window and
+// what it would have blocked, the fallback's window (per key too).
+func TestAReloadKeepsDryRunAndFallbackWindows(t *testing.T) {
+	t.Run("dry run", func(t *testing.T) {
+		e, _ := newEngine(t, stattest.NewClock(time.Hour))
+		r := Rule{Resource: "api", Threshold: 5, DryRun: true}
+		load(t, e, r)
+		for range 8 {
+			require.True(t, try(e, "api"), "a dry run blocks nothing")
+		}
+		require.Equal(t, int64(3), e.DryRuns()[0].WouldBlock)
+		r.Threshold = 6
+		load(t, e, r)
+		require.True(t, try(e, "api"))
+		require.True(t, try(e, "api"))
+		assert.Equal(t, int64(4), e.DryRuns()[0].WouldBlock, "its window still holds 5 of the new 6: the 10th would be blocked")
+	})
+	down := sourceFunc(func(context.Context, GlobalRequest) (bool, error) { return false, errors.New("down") })
+	for _, perKey := range []bool{false, true} {
+		t.Run(fmt.Sprint("fallback/perKey=", perKey), func(t *testing.T) {
+			e, err := New(WithClock(stattest.NewClock(time.Hour)), WithTokenSource(down))
+			require.NoError(t, err)
+			r := Rule{Resource: "api", Threshold: 10, Global: true, PerKey: perKey, Fallback: FallbackLocal, LocalShare: 0.5}
+			load(t, e, r)
+			var opts []EntryOption
+			if perKey {
+				opts = append(opts, WithKey("k"))
+			}
+			n := 0
+			for try(e, "api", opts...) {
+				n++
+			}
+			require.Equal(t, 5, n, "the fallback admits LocalShare of 10")
+			r.Threshold = 12
+			load(t, e, r)
+			n = 0
+			for try(e, "api", opts...) {
+				n++
+			}
+			assert.Equal(t, 1, n, "6 of the new 12 locally, 5 used")
 		})
 	}
 }
