@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"runtime"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -23,7 +22,7 @@ type namedSection struct {
 
 var namedSections = []namedSection{
 	{"perkey-attack", "per-key limits under a flood of keys: distinct keys, attacker keys at their limit, keys evicted and back, memory (about 30 s)", perKeyAttack},
-	{"perkey-reload-soak", "per-key windows over their threshold while rules reload 10 times a second under traffic, real clock (60 s; -duration sets it)", perKeyReloadSoak},
+	{"perkey-reload-soak", "per-key windows over their threshold while rules reload 10 times a second under traffic, real clock (-soak, default 60 s)", perKeyReloadSoak},
 }
 
 // sectionNames lists the named sections, for -h.
@@ -69,6 +68,7 @@ func perKeyAttack(cfg config, w io.Writer) error {
 		distinct = 100_000
 	}
 	fmt.Fprintf(w, "Per-key under attack: one PerKey Reject rule, all in one window (a frozen clock)\n\n")
+	var failed []string
 
 	fmt.Fprintf(w, "1. %d distinct keys, one request each (threshold 10)\n", distinct)
 	printed(w, []string{"MaxKeys", "refused", "evicted while active", "forgotten", "ns/request"}, func(row func(...string)) {
@@ -82,6 +82,9 @@ func perKeyAttack(cfg config, w io.Writer) error {
 				}
 			}
 			ns := float64(time.Since(start).Nanoseconds()) / float64(distinct)
+			if refused > 0 {
+				failed = append(failed, fmt.Sprintf("MaxKeys %d: %d of %d distinct keys refused", maxKeys, refused, distinct))
+			}
 			snap, _ := e.Snapshot("api")
 			row(fmt.Sprint(maxKeys), fmt.Sprint(refused), fmt.Sprint(snap.KeyEvictions), fmt.Sprint(snap.KeysForgotten), fmt.Sprintf("%.0f", ns))
 		}
@@ -110,6 +113,9 @@ func perKeyAttack(cfg config, w io.Writer) error {
 				}
 			}
 			row(fmt.Sprint(c.maxKeys), fmt.Sprint(c.attackers), fmt.Sprint(attacked), fmt.Sprintf("%d of %d", full, fresh))
+			if full < fresh*99/100 {
+				failed = append(failed, fmt.Sprintf("MaxKeys %d: %d of %d fresh keys admitted in full", c.maxKeys, full, fresh))
+			}
 		}
 	})
 
@@ -133,6 +139,9 @@ func perKeyAttack(cfg config, w io.Writer) error {
 				}
 			}
 			row(fmt.Sprintf("%d (%dx MaxKeys)", snap.KeyEvictions, times), fmt.Sprintf("%d of 100", held), fmt.Sprint(snap.KeysForgotten))
+			if times <= 4 && held < 99 {
+				failed = append(failed, fmt.Sprintf("%dx MaxKeys evicted: %d of 100 victims held", times, held))
+			}
 		}
 	})
 
@@ -154,28 +163,33 @@ func perKeyAttack(cfg config, w io.Writer) error {
 				evicted = snap.KeyEvictions
 				return func() { runtime.KeepAlive(e) }
 			})
-			row(fmt.Sprint(k), fmt.Sprint(evicted), fmt.Sprintf("%.0f", float64(grown)/float64(n)))
+			per := float64(grown) / float64(n)
+			row(fmt.Sprint(k), fmt.Sprint(evicted), fmt.Sprintf("%.0f", per))
+			if per > 256 {
+				failed = append(failed, fmt.Sprintf("%.0f bytes per tracked key after %d keys", per, k))
+			}
 		}
 	})
 	runtime.KeepAlive(names)
+	if len(failed) > 0 {
+		return fmt.Errorf("bench: per-key under attack: %s", strings.Join(failed, "; "))
+	}
 	return nil
 }
 
-// perKeyReloadSoak loads a PerKey rule of 20 a second over 500 keys and
-// reloads it 10 times a second, changing its MaxKeys and Threshold by
-// turns, while goroutines hammer the keys on the real clock; it reports
-// the windows (4 buckets of 250 ms, as the rule counts) in which a key
-// was admitted more than the larger threshold.
+// perKeyReloadSoak loads a PerKey rule of 20 a second and reloads it 10
+// times a second, changing its MaxKeys and Threshold by turns, while
+// goroutines hammer 3,000 keys (more than either MaxKeys: keys are evicted
+// and come back) on the real clock, each key from every goroutine; it
+// reports the windows (4 buckets of 250 ms, as the rule counts) in which a
+// key was admitted more than the larger threshold.
 func perKeyReloadSoak(cfg config, w io.Writer) error {
-	d := cfg.duration
-	if d == 0 || d < time.Second {
-		d = 60 * time.Second
-	}
+	d := cfg.soak
 	e, err := flow.New(flow.WithClock(stat.DefaultClock()))
 	if err != nil {
 		return err
 	}
-	const keys, goroutines, limit = 500, 4, 20
+	const keys, goroutines, limit = 3000, 4, 20
 	rules := []flow.Rule{
 		{ID: "u", Resource: "api", Threshold: limit, PerKey: true, MaxKeys: 1000},
 		{ID: "u", Resource: "api", Threshold: limit, PerKey: true, MaxKeys: 2000},
@@ -193,7 +207,7 @@ func perKeyReloadSoak(cfg config, w io.Writer) error {
 	for g := range goroutines {
 		go func() {
 			var mine []stamp
-			for i := g; time.Now().Before(stop); i += goroutines {
+			for i := g * 7919; time.Now().Before(stop); i++ {
 				k := i % keys
 				if en, err := e.Entry("api", flow.WithKey("k"+strconv.Itoa(k))); err == nil {
 					mine = append(mine, stamp{k, en.Start()})
@@ -204,7 +218,9 @@ func perKeyReloadSoak(cfg config, w io.Writer) error {
 		}()
 	}
 	reloads := 0
-	for tick := time.NewTicker(100 * time.Millisecond); time.Now().Before(stop); <-tick.C {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for ; time.Now().Before(stop); <-tick.C {
 		reloads++
 		if err := e.LoadRules(rules[reloads%len(rules) : reloads%len(rules)+1]); err != nil {
 			return err
@@ -223,12 +239,7 @@ func perKeyReloadSoak(cfg config, w io.Writer) error {
 	}
 	over, worst := 0, 0
 	for _, buckets := range per {
-		bs := make([]int64, 0, len(buckets))
 		for b := range buckets {
-			bs = append(bs, b)
-		}
-		sort.Slice(bs, func(i, j int) bool { return bs[i] < bs[j] })
-		for _, b := range bs {
 			n := buckets[b] + buckets[b-1] + buckets[b-2] + buckets[b-3]
 			if n > limit {
 				over++
@@ -236,9 +247,10 @@ func perKeyReloadSoak(cfg config, w io.Writer) error {
 			worst = max(worst, n)
 		}
 	}
+	snap, _ := e.Snapshot("api")
 	fmt.Fprintf(w, "Per-key reload soak: %v, %d keys, %d goroutines, %d reloads (MaxKeys 1000/2000, threshold 20/15)\n", d, keys, goroutines, reloads)
-	printed(w, []string{"admitted", "key windows over 20", "most in a key's window"}, func(row func(...string)) {
-		row(fmt.Sprint(admitted), fmt.Sprint(over), fmt.Sprint(worst))
+	printed(w, []string{"admitted", "evicted while active", "forgotten", "key windows over 20", "most in a key's window"}, func(row func(...string)) {
+		row(fmt.Sprint(admitted), fmt.Sprint(snap.KeyEvictions), fmt.Sprint(snap.KeysForgotten), fmt.Sprint(over), fmt.Sprint(worst))
 	})
 	if over > 0 {
 		return fmt.Errorf("bench: %d per-key windows over the threshold", over)

@@ -33,7 +33,8 @@ type config struct {
 	memN        int
 	out         string
 	progress    bool
-	only        string // a named section to run alone
+	only        string        // a named section to run alone
+	soak        time.Duration // the reload soak's length
 }
 
 func defaultGoroutines() []int {
@@ -73,6 +74,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.out, "out", "bench-out", "folder for the report and charts")
 	fs.BoolVar(&c.progress, "progress", true, "show a progress bar on stderr")
 	fs.StringVar(&c.only, "only", "", "run only the named section, printing its tables; one of:"+sectionNames())
+	fs.DurationVar(&c.soak, "soak", time.Minute, "how long -only=perkey-reload-soak runs")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}

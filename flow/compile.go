@@ -34,14 +34,35 @@ type ruleSet struct {
 }
 
 // ruleKey identifies a rule across reloads: a rule is the same rule when
-// its Resource, ID (or both none), Metric and PerKey match, and copy tells
-// apart the rules alike in a set, in their order. Its state is kept, made
-// to fit what else changed (see keep).
+// its Resource, ID (or both none), Metric and PerKey match and its state
+// is of the same class (see stateClass); copy tells apart the rules alike
+// in a set, in their order. Its state is kept, made to fit what else
+// changed (see keep).
 type ruleKey struct {
 	resource, id string
 	metric       Metric
 	perKey       bool
+	class        uint8
 	copy         int
+}
+
+// stateClass is the kind of state rule r keeps: a dry run's window, a
+// Global rule's fallback, a queue (Throttle, WarmUpThrottle), a GCRA cell,
+// or else its resource's windows (Reject, WarmUp). Rules of one identity
+// and other classes never share a copy count, so that adding or removing
+// one moves no other's state; a rule that changes class starts afresh.
+func stateClass(r *Rule) uint8 {
+	switch {
+	case r.DryRun:
+		return 1
+	case r.Global:
+		return 2
+	case r.Behavior == Throttle || r.Behavior == WarmUpThrottle:
+		return 3
+	case r.Behavior == GCRA:
+		return 4
+	}
+	return 0
 }
 
 // kept is a rule's state in a rule set and the rule it was made for.
@@ -187,7 +208,7 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stats.Node, bounds []Boun
 	now := e.now()
 	for i := range norm {
 		r := &norm[i]
-		k := ruleKey{resource: r.Resource, id: r.ID, metric: r.Metric, perKey: r.PerKey}
+		k := ruleKey{resource: r.Resource, id: r.ID, metric: r.Metric, perKey: r.PerKey, class: stateClass(r)}
 		k.copy = copies[k]
 		copies[k]++
 		c := compiling{e: e, next: next, old: old, r: r, k: k, now: now, bound: bounds[i]}

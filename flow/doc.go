@@ -63,7 +63,8 @@
 // (counted in the resource's Keyless statistic): name every caller before
 // adding a PerKey rule. A key's state is one cache line, with no
 // statistics of its own; its check and count are one compare-and-swap, so
-// no window of a key holds more than its threshold.
+// no window of a key holds more than its threshold (while the rule
+// remembers the keys it evicts; see below).
 //
 // Memory is bounded: a rule tracks at most MaxKeys keys (default 100,000),
 // about 250 bytes a key with what it remembers of evicted keys, and an
@@ -76,13 +77,14 @@
 // guarantees.md has the table, the ghosts and the hashing.
 //
 // A reload keeps what a rule counted while it stays the same rule: its
-// Resource, ID (or both none), Metric and PerKey. Windows, keys' counts
-// and holds, warm-up and queues survive changes of Threshold, MaxKeys,
-// Keys, Burst, MaxQueueing, and Behavior between Reject and WarmUp; a
-// queue or GCRA debt is stretched to the new rate, and a window of a new
-// StatInterval starts from what the old one counted over its span (erring
-// strict). A change between Throttle and Reject, or of Metric, starts the
-// rule afresh.
+// Resource, ID (or both none), Metric and PerKey, and its kind of state (a
+// window, a queue, a GCRA cell, a dry run, a Global rule's fallback).
+// Windows, keys' counts and holds, warm-up and queues survive changes of
+// Threshold, MaxKeys, Keys, Burst, MaxQueueing, and Behavior between
+// Reject and WarmUp; a queue or GCRA debt is stretched to the new rate,
+// and a window of a new StatInterval starts from what the old one counted
+// over its span (erring strict). A change between Throttle and Reject, of
+// Metric, DryRun or Global starts the rule afresh.
 //
 // # Waiting: Wait, Reserve and WithWait
 //

@@ -3,6 +3,7 @@ package flow
 import (
 	"fmt"
 	"math"
+	"time"
 
 	"github.com/leapflow/leapflow/internal/keytable"
 	"github.com/leapflow/leapflow/internal/names"
@@ -113,10 +114,12 @@ func keyThresholds(r *Rule) func(key string) float64 {
 func (e *Engine) keyTable(c *compiling) *keytable.Table {
 	r, rr := c.r, c.rr
 	cfg := keyTableConfig(r, e.now)
-	t := keep(c, c.old.tables, c.next.tables, func(t *keytable.Table, was *Rule) (*keytable.Table, bool) {
+	var was *Rule // the rule the kept table was made for; nil: none
+	t := keep(c, c.old.tables, c.next.tables, func(t *keytable.Table, old *Rule) (*keytable.Table, bool) {
 		if t.Kind() != cfg.Kind {
 			return nil, false
 		}
+		was = old
 		if t.Kind() == keytable.Pace {
 			before, after := keyThresholds(was), keyThresholds(r)
 			listed := func(key string) float64 { return slower(before(key), after(key)) }
@@ -125,7 +128,12 @@ func (e *Engine) keyTable(c *compiling) *keytable.Table {
 		switch {
 		case t.Kind() == keytable.Window && t.BucketLen() != cfg.Window/keytable.Buckets:
 			nt := newKeyTable(cfg, rr)
-			nt.Rewindow(t)
+			before, after := keyThresholds(was), keyThresholds(r)
+			limits := func(key string) keytable.Limits {
+				return keytable.Limits{Was: perWindow(before(key), was.StatInterval), Now: perWindow(after(key), r.StatInterval)}
+			}
+			rule := keytable.Limits{Was: perWindow(was.Threshold, was.StatInterval), Now: perWindow(r.Threshold, r.StatInterval)}
+			nt.Rewindow(t, rule, limits)
 			return nt, true
 		case t.Capacity() != keytable.CapacityFor(r.MaxKeys):
 			nt := newKeyTable(cfg, rr) // counting before Migrate: it evicts too
@@ -140,7 +148,40 @@ func (e *Engine) keyTable(c *compiling) *keytable.Table {
 		listed[i] = kl.Key
 	}
 	t.KeepSpecific(listed)
+	if t.Kind() == keytable.Pace {
+		t.SetPaceLife(slowestSlot(r))
+		if was != nil {
+			// A key listed anew came from the sets (or its ghost), its
+			// queue stretched by the rule's ratio: its own is the rule's
+			// old rate over its new one.
+			wasListed := make(map[string]bool, len(was.Keys))
+			for _, kl := range was.Keys {
+				wasListed[kl.Key] = true
+			}
+			for _, kl := range r.Keys {
+				if !wasListed[kl.Key] {
+					t.RescaleListed(kl.Key, c.now, slower(r.Threshold, kl.Threshold))
+				}
+			}
+		}
+	}
 	return t
+}
+
+// slowestSlot is the longest slot of PerKey Throttle rule r, at its
+// slowest positive rate (ns): how long a key's timeline matters after its
+// last slot.
+func slowestSlot(r *Rule) int64 {
+	slowest := r.Threshold
+	for _, kl := range r.Keys {
+		if kl.Threshold > 0 && (slowest <= 0 || kl.Threshold < slowest) {
+			slowest = kl.Threshold
+		}
+	}
+	if slowest <= 0 {
+		return 0
+	}
+	return int64(math.Ceil(float64(time.Second) / slowest))
 }
 
 // newKeyTable is a table of cfg counting its evictions in rr's node.

@@ -434,3 +434,115 @@ func TestAReloadKeepsDryRunAndFallbackWindows(t *testing.T) {
 		})
 	}
 }
+
+// Adding or removing a rule of another kind on the same resource moves no
+// other rule's state: a dry run added beside a Throttle rule, or a Reject
+// rule removed from beside it, leaves its queue; a PerKey Throttle rule
+// removed from beside a PerKey Reject rule leaves the keys' windows.
+func TestAReloadKeepsEachRulesStateWhateverRulesBesideItDo(t *testing.T) {
+	paced := Rule{Resource: "api", Threshold: 2, Behavior: Throttle, MaxQueueing: time.Second}
+	for name, sets := range map[string][2][]Rule{
+		"dry run added":  {{paced}, {{Resource: "api", Threshold: 100, DryRun: true}, paced}},
+		"reject removed": {{{Resource: "api", Threshold: 1000}, paced}, {paced}},
+		"reject added":   {{paced}, {paced, {Resource: "api", Threshold: 1000}}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e, s := newEngine(t, stattest.NewClock(time.Hour))
+			load(t, e, sets[0]...)
+			require.True(t, try(e, "api"))
+			require.True(t, try(e, "api"), "queued 500 ms")
+			load(t, e, sets[1]...)
+			require.True(t, try(e, "api"))
+			assert.Equal(t, time.Second, s.waits[len(s.waits)-1], "queued behind the two: waits %v", s.waits)
+		})
+	}
+	t.Run("perkey throttle removed", func(t *testing.T) {
+		e, _ := newEngine(t, stattest.NewClock(time.Hour))
+		window := Rule{Resource: "api", Threshold: 5, PerKey: true}
+		load(t, e, Rule{Resource: "api", Threshold: 1000, Behavior: Throttle, PerKey: true}, window)
+		assert.Equal(t, 1, admitted(e, "api", "k", 1))
+		load(t, e, window)
+		assert.Equal(t, 4, admitted(e, "api", "k", 10), "1 of 5 used")
+	})
+}
+
+// The same for a PerKey Concurrency rule, over more keys than the tables
+// hold (keys evicted with requests in flight move to the side table): a
+// request that looks a key up while the table moves finds the state in
+// flight, never a fresh one. No key ever holds more than its limit.
+func TestPerKeyConcurrencyReloadsOfMaxKeysUnderTrafficKeepInFlight(t *testing.T) {
+	clock := stattest.NewClock(0)
+	e, _ := newEngine(t, clock)
+	const limit, keys, hold = 2, 300, 3
+	rule := Rule{ID: "u", Resource: "api", Metric: Concurrency, Threshold: limit, PerKey: true, MaxKeys: 64}
+	load(t, e, rule)
+	stop, done := make(chan struct{}), make(chan struct{})
+	var reloads int
+	var reloadErr error
+	go func() {
+		defer close(done)
+		for ; ; reloads++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			rule.MaxKeys = []int{128, 64}[reloads%2]
+			if err := e.LoadRules([]Rule{rule}); err != nil {
+				reloadErr = err
+				return
+			}
+		}
+	}()
+	held := make([][]Entry, keys)
+	most := 0
+	for range 200 {
+		clock.Advance(ms)
+		for k := range keys {
+			if len(held[k]) == hold {
+				held[k][0].Exit(nil)
+				held[k] = held[k][1:]
+			}
+			if en, err := e.Entry("api", WithKey(fmt.Sprint("k", k))); err == nil {
+				held[k] = append(held[k], en)
+			}
+			most = max(most, len(held[k]))
+		}
+	}
+	close(stop)
+	<-done
+	require.NoError(t, reloadErr)
+	assert.LessOrEqual(t, most, limit, "in flight on one key, over %d reloads", reloads)
+	for k := range held {
+		for _, en := range held[k] {
+			en.Exit(nil)
+		}
+	}
+	tbl := e.rules.Load().byResource["api"].keyConc.t
+	assert.Empty(t, tbl.Pinned(), "nothing stays pinned once all exited")
+}
+
+// A PerKey rule reloaded to a longer window keeps what the old one knew of
+// each key and charges what it did not (the part of the new window older
+// than the old one's, at the old rule's limit): a key that had 10 at
+// 0.1 s and 10 at 1.2 s under 10 a second gets nothing more under 10 a
+// second over 2 s until the charge leaves its window, never 30 within
+// 1.5 s.
+func TestAPerKeyWindowOfANewLengthErrsStrict(t *testing.T) {
+	clock := stattest.NewClock(0)
+	e, _ := newEngine(t, clock)
+	r := Rule{Resource: "api", Threshold: 10, PerKey: true}
+	load(t, e, r)
+	at := func(d time.Duration, tries int) int {
+		clock.Set(d)
+		return admitted(e, "api", "k", tries)
+	}
+	require.Equal(t, 10, at(100*ms, 20))
+	require.Equal(t, 10, at(1200*ms, 20))
+	r.StatInterval = 2 * time.Second // 20 a window, buckets of 500 ms
+	clock.Set(1300 * ms)
+	load(t, e, r)
+	assert.Zero(t, at(1300*ms, 20))
+	assert.Zero(t, at(1900*ms, 20), "the charge (bucket [0, 500 ms)) is in the window")
+	assert.Equal(t, 10, at(2000*ms, 20), "it left: the 10 of 1.2 s remain")
+}

@@ -3,9 +3,11 @@ package keytable
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/atomic"
 )
 
 func newConcTable(maxKeys int) *Table {
@@ -92,4 +94,55 @@ func TestIdleConcKeyGoesFirstAndUnpinned(t *testing.T) {
 		assert.False(t, st.Dead())
 	}
 	assert.Empty(t, tbl.Pinned())
+}
+
+// Tables of a Conc rule moving one into the next (reloads of MaxKeys, as
+// fast as they go) while a request goroutine looks up and acquires more
+// keys than either holds, never releasing: a key evicted with requests in
+// flight is found in the side table it moved to, even by a lookup in a
+// table that began to move after the lookup read its next, so no key is
+// ever admitted over its limit.
+func TestMigratingTablesKeepEveryKeyInFlight(t *testing.T) {
+	var latest atomic.Pointer[Table]
+	latest.Store(newConcTable(64))
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for n := 0; ; n++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			nt := newConcTable([]int{128, 64}[n%2])
+			nt.Migrate(latest.Load())
+			latest.Store(nt)
+			time.Sleep(50 * time.Microsecond)
+		}
+	}()
+	held := map[int]int{}
+	for step := 0; step < 200; step++ {
+		for k := 0; k < 300; k++ {
+			for spins := 0; ; spins++ {
+				if spins > 1_000_000 {
+					t.Fatalf("key %d: a lookup spins on dead states", k)
+				}
+				st := latest.Load().Get(fmt.Sprint("k", k))
+				_, ok, dead := st.Acquire(1, 2)
+				if dead {
+					continue
+				}
+				if ok {
+					held[k]++
+					if held[k] > 2 {
+						t.Errorf("key %d: %d in flight (its state says %d)", k, held[k], st.InFlight())
+					}
+				}
+				break
+			}
+		}
+	}
+	close(stop)
+	<-done
 }

@@ -59,7 +59,7 @@ func (t *Table) evict(st *State, now int64) {
 	switch t.kind {
 	case Conc:
 		if st.head.Load() > 0 {
-			t.specMu.Lock()
+			t = t.lockSpec() // the side table it moved to, if it did
 			t.pinned[st.id] = st
 			st.pinned.Store(true)
 			if st.head.Load() == 0 {
@@ -85,7 +85,7 @@ func (t *Table) evict(st *State, now int64) {
 		if !ok {
 			return // its window is over: nothing to keep
 		}
-		t.remember(st.id, ghostOf(c), b)
+		t.remember(st.id.h, ghostOf(c), b)
 		if c.head+Buckets <= b {
 			return // idle by this clock: not counted as active
 		}
@@ -94,9 +94,9 @@ func (t *Table) evict(st *State, now int64) {
 		at := st.head.Load()
 		var x ghost
 		x.setTimeline(at)
-		t.remember(st.id, x, now)
-		if at <= now-int64(time.Second) {
-			return // idle a second: not counted as active
+		t.remember(st.id.h, x, now)
+		if at <= now-t.paceLife.Load() {
+			return // idle past its slowest slot: not counted as active
 		}
 	}
 	if count := t.evicted.Load(); count != nil {
@@ -104,13 +104,19 @@ func (t *Table) evict(st *State, now int64) {
 	}
 }
 
-// memory is the table's ghosts, made if needed.
+// memory is the table's ghosts, made if needed (once: they are large).
 func (t *Table) memory() *ghosts {
 	if g := t.ghosts.Load(); g != nil {
 		return g
 	}
-	t.ghosts.CompareAndSwap(nil, newGhosts(t.maxKeys))
-	return t.ghosts.Load()
+	t.ghostsMu.Lock()
+	defer t.ghostsMu.Unlock()
+	if g := t.ghosts.Load(); g != nil {
+		return g
+	}
+	g := newGhosts(t.maxKeys)
+	t.ghosts.Store(g)
+	return g
 }
 
 // takeGhost takes the ghost of id from the ghosts of t, if it has any.
@@ -129,11 +135,22 @@ func (t *Table) ghostNow() int64 {
 	return t.now()
 }
 
-// remember puts an evicted key's ghost (see ghosts.put), counting a live
-// ghost it forgot.
-func (t *Table) remember(id ID, x ghost, now int64) {
-	if t.memory().put(t.kind, id.h, x, now) {
-		if count := t.forgot.Load(); count != nil {
+// SetPaceLife sets how long after its timeline head a Pace key's state
+// matters: its rule's slowest slot, at least a second (load time).
+func (t *Table) SetPaceLife(d int64) { t.paceLife.Store(max(d, int64(time.Second))) }
+
+// remember puts an evicted key's ghost (see ghosts.put), counting a
+// ghost forgotten while it mattered.
+func (t *Table) remember(h uint64, x ghost, now int64) {
+	if t.memory().put(t.kind, h, x, now, t.paceLife.Load()) {
+		t.countForgotten(1)
+	}
+}
+
+// countForgotten counts n ghosts forgotten while they mattered.
+func (t *Table) countForgotten(n int) {
+	if count := t.forgot.Load(); count != nil {
+		for range n {
 			(*count)()
 		}
 	}
@@ -214,7 +231,7 @@ func (t *Table) Migrate(old *Table) {
 	}
 	// Then the ghosts: every add that could write one in old is over.
 	if g := old.ghosts.Load(); g != nil {
-		t.memory().moveFrom(g, t.kind, t.ghostNow(), nil)
+		t.countForgotten(t.memory().moveFrom(g, t.kind, t.ghostNow(), t.paceLife.Load(), nil))
 	}
 }
 
@@ -229,14 +246,28 @@ func (t *Table) current() *Table {
 	}
 }
 
+// lockSpec locks the specMu of the table t moved to, if it did (Migrate
+// moves the side table under the old table's specMu, so a table whose
+// next is unset under its specMu still holds it), and returns that table.
+func (t *Table) lockSpec() *Table {
+	for {
+		t.specMu.Lock()
+		n := t.next.Load()
+		if n == nil {
+			return t
+		}
+		t.specMu.Unlock()
+		t = n
+	}
+}
+
 // Release ends a Conc request of n on st (counted by st.Acquire), which
 // may have left the table meanwhile (see evict).
 func (t *Table) Release(st *State, n int64) {
 	if st.head.Sub(n) > 0 || !st.pinned.Load() {
 		return
 	}
-	t = t.current()
-	t.specMu.Lock()
+	t = t.lockSpec()
 	defer t.specMu.Unlock()
 	if st.pinned.Load() && st.head.Load() == 0 {
 		// Dead first, then look again: a request that counted in it
@@ -254,50 +285,104 @@ func (t *Table) Release(st *State, n int64) {
 	}
 }
 
-// Rewindow fills t, a Window table of another window length, with the
-// keys of old (load time): each key starts from what old counted over
-// t's window at now, each count in the bucket that holds the last instant
-// of the bucket it was counted in (so it stays as long as it would have,
-// or longer), none of it dropped while any of that bucket is in t's
-// window. old lives on for the requests of the old rule set; what they
-// count there from now on is not carried.
-func (t *Table) Rewindow(old *Table) {
-	now := t.now()
-	t.seeds = old.seeds
-	conv := func(st *State) *State {
-		ns := t.newState(st.id)
-		if c, ok := st.carry(now/old.bucketLen - Buckets); ok {
-			ns.load(rebucket(c, old.bucketLen, t.bucketLen, now))
+// lockAll locks every set of the table (in the order lock takes them),
+// so that no key is added or evicted until the unlock it returns: keys
+// and ghosts stay where they are (load time).
+func (t *Table) lockAll() func() {
+	for i := range t.locks {
+		t.locks[i].Lock()
+	}
+	return func() {
+		for i := range t.locks {
+			t.locks[i].Unlock()
 		}
+	}
+}
+
+// Limits is what a key of a per-key rule admits per window, before and
+// after a reload.
+type Limits struct{ Was, Now int64 }
+
+// Rewindow fills t, a Window table of another window length, with the
+// keys of old (load time), old's sets held still meanwhile: each key (its
+// state or its ghost) starts from what old counted over t's window at now,
+// each count in the bucket that holds the last instant of the bucket it
+// was counted in (so it stays as long as it would have, or longer), none
+// of it dropped while any of that bucket is in t's window. Where t's
+// window reaches further back than old's knew of a key (its four buckets
+// up to its newest), the key is charged what old may have admitted there
+// unseen, Was per old window of it (at most Now), in the bucket holding
+// that part's last instant: it errs strict. limits gives a listed key's
+// limits, rule those of the others.
+//
+// old lives on for the requests of the old rule set; what they count there
+// from now on is not carried.
+func (t *Table) Rewindow(old *Table, rule Limits, limits func(key string) Limits) {
+	unlockOld := old.lockAll()
+	defer unlockOld()
+	now := max(t.now(), 0)
+	t.seeds = old.seeds
+	ob := now / old.bucketLen
+	conv := func(c carry, lim Limits) carry {
+		out := rebucket(c, old.bucketLen, t.bucketLen, now)
+		nb := out.head
+		start := max((nb-Buckets+1)*t.bucketLen, 0) // t's window at now (nothing counts before 0)
+		known := (c.head - Buckets + 1) * old.bucketLen
+		if known > start && lim.Was > 0 {
+			oldLen := old.bucketLen * Buckets
+			windows := (known - start + oldLen - 1) / oldLen
+			charge := min(lim.Now, lim.Was*windows, math.MaxUint32)
+			s := &out.counts[slotOf(min((known-1)/t.bucketLen, nb))]
+			*s = uint32(min(int64(*s)+charge, math.MaxUint32))
+		}
+		return out
+	}
+	state := func(st *State, lim Limits) *State {
+		ns := t.newState(st.id)
+		head := st.head.Load()
+		if head == noBucket || head > ob+Buckets {
+			return ns // never counted (or on a clock far ahead): nothing known
+		}
+		c, _ := st.carry(head)
+		c.head = head
+		ns.load(conv(c, lim))
 		return ns
 	}
-	t.noKey = conv(old.noKey)
-	// The old table's ghosts too, copied: it lives on for the old rules.
-	if g := old.ghosts.Load(); g != nil {
-		t.memory().moveFrom(g.copy(), Window, now/t.bucketLen, func(x ghost) ghost {
-			return ghostOf(rebucket(x.carryAt(now/old.bucketLen), old.bucketLen, t.bucketLen, now))
-		})
-	}
+	t.noKey = state(old.noKey, rule)
 	old.specMu.Lock()
 	for k, st := range old.spec {
-		t.spec[k] = conv(st)
+		t.spec[k] = state(st, limits(k))
 	}
 	old.specMu.Unlock()
 	for i := range old.sets {
-		unlockOld := old.lock(i, i)
 		for j := range old.sets[i].ways {
 			if st := old.sets[i].ways[j].st.Load(); st != nil {
-				t.insert(conv(st))
+				t.insert(state(st, rule))
 			}
 		}
-		unlockOld()
+	}
+	// The old table's ghosts too, copied: it lives on for the old rules.
+	if g := old.ghosts.Load(); g != nil {
+		ng := t.memory()
+		forgot := 0
+		g.each(func(h uint64, x *ghost) bool {
+			y := ghostOf(conv(x.carryAt(x.headNear(ob)), rule))
+			if y.n != ([Buckets]uint32{}) && ng.put(Window, h, y, now/t.bucketLen, 0) {
+				forgot++
+			}
+			return false
+		})
+		t.countForgotten(forgot)
 	}
 }
 
 // RescaleTimelines makes every Pace key's queue ahead of now ratio times
 // as long (see pace.Rescale): ratio(key) for a listed key, rule for the
-// others (load time, before the listed keys change).
+// others (load time, before the listed keys change), the sets held still
+// meanwhile (a key evicted or back would be rescaled twice, or not at
+// all).
 func (t *Table) RescaleTimelines(now int64, rule float64, ratio func(key string) float64) {
+	defer t.lockAll()()
 	t.specMu.Lock()
 	for k, st := range t.spec {
 		pace.Rescale(&st.head, now, ratio(k))
@@ -307,5 +392,16 @@ func (t *Table) RescaleTimelines(now int64, rule float64, ratio func(key string)
 	t.Each(func(st *State) { pace.Rescale(&st.head, now, rule) })
 	if g := t.ghosts.Load(); g != nil {
 		g.rescaleTimelines(now, rule)
+	}
+}
+
+// RescaleListed rescales the timeline of a key the rule lists (see
+// pace.Rescale; load time).
+func (t *Table) RescaleListed(key string, now int64, ratio float64) {
+	t.specMu.Lock()
+	st := t.spec[key]
+	t.specMu.Unlock()
+	if st != nil {
+		pace.Rescale(&st.head, now, ratio)
 	}
 }

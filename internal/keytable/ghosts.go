@@ -3,7 +3,6 @@ package keytable
 import (
 	"math"
 	"math/bits"
-	"time"
 
 	"go.uber.org/atomic"
 
@@ -16,56 +15,65 @@ import (
 // whatever other keys did: no key's eviction can make another key
 // stricter, so a flood of keys shuts no one out.
 //
-// It is a hash table of ghostWays-slot buckets, a key in the emptier of
-// its two; a slot is a key's first hash (which no caller can steer) and
-// its window, 28 bytes. It holds ghostsPer2Keys/2 slots per key the table
-// tracks: while at most 4 x MaxKeys active keys are evicted per window,
-// their ghosts fit. A ghost whose window is over (or whose timeline is a
-// second past) is free; when both buckets are full of live ones, the one
-// whose key gains least by it goes (see worth), and is counted (see
-// Table.CountForgotten): that key, seen again, starts afresh.
+// It is a hash table of buckets of ghostWays slots, a key in the emptier
+// of its two buckets; a slot is a key's first hash (which no caller can
+// steer) and its window, 28 bytes, the hashes of a bucket side by side so
+// that a lookup reads two cache lines of them. It holds ghostsPer2Keys/2
+// slots per key the table tracks: while at most 4 x MaxKeys active keys
+// are evicted per window, their ghosts fit. A ghost whose window is over
+// (or whose timeline is past by its rule's slowest slot) is free; when
+// both buckets are full of live ones, the ghost whose key gains least by
+// being forgotten goes, the one being put included (see worth), and is
+// counted (see Table.CountForgotten): that key, seen again, starts
+// afresh.
 //
-// A key's ghost is written when it is evicted and taken when it comes
-// back, both under the locks of the key's two sets, so they never race
-// for one key; keys that share a bucket take its lock.
+// A key's ghost is written when it is evicted, under the locks of the
+// incoming key's sets (one of which holds the evicted key), and taken when
+// it comes back, under the locks of its own two sets: both hold the lock
+// of the set the key was in, so they never race for one key. Keys that
+// share a bucket take its lock.
 type ghosts struct {
-	slots   []ghost // buckets x ghostWays
-	buckets uint64
+	buckets []ghostBucket
 	locks   [ghostLocks]paddedMutex
 }
 
-// ghost is an evicted key's state: its first hash (0: free), and for
-// Window its newest bucket's index (low 32 bits) and counts by slot; for
-// Pace its timeline head in n[0] and n[1]. Seven 32-bit words.
+// ghostBucket is ghostWays slots: each a key's first hash (0: free), and
+// its ghost.
+type ghostBucket struct {
+	h [ghostWays]uint64
+	x [ghostWays]ghost
+}
+
+// ghost is an evicted key's state: for Window its newest bucket's index
+// (low 32 bits) and its counts by slot; for Pace its timeline head in n[0]
+// and n[1]. Five 32-bit words.
 type ghost struct {
-	hlo, hhi uint32
-	head     uint32
-	n        [Buckets]uint32
+	head uint32
+	n    [Buckets]uint32
 }
 
 const (
-	ghostWays      = 8
+	ghostWays      = 16
 	ghostLocks     = 64
 	ghostsPer2Keys = 11
 )
 
 // newGhosts sizes the ghosts for a table of maxKeys.
 func newGhosts(maxKeys int) *ghosts {
-	nb := uint64(max(maxKeys*ghostsPer2Keys/(2*ghostWays), 8))
-	return &ghosts{slots: make([]ghost, nb*ghostWays), buckets: nb}
+	nb := max(maxKeys*ghostsPer2Keys/(2*ghostWays), 4)
+	return &ghosts{buckets: make([]ghostBucket, nb)}
 }
-
-func (x *ghost) hash() uint64 { return uint64(x.hlo) | uint64(x.hhi)<<32 }
 
 // place returns the buckets of a key of first hash h (by bits other than
 // those that chose its sets).
-func (g *ghosts) place(h uint64) (a, b uint64) {
+func (g *ghosts) place(h uint64) (a, b int) {
 	h = bits.RotateLeft64(h, 17)
-	return uint64(uint32(h)) * g.buckets >> 32, (h >> 32) * g.buckets >> 32
+	n := uint64(len(g.buckets))
+	return int(uint64(uint32(h)) * n >> 32), int((h >> 32) * n >> 32)
 }
 
 // lock locks buckets a and b in one order and returns the unlock.
-func (g *ghosts) lock(a, b uint64) func() {
+func (g *ghosts) lock(a, b int) func() {
 	la, lb := a%ghostLocks, b%ghostLocks
 	if la == lb {
 		g.locks[la].Lock()
@@ -82,28 +90,33 @@ func (g *ghosts) lock(a, b uint64) func() {
 	}
 }
 
-func (g *ghosts) bucket(i uint64) []ghost { return g.slots[i*ghostWays : (i+1)*ghostWays] }
+// life is how long after its timeline head a Pace ghost matters (ns): its
+// rule's slowest slot (see Table.SetPaceLife); Window ghosts ignore it.
+type life = int64
 
 // ends is when ghost x stops mattering, in the unit of now: a Window
 // ghost's bucket after its window (now is a bucket index), a Pace ghost's
-// head plus a second (now in ns). At or below now, the slot is free.
-func ends(kind Kind, x *ghost, now int64) int64 {
-	if x.hlo|x.hhi == 0 {
+// head plus its life (now in ns). At or below now, the slot is free. A
+// Window ghost read more than a window ahead of now is stale (its 32-bit
+// index wrapped, or a clock stepped back): free.
+func ends(kind Kind, x *ghost, now int64, l life) int64 {
+	if kind == Pace {
+		return x.timeline() + l
+	}
+	h := x.headNear(now)
+	if h > now+Buckets {
 		return math.MinInt64
 	}
-	if kind == Pace {
-		return x.timeline() + int64(time.Second)
-	}
-	return x.headNear(now) + Buckets
+	return h + Buckets
 }
 
 // worth is how much ghost x's key would gain, forgotten at now: below 0
-// nothing (free, or no longer mattering). A Window key gains at most
-// what its window held, so the smallest count goes first (the earliest
-// to end among equals); a Pace key gains the least the earliest its
-// timeline is.
-func worth(kind Kind, x *ghost, now int64) int64 {
-	e := ends(kind, x, now)
+// nothing (it no longer matters). A Window key gains at most what its
+// window held, so the smallest count goes first (the earliest to end
+// among equals); a Pace key gains the least the earliest its timeline
+// is.
+func worth(kind Kind, x *ghost, now int64, l life) int64 {
+	e := ends(kind, x, now, l)
 	if e <= now {
 		return -1
 	}
@@ -114,7 +127,7 @@ func worth(kind Kind, x *ghost, now int64) int64 {
 	for _, n := range x.n {
 		sum += int64(n)
 	}
-	return sum<<8 | (e - now) // e - now is at most Buckets
+	return sum<<8 | (e - now) // e - now is at most 2 x Buckets
 }
 
 // headNear is a Window ghost's newest bucket, from its low 32 bits and a
@@ -126,40 +139,47 @@ func (x *ghost) timeline() int64 { return int64(uint64(x.n[0]) | uint64(x.n[1])<
 func (x *ghost) setTimeline(at int64) { x.n[0], x.n[1] = uint32(at), uint32(uint64(at)>>32) }
 
 // put remembers x for the key of first hash h at now (a bucket index for
-// Window, ns for Pace). It reports whether it forgot a live ghost of
-// another key to make room.
-func (g *ghosts) put(kind Kind, h uint64, x ghost, now int64) (forgot bool) {
+// Window, ns for Pace). It reports whether a ghost that still mattered was
+// forgotten for it: another key's, or x itself when every ghost in its
+// buckets matters more.
+func (g *ghosts) put(kind Kind, h uint64, x ghost, now int64, l life) (forgot bool) {
 	a, b := g.place(h)
-	x.hlo, x.hhi = uint32(h), uint32(h>>32)
 	defer g.lock(a, b)()
 	free := [2]int{}
-	for k, bi := range [2]uint64{a, b} {
-		for i := range g.bucket(bi) {
-			s := &g.bucket(bi)[i]
-			if s.hash() == h {
-				*s = x // the key's own, older
+	for k, bi := range [2]int{a, b} {
+		bk := &g.buckets[bi]
+		for i := range bk.h {
+			if bk.h[i] == h {
+				bk.x[i] = x // the key's own, older
 				return false
 			}
-			if ends(kind, s, now) <= now {
+			if bk.h[i] == 0 || ends(kind, &bk.x[i], now, l) <= now {
 				free[k]++
 			}
 		}
 	}
 	// The emptier bucket; in it, a free slot, else the ghost whose key
 	// gains least.
-	bi := a
+	bk := &g.buckets[a]
 	if free[1] > free[0] {
-		bi = b
+		bk = &g.buckets[b]
 	}
-	var victim *ghost
-	best := int64(math.MaxInt64)
-	for i := range g.bucket(bi) {
-		s := &g.bucket(bi)[i]
-		if w := worth(kind, s, now); w < best {
-			victim, best = s, w
+	victim, best := 0, int64(math.MaxInt64)
+	for i := range bk.h {
+		w := int64(-1)
+		if bk.h[i] != 0 {
+			w = worth(kind, &bk.x[i], now, l)
+		}
+		if w < best {
+			victim, best = i, w
 		}
 	}
-	*victim = x
+	if best >= 0 {
+		if wx := worth(kind, &x, now, l); wx <= best {
+			return wx >= 0 // x gains least: it goes
+		}
+	}
+	bk.h[victim], bk.x[victim] = h, x
 	return best >= 0
 }
 
@@ -167,11 +187,12 @@ func (g *ghosts) put(kind Kind, h uint64, x ghost, now int64) (forgot bool) {
 func (g *ghosts) take(h uint64) (ghost, bool) {
 	a, b := g.place(h)
 	defer g.lock(a, b)()
-	for _, bi := range [2]uint64{a, b} {
-		for i := range g.bucket(bi) {
-			if s := &g.bucket(bi)[i]; s.hash() == h {
-				x := *s
-				*s = ghost{}
+	for _, bi := range [2]int{a, b} {
+		bk := &g.buckets[bi]
+		for i := range bk.h {
+			if bk.h[i] == h {
+				x := bk.x[i]
+				bk.h[i], bk.x[i] = 0, ghost{}
 				return x, true
 			}
 		}
@@ -180,13 +201,14 @@ func (g *ghosts) take(h uint64) (ghost, bool) {
 }
 
 // each calls fn with every slot in use, under its bucket's lock (load
-// time).
-func (g *ghosts) each(fn func(x *ghost)) {
+// time); fn may clear it (drop).
+func (g *ghosts) each(fn func(h uint64, x *ghost) (drop bool)) {
 	for bi := range g.buckets {
 		unlock := g.lock(bi, bi)
-		for i := range g.bucket(bi) {
-			if s := &g.bucket(bi)[i]; s.hlo|s.hhi != 0 {
-				fn(s)
+		bk := &g.buckets[bi]
+		for i := range bk.h {
+			if bk.h[i] != 0 && fn(bk.h[i], &bk.x[i]) {
+				bk.h[i], bk.x[i] = 0, ghost{}
 			}
 		}
 		unlock()
@@ -195,64 +217,47 @@ func (g *ghosts) each(fn func(x *ghost)) {
 
 // ghostOf is the ghost of carry c.
 func ghostOf(c carry) ghost {
-	x := ghost{head: uint32(c.head)}
-	for s := range Buckets {
-		x.n[s] = c.counts[s]
-	}
-	return x
+	return ghost{head: uint32(c.head), n: c.counts}
 }
 
 // carryAt is a Window ghost's carry for the window whose newest bucket is
 // b, or its own newest if later (a ghost written on a clock read a little
 // ahead of ours).
 func (x *ghost) carryAt(b int64) carry {
-	head := x.headNear(b)
-	c := carry{head: head}
-	for s := range Buckets {
-		c.counts[s] = x.n[s]
-	}
-	if b <= head {
+	c := carry{head: x.headNear(b), counts: x.n}
+	if b <= c.head {
 		return c
 	}
 	out := carry{head: b}
-	for y := b - Buckets + 1; y <= head; y++ {
+	for y := b - Buckets + 1; y <= c.head; y++ {
 		out.counts[slotOf(y)] = c.at(y)
 	}
 	return out
 }
 
-// moveFrom moves the ghosts of old, a table's that t replaces, into g
-// (load time): conv, if not nil, turns each into the new table's window.
-// Ghosts that no longer matter at now are left behind.
-func (g *ghosts) moveFrom(old *ghosts, kind Kind, now int64, conv func(ghost) ghost) {
-	old.each(func(x *ghost) {
+// moveFrom moves the ghosts of old into g (load time): conv, if not nil,
+// turns each into g's table's window; those that no longer matter at now
+// are dropped. It returns how many that still mattered g forgot.
+func (g *ghosts) moveFrom(old *ghosts, kind Kind, now int64, l life, conv func(ghost) ghost) (forgot int) {
+	old.each(func(h uint64, x *ghost) bool {
 		y := *x
 		if conv != nil {
 			y = conv(y)
 		}
-		if ends(kind, &y, now) > now {
-			g.put(kind, x.hash(), y, now)
+		if ends(kind, &y, now, l) > now && g.put(kind, h, y, now, l) {
+			forgot++
 		}
-		*x = ghost{}
+		return true
 	})
-}
-
-// copy is a copy of g (load time).
-func (g *ghosts) copy() *ghosts {
-	out := &ghosts{slots: make([]ghost, len(g.slots)), buckets: g.buckets}
-	for bi := range g.buckets {
-		unlock := g.lock(bi, bi)
-		copy(out.bucket(bi), g.bucket(bi))
-		unlock()
-	}
-	return out
+	return forgot
 }
 
 // rescaleTimelines rescales every Pace ghost's timeline (see pace.Rescale).
 func (g *ghosts) rescaleTimelines(now int64, ratio float64) {
-	g.each(func(x *ghost) {
+	g.each(func(_ uint64, x *ghost) bool {
 		head := atomic.NewInt64(x.timeline())
 		pace.Rescale(head, now, ratio)
 		x.setTimeline(head.Load())
+		return false
 	})
 }

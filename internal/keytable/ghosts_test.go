@@ -2,6 +2,7 @@ package keytable
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 
@@ -29,7 +30,7 @@ func TestGhostsGiveEachKeyItsOwnCountsOnly(t *testing.T) {
 	for range 4 * 1024 {
 		h := rng.Uint64() | 1
 		c := carryOfCounts(now-rng.Int64N(2), rng.Uint32N(9)+1, rng.Uint32N(9), rng.Uint32N(9), rng.Uint32N(9))
-		require.False(t, g.put(Window, h, ghostOf(c), now), "4 x 1024 live ghosts fit a table of 1024")
+		require.False(t, g.put(Window, h, ghostOf(c), now, 0), "4 x 1024 live ghosts fit a table of 1024")
 		want[h] = c
 	}
 	for h, c := range want {
@@ -60,24 +61,83 @@ func TestGhostCountsLeaveWithTheirBuckets(t *testing.T) {
 	assert.Equal(t, carryOfCounts(1<<33+11, 1, 2, 0), y.carryAt(1<<33+11), "indexes past 32 bits")
 }
 
+// 4 x MaxKeys live ghosts fit, at any MaxKeys: none is forgotten.
+func TestFourTimesMaxKeysGhostsFit(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	trials := map[int]int{64: 100, 1024: 100, 100_000: 1}
+	if testing.Short() {
+		trials = map[int]int{1024: 10, 100_000: 1}
+	}
+	for maxKeys, n := range trials {
+		forgot := 0
+		for range n {
+			g := newGhosts(maxKeys)
+			for range 4 * maxKeys {
+				if g.put(Window, rng.Uint64()|1, ghostOf(carryOfCounts(10, 1)), 10, 0) {
+					forgot++
+				}
+			}
+		}
+		assert.Zero(t, forgot, "MaxKeys %d, %d trials", maxKeys, n)
+	}
+}
+
 // When both of a key's buckets are full of live ghosts, the one whose key
-// gains least goes, and is counted: the smallest count.
+// gains least is forgotten, the smallest count, the incoming one included;
+// a ghost whose window is over is free, and a dead one displaces nothing.
 func TestGhostsForgetTheKeyThatGainsLeast(t *testing.T) {
-	g := &ghosts{slots: make([]ghost, ghostWays), buckets: 1} // one bucket: every key's
+	g := &ghosts{buckets: make([]ghostBucket, 1)} // one bucket: every key's
 	const now = 50
 	for i := range ghostWays {
-		g.put(Window, uint64(i+1), ghostOf(carryOfCounts(now, uint32(10+i))), now)
+		require.False(t, g.put(Window, uint64(i+1), ghostOf(carryOfCounts(now, uint32(10+i))), now, 0))
 	}
-	assert.True(t, g.put(Window, 99, ghostOf(carryOfCounts(now, 30)), now), "full of live ghosts: one forgotten")
+	assert.True(t, g.put(Window, 99, ghostOf(carryOfCounts(now, 30)), now, 0), "full of live ghosts: one forgotten")
 	_, ok := g.take(1)
 	assert.False(t, ok, "the key of count 10 went")
-	for i := 1; i < ghostWays; i++ {
+	_, ok = g.take(99)
+	assert.True(t, ok)
+	require.False(t, g.put(Window, 1, ghostOf(carryOfCounts(now, 10)), now, 0), "its slot was free again")
+	assert.True(t, g.put(Window, 98, ghostOf(carryOfCounts(now, 5)), now, 0), "the incoming ghost gains least: it goes")
+	_, ok = g.take(98)
+	assert.False(t, ok)
+	assert.False(t, g.put(Window, 97, ghostOf(carryOfCounts(now-Buckets, 50)), now, 0), "a ghost whose window is over is not kept, and forgets nothing")
+	_, ok = g.take(97)
+	assert.False(t, ok)
+	for i := range ghostWays {
 		_, ok := g.take(uint64(i + 1))
-		assert.True(t, ok)
+		assert.True(t, ok, "key %d", i+1)
 	}
-	// A ghost whose window is over is free: no forgetting.
-	g.put(Window, 7, ghostOf(carryOfCounts(now-Buckets, 5)), now)
-	assert.False(t, g.put(Window, 8, ghostOf(carryOfCounts(now, 5)), now))
+
+	// Ghosts whose window ended leave their slots free.
+	for i := range ghostWays {
+		require.False(t, g.put(Window, uint64(i+1), ghostOf(carryOfCounts(now-Buckets+1, 10)), now, 0))
+	}
+	assert.False(t, g.put(Window, 99, ghostOf(carryOfCounts(now+1, 1)), now+1, 0), "a window over: free, none forgotten")
+	_, ok = g.take(99)
+	assert.True(t, ok)
+}
+
+// A Window ghost read far ahead of now (its 32-bit index wrapped, or the
+// clock stepped back by hours) is stale: its key starts afresh rather than
+// shut out until the clock catches up.
+func TestAStaleGhostIsFree(t *testing.T) {
+	x := ghostOf(carryOfCounts(1<<32+5, 9))
+	assert.Equal(t, int64(math.MinInt64), ends(Window, &x, 5+1<<31, 0), "2^31 buckets ahead")
+	assert.Equal(t, int64(1<<32+5+Buckets), ends(Window, &x, 1<<32+6, 0))
+}
+
+// A Pace ghost matters for its rule's slowest slot after its timeline
+// head, not a fixed second.
+func TestAPaceGhostLivesForItsSlowestSlot(t *testing.T) {
+	var x ghost
+	x.setTimeline(1e9)
+	const slow = 5e9 // a rate of 0.2/s
+	assert.Equal(t, int64(6e9), ends(Pace, &x, 3e9, slow))
+	g := &ghosts{buckets: make([]ghostBucket, 1)}
+	for i := range ghostWays {
+		require.False(t, g.put(Pace, uint64(i+1), x, 3e9, slow))
+	}
+	assert.True(t, g.put(Pace, 99, x, 3e9, slow), "all live at 3 s: one forgotten")
 }
 
 // A key evicted from a table that then moves to one of another MaxKeys

@@ -3,6 +3,7 @@ package keytable
 import (
 	"hash/maphash"
 	"sync"
+	"time"
 
 	"go.uber.org/atomic"
 
@@ -60,8 +61,12 @@ type Table struct {
 	// ghosts holds what evicted active keys had (see the type's doc),
 	// made at the first such eviction (a table that never fills costs
 	// none); never for Conc. maxKeys sizes it.
-	ghosts  atomic.Pointer[ghosts]
-	maxKeys int
+	ghosts   atomic.Pointer[ghosts]
+	ghostsMu sync.Mutex
+	maxKeys  int
+	// paceLife is how long after its timeline head a Pace key's state
+	// matters (see SetPaceLife), ns.
+	paceLife atomic.Int64
 
 	// locks guard adding to and evicting from sets (by set index).
 	locks [setLocks]paddedMutex
@@ -117,6 +122,7 @@ func New(cfg Config) *Table {
 		t.bucketLen = cfg.Window / Buckets
 	}
 	t.maxKeys = cfg.MaxKeys
+	t.paceLife.Store(int64(time.Second))
 	t.sets = make([]set, (cfg.MaxKeys+setWays-1)/setWays)
 	return t
 }
@@ -164,14 +170,17 @@ func (t *Table) setsOf(h uint64) (int, int) {
 // only).
 func (t *Table) Specific(key string) *State {
 	t.specMu.Lock()
-	defer t.specMu.Unlock()
 	st := t.spec[key]
-	if st == nil {
-		if st = t.take(key); st == nil {
-			st = t.newState(ID{})
-		}
-		t.spec[key] = st
+	t.specMu.Unlock()
+	if st != nil {
+		return st
 	}
+	// Out of the sets, or back from its ghost, with its counts (the sets'
+	// locks are not taken under specMu: add takes specMu under them).
+	st = t.take(key)
+	t.specMu.Lock()
+	t.spec[key] = st
+	t.specMu.Unlock()
 	return st
 }
 
@@ -274,14 +283,16 @@ func (t *Table) add(id ID, a, b int) *State {
 	if from != nil {
 		st = from.removeLocked(id, fa, fb)
 	}
-	if t.kind == Conc {
-		t.specMu.Lock()
-		if st = t.pinned[id]; st != nil {
+	if st == nil && t.kind == Conc {
+		// The side table is the one it moved to if t began to move since
+		// next was read (this add's sets are moved after it).
+		side := t.lockSpec()
+		if st = side.pinned[id]; st != nil {
 			// Back from the side table.
-			delete(t.pinned, id)
+			delete(side.pinned, id)
 			st.pinned.Store(false)
 		}
-		t.specMu.Unlock()
+		side.specMu.Unlock()
 	}
 	if st == nil {
 		st = t.fresh(id)
@@ -360,13 +371,16 @@ func (t *Table) placeLocked(st *State, a, b int) {
 	w.tag.Store(st.id.h)
 }
 
-// take removes key's state from the sets, if there, without ending it:
-// it moves to the rule's Keys (load time).
+// take removes key's state from the sets, without ending it, or makes it
+// from its ghost or afresh: it moves to the rule's Keys (load time).
 func (t *Table) take(key string) *State {
 	id := ID{t.hash(key), t.check(key)}
 	a, b := t.setsOf(id.h)
 	defer t.lock(a, b)()
-	return t.removeLocked(id, a, b)
+	if st := t.removeLocked(id, a, b); st != nil {
+		return st
+	}
+	return t.fresh(id)
 }
 
 // put puts st, the state of key, into the sets: a key that left the

@@ -223,7 +223,7 @@ func TestRewindowKeepsCountsOverTheNewSpan(t *testing.T) {
 	require.True(t, admit(old, st, 4, 10))
 	now = 900 * ms
 	next := New(Config{Kind: Window, MaxKeys: 64, Window: 2000 * ms, Now: func() int64 { return now }})
-	next.Rewindow(old)
+	next.Rewindow(old, Limits{10, 10}, nil)
 	ns := next.Get("k")
 	assert.NotSame(t, st, ns)
 	assert.False(t, admit(next, ns, 4, 10), "7 of 10 held: [0, 250 ms) in bucket 0, [500, 750) in bucket 1 (500 ms each)")
@@ -233,4 +233,37 @@ func TestRewindowKeepsCountsOverTheNewSpan(t *testing.T) {
 	assert.True(t, admit(next, ns, 3, 10))
 	now = 2600 * ms // buckets 2..5
 	assert.True(t, admit(next, ns, 7, 10), "bucket 1 left")
+}
+
+// A longer window reaches back past what the old one knew of a key: that
+// part is charged what the old rule may have admitted there (its limit
+// per old window of it, at most the new limit), in the new bucket holding
+// its last instant, so that nothing is admitted over either rule. Ghosts
+// move with their counts, charged alike.
+func TestRewindowToALongerWindowChargesWhatItCannotKnow(t *testing.T) {
+	var now int64
+	old := newWindowTable(4, &now) // a window of 1000, buckets of 250
+	next := New(Config{Kind: Window, MaxKeys: 4, Window: 2000, Now: func() int64 { return now }})
+	admit := func(tbl *Table, key string, n, limit int64) bool {
+		_, _, ok, _ := tbl.Admit(tbl.Get(key), now, n, limit)
+		return ok
+	}
+	now = 10_100
+	require.True(t, admit(old, "k", 4, 5))
+	for i := range 12 { // evict a key with counts: it leaves a ghost
+		require.True(t, admit(old, fmt.Sprint("g", i), 2, 5))
+	}
+	now = 10_200
+	next.Rewindow(old, Limits{Was: 5, Now: 10}, nil)
+	// Buckets of 500: the window at 10,200 is [8500, 10500); the old one
+	// knew k from 9250: 5 charged at bucket 18, its 4 at bucket 20.
+	assert.True(t, admit(next, "k", 1, 10))
+	assert.False(t, admit(next, "k", 1, 10), "9 + 1 of 10")
+	now = 11_000 // [9500, 11500): the charge left
+	assert.True(t, admit(next, "k", 5, 10))
+	assert.False(t, admit(next, "k", 1, 10))
+	// An evicted key: its ghost moved, charged the same (2 + 5 of 10).
+	now = 10_200
+	assert.True(t, admit(next, "g0", 3, 10))
+	assert.False(t, admit(next, "g0", 1, 10))
 }
