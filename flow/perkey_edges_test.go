@@ -262,3 +262,57 @@ func TestKeyedConcInFlightOracle(t *testing.T) {
 	tbl := e.rules.Load().byResource["api"].keyConc.t
 	tbl.Each(func(st *keytable.State) { assert.Zero(t, st.InFlight()) })
 }
+
+// A throttled key slower than one a second, evicted by a flood (within
+// what the rule remembers), keeps its timeline for as long as its slot
+// is ahead: seen again 2 s later at 0.2 a second, it is refused until 5 s.
+func TestASlowThrottledKeyEvictedKeepsItsSlot(t *testing.T) {
+	clock := stattest.NewClock(time.Hour)
+	e, _ := newEngine(t, clock)
+	load(t, e, Rule{Resource: "api", Threshold: 0.2, Behavior: Throttle, MaxQueueing: 1, PerKey: true, MaxKeys: 1024})
+	require.True(t, allowKey(e, "slow"))
+	for f := range 3000 {
+		allowKey(e, fmt.Sprint("flood-", f))
+	}
+	snap, _ := e.Snapshot("api")
+	require.Positive(t, snap.KeyEvictions)
+	clock.Advance(2 * time.Second)
+	assert.False(t, allowKey(e, "slow"), "its next slot is at 5 s")
+	clock.Advance(3 * time.Second)
+	assert.True(t, allowKey(e, "slow"))
+}
+
+// A key evicted while active and then listed in Keys keeps what it had:
+// its state comes back from what the rule remembers of it.
+func TestAKeyListedAfterItsEvictionKeepsItsCount(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(time.Hour))
+	r := Rule{ID: "u", Resource: "api", Threshold: 3, PerKey: true, MaxKeys: 8}
+	load(t, e, r)
+	require.Equal(t, 3, admitted(e, "api", "k", 3))
+	for f := range 20 {
+		allowKey(e, fmt.Sprint("flood-", f))
+	}
+	r.Keys = []KeyLimit{{Key: "k", Threshold: 4}}
+	load(t, e, r)
+	assert.Equal(t, 1, admitted(e, "api", "k", 5), "3 of its own 4 used")
+}
+
+// A key listed anew in a Throttle rule with its own rate has its queue
+// stretched from the rule's old rate to its own.
+func TestAKeyListedAnewHasItsQueueStretchedToItsOwnRate(t *testing.T) {
+	e, s := newEngine(t, stattest.NewClock(time.Hour))
+	r := Rule{ID: "u", Resource: "api", Threshold: 10, Behavior: Throttle, MaxQueueing: 10 * time.Second, PerKey: true}
+	load(t, e, r)
+	for range 5 { // slots at 0, 100, ..., 400 ms
+		en, err := e.Entry("api", WithKey("k"))
+		require.NoError(t, err)
+		en.Exit(nil)
+	}
+	r.Keys = []KeyLimit{{Key: "k", Threshold: 1}}
+	load(t, e, r)
+	en, err := e.Entry("api", WithKey("k"))
+	require.NoError(t, err)
+	en.Exit(nil)
+	// 400 ms ahead at 10/s is 4 s at 1/s; the next slot 1 s after.
+	assert.Equal(t, 5*time.Second, s.waits[len(s.waits)-1], "waits %v", s.waits)
+}

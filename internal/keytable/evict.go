@@ -395,13 +395,8 @@ func (t *Table) RescaleTimelines(now int64, rule float64, ratio func(key string)
 	}
 }
 
-// RescaleListed rescales the timeline of a key the rule lists (see
-// pace.Rescale; load time).
+// RescaleListed rescales the timeline of a key the rule lists, kept apart
+// from now on (see Specific and pace.Rescale; load time).
 func (t *Table) RescaleListed(key string, now int64, ratio float64) {
-	t.specMu.Lock()
-	st := t.spec[key]
-	t.specMu.Unlock()
-	if st != nil {
-		pace.Rescale(&st.head, now, ratio)
-	}
+	pace.Rescale(&t.Specific(key).head, now, ratio)
 }
