@@ -8,10 +8,11 @@ import (
 )
 
 type pacedRule struct {
-	p    *pace.Pacer
-	rate float64        // Throttle
-	warm *warmup.Bucket // WarmUpThrottle
-	be   *BlockError
+	p        *pace.Pacer
+	maxQueue int64          // MaxQueueing, ns
+	rate     float64        // Throttle
+	warm     *warmup.Bucket // WarmUpThrottle
+	be       *BlockError
 }
 
 // pace is the paced rule's rate at now.
@@ -33,19 +34,13 @@ var pacedKind = kind{
 // warm-up model) kept across reloads that keep the rule.
 func compilePaced(c *compiling) {
 	r := c.r
-	// A new rate stretches (or shrinks) what is queued; a new queue takes
-	// a new pacer, which goes on from the old one's timeline.
+	// A new rate stretches (or shrinks) what is queued, in place: the
+	// old rules' requests go on counting on the same timeline.
 	p := keep(c, c.old.pacers, c.next.pacers, func(p *pace.Pacer, was *Rule) (*pace.Pacer, bool) {
-		ratio := slower(was.Threshold, r.Threshold)
-		if was.MaxQueueing == r.MaxQueueing {
-			p.Rescale(c.now, ratio)
-			return p, true
-		}
-		np := pace.New(r.MaxQueueing)
-		np.Follow(p, c.now, ratio)
-		return np, true
-	}, func() *pace.Pacer { return pace.New(r.MaxQueueing) })
-	pr := pacedRule{p: p, rate: r.Threshold, be: newBlockError(r, ReasonQueue)}
+		p.Rescale(c.now, slower(was.Threshold, r.Threshold))
+		return p, true
+	}, pace.New)
+	pr := pacedRule{p: p, maxQueue: int64(r.MaxQueueing), rate: r.Threshold, be: newBlockError(r, ReasonQueue)}
 	if r.Behavior == WarmUpThrottle {
 		pr.warm = keepWarmUp(c)
 	}
@@ -58,7 +53,7 @@ func (rr *resourceRules) takePaced(h *held, now, wait int64, q *request, rf *ref
 	for i := range rr.paced {
 		pr := &rr.paced[i]
 		rate := pr.pace(now, rr.node)
-		queue := max(pr.p.MaxQueue(), q.wait)
+		queue := max(pr.maxQueue, q.wait)
 		if q.noQueue {
 			queue = 0
 		}

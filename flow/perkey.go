@@ -205,6 +205,7 @@ func keyTableConfig(r *Rule, now func() int64) keytable.Config {
 		cfg.Kind = keytable.Conc
 	case r.Behavior == Throttle:
 		cfg.Kind = keytable.Pace
+		cfg.PaceLife = slowestSlot(r)
 	default:
 		cfg.Kind = keytable.Window
 		cfg.Window = int64(r.StatInterval)
@@ -219,7 +220,12 @@ func (kr *keyRule) state(key string, hasKey bool) (*keytable.State, int64, float
 	}
 	if kr.spec != nil {
 		if s, ok := kr.spec[key]; ok {
-			return s.st, s.limit, s.rate
+			if !s.st.Dead() {
+				return s.st, s.limit, s.rate
+			}
+			// A reload that no longer lists the key put its state in the
+			// sets, which evicted it: the key is in the table now.
+			return kr.t.Get(key), s.limit, s.rate
 		}
 	}
 	return kr.t.Get(key), kr.limit, kr.rate

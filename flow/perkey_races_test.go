@@ -418,3 +418,82 @@ func TestKeyedWholeWindowStepsKeepCounts(t *testing.T) {
 	wg.Wait()
 	assert.LessOrEqual(t, most, limit, "in buckets %d..%d, after %d steps of 1s", at, at+3, steps)
 }
+
+// A request that read a rule set listing a key, and counts after a reload
+// that no longer lists it and a flood that evicted it from the sets,
+// looks the key up in the table: it returns, for every per-key kind
+// (before, it retried on the listed key's dead state forever).
+func TestARequestOfAnOldRuleSetFindsAnUnlistedKeyInTheTable(t *testing.T) {
+	for _, r := range []Rule{
+		{ID: "u", Resource: "api", Threshold: 100, PerKey: true, MaxKeys: 4},
+		{ID: "u", Resource: "api", Threshold: 100, Behavior: Throttle, PerKey: true, MaxKeys: 4},
+		{ID: "u", Resource: "api", Metric: Concurrency, Threshold: 100, PerKey: true, MaxKeys: 4},
+	} {
+		clock := stattest.NewClock(time.Hour)
+		e, _ := newEngine(t, clock)
+		listed := r
+		listed.Keys = []KeyLimit{{Key: "vip", Threshold: 100}}
+		load(t, e, listed)
+		old := e.rules.Load().byResource["api"]
+		load(t, e, r)
+		clock.Advance(10 * time.Second)
+		var held []Entry
+		for i := range 8 {
+			if en, err := e.Entry("api", WithKey(fmt.Sprint("k", i))); err == nil {
+				held = append(held, en)
+			}
+		}
+		admitted := false
+		returned := returnsWithin(time.Second, func() {
+			en, err := e.enter(old, old.node, []EntryOption{WithKey("vip")})
+			if admitted = err == nil; admitted {
+				en.Exit(nil)
+			}
+		})
+		require.True(t, returned, "%v %v: the request never returned", r.Metric, r.Behavior)
+		assert.True(t, admitted, "%v %v", r.Metric, r.Behavior)
+		for _, en := range held {
+			en.Exit(nil)
+		}
+	}
+}
+
+// Reloads that list new keys of a PerKey Concurrency rule while requests
+// add keys to its table never deadlock: a listed key is taken from the
+// sets without holding the lock of the listed keys, which an add takes
+// under the sets' locks.
+func TestListingKeysUnderTrafficNeverDeadlocks(t *testing.T) {
+	e, err := New()
+	require.NoError(t, err)
+	rule := Rule{ID: "u", Resource: "api", Metric: Concurrency, Threshold: 1, PerKey: true, MaxKeys: 4}
+	load(t, e, rule)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for g := range 2 {
+		wg.Go(func() {
+			for i := g; ; i += 2 {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				try(e, "api", WithKey(fmt.Sprint("k", i%64)))
+			}
+		})
+	}
+	reloads := 0
+	done := returnsWithin(5*time.Second, func() {
+		for ; reloads < 300; reloads++ {
+			rule.Keys = []KeyLimit{{Key: fmt.Sprint("k", reloads%64), Threshold: 1}}
+			if err := e.LoadRules([]Rule{rule}); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	})
+	close(stop)
+	if done {
+		wg.Wait()
+	}
+	assert.True(t, done, "reloads stuck after %d", reloads)
+}

@@ -318,9 +318,9 @@ type Limits struct{ Was, Now int64 }
 // old lives on for the requests of the old rule set; what they count there
 // from now on is not carried.
 func (t *Table) Rewindow(old *Table, rule Limits, limits func(key string) Limits) {
+	now := max(t.now(), 0)
 	unlockOld := old.lockAll()
 	defer unlockOld()
-	now := max(t.now(), 0)
 	t.seeds = old.seeds
 	ob := now / old.bucketLen
 	conv := func(c carry, lim Limits) carry {

@@ -111,14 +111,19 @@ func ends(kind Kind, x *ghost, now int64, l life) int64 {
 }
 
 // worth is how much ghost x's key would gain, forgotten at now: below 0
-// nothing (it no longer matters). A Window key gains at most what its
+// nothing by this clock (-1: a Window ghost whose window ended within the
+// last window, kept while there is room for a request whose clock reads
+// behind ours; -2: nothing at all). A Window key gains at most what its
 // window held, so the smallest count goes first (the earliest to end
 // among equals); a Pace key gains the least the earliest its timeline
 // is.
 func worth(kind Kind, x *ghost, now int64, l life) int64 {
 	e := ends(kind, x, now, l)
 	if e <= now {
-		return -1
+		if kind == Window && e > now-Buckets {
+			return -1
+		}
+		return -2
 	}
 	if kind == Pace {
 		return e - now
@@ -166,7 +171,7 @@ func (g *ghosts) put(kind Kind, h uint64, x ghost, now int64, l life) (forgot bo
 	}
 	victim, best := 0, int64(math.MaxInt64)
 	for i := range bk.h {
-		w := int64(-1)
+		w := int64(-3)
 		if bk.h[i] != 0 {
 			w = worth(kind, &bk.x[i], now, l)
 		}
@@ -244,7 +249,7 @@ func (g *ghosts) moveFrom(old *ghosts, kind Kind, now int64, l life, conv func(g
 		if conv != nil {
 			y = conv(y)
 		}
-		if ends(kind, &y, now, l) > now && g.put(kind, h, y, now, l) {
+		if worth(kind, &y, now, l) > -2 && g.put(kind, h, y, now, l) {
 			forgot++
 		}
 		return true

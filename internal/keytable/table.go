@@ -3,7 +3,6 @@ package keytable
 import (
 	"hash/maphash"
 	"sync"
-	"time"
 
 	"go.uber.org/atomic"
 
@@ -31,6 +30,9 @@ type Config struct {
 	// Now is the clock (ns) a key's state is made and evicted at; the
 	// lookup path never reads it.
 	Now func() int64
+	// PaceLife is how long after its timeline head a Pace key's state
+	// matters, ns (see SetPaceLife); at least a second.
+	PaceLife int64
 }
 
 // Table is one per-key rule's keys: a set-associative table of sets of
@@ -122,7 +124,7 @@ func New(cfg Config) *Table {
 		t.bucketLen = cfg.Window / Buckets
 	}
 	t.maxKeys = cfg.MaxKeys
-	t.paceLife.Store(int64(time.Second))
+	t.SetPaceLife(cfg.PaceLife)
 	t.sets = make([]set, (cfg.MaxKeys+setWays-1)/setWays)
 	return t
 }

@@ -190,6 +190,11 @@ func (t *Table) RoomIn(st *State, now, n, limit int64) (retry, reset int64) {
 // length to whose newest bucket is now's (see Table.Rewindow).
 func rebucket(c carry, from, to, now int64) carry {
 	nb := max(now, 0) / to
+	if c.head*from > now {
+		// Counted on a clock ahead of now (a small step back): its newest
+		// bucket stays the newest, its counts as long as they would have.
+		nb = ((c.head+1)*from - 1) / to
+	}
 	out := carry{head: nb}
 	for x := c.head - Buckets + 1; x <= c.head; x++ {
 		n := c.at(x)

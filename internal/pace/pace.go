@@ -76,27 +76,22 @@ func GiveBack(head *atomic.Int64, h Held) {
 	}
 }
 
-// Pacer is a timeline of its own and the queue its rule allows. It is safe
-// for simultaneous use by multiple goroutines and must not be copied after
-// first use.
+// Pacer is a timeline of its own. It is safe for simultaneous use by
+// multiple goroutines and must not be copied after first use.
 type Pacer struct {
-	head     atomic.Int64
-	maxQueue int64
+	head atomic.Int64
 }
 
-// New returns an idle pacer whose rule queues requests up to maxQueue.
-func New(maxQueue time.Duration) *Pacer {
-	p := &Pacer{maxQueue: int64(maxQueue)}
+// New returns an idle pacer.
+func New() *Pacer {
+	p := &Pacer{}
 	p.head.Store(idle)
 	return p
 }
 
-// MaxQueue is the longest the pacer's rule queues a request, in ns.
-func (p *Pacer) MaxQueue() int64 { return p.maxQueue }
-
 // Reserve is Reserve on the pacer's timeline, queueing up to maxQueue:
-// the caller passes MaxQueue or the longer wait a request allows, or 0 for
-// a slot at now itself.
+// the caller passes its rule's queue or the longer wait a request allows,
+// or 0 for a slot at now itself.
 func (p *Pacer) Reserve(now, n int64, rate float64, maxQueue int64) (h Held, wait int64, ok bool) {
 	return Reserve(&p.head, maxQueue, now, n, rate)
 }
@@ -124,13 +119,6 @@ func Rescale(head *atomic.Int64, now int64, ratio float64) {
 			return
 		}
 	}
-}
-
-// Follow makes p, a new pacer for a rule whose queue changed, go on from
-// old's timeline, rescaled as Rescale does (load time).
-func (p *Pacer) Follow(old *Pacer, now int64, ratio float64) {
-	p.head.Store(old.head.Load())
-	Rescale(&p.head, now, ratio)
 }
 
 // Rescale rescales the pacer's timeline (see Rescale).

@@ -38,11 +38,8 @@ func run(t *testing.T, p *Pacer, rate float64, steps []step) {
 // requests behind it wait n/rate each, up to the queue; a timeline whose
 // head has passed restarts at now.
 func TestSlotsSpacedOneOverRateApart(t *testing.T) {
-	p := New(500 * time.Millisecond)
-	if got := p.MaxQueue(); got != 500*ms {
-		t.Fatalf("MaxQueue() = %d want %d", got, 500*ms)
-	}
-	q := p.MaxQueue()
+	p := New()
+	q := int64(500 * ms)
 	run(t, p, 10, []step{ // 100 ms a request
 		{now: 1000 * ms, n: 1, maxQueue: q, ok: true, slot: 1000 * ms},
 		{now: 1000 * ms, n: 1, maxQueue: q, ok: true, wait: 100 * ms, slot: 1100 * ms},
@@ -62,7 +59,7 @@ func TestSlotsSpacedOneOverRateApart(t *testing.T) {
 // TestCostRoundsUpSoTheRateIsNeverExceeded: a cost that is not a whole
 // number of nanoseconds is rounded up.
 func TestCostRoundsUpSoTheRateIsNeverExceeded(t *testing.T) {
-	p := New(0)
+	p := New()
 	run(t, p, 3, []step{ // 333333333.3 ns a request
 		{now: 0, n: 1, ok: true, slot: 0},
 		{now: 0, n: 1, maxQueue: math.MaxInt64, ok: true, wait: 333333334, slot: 333333334},
@@ -100,8 +97,8 @@ func TestNoRateOrACostBeyondAnyQueueIsNeverAdmitted(t *testing.T) {
 // the head; once a request queued behind it, it stays spent, so no slot
 // is handed out twice. The zero Held gives back nothing.
 func TestGiveBackOnlyWhileLatest(t *testing.T) {
-	p := New(time.Second)
-	q := p.MaxQueue()
+	p := New()
+	q := int64(time.Second)
 	p.Reserve(1000*ms, 1, 10, q)
 	a, _, _ := p.Reserve(1000*ms, 1, 10, q) // slot 1100
 	p.GiveBack(a)
@@ -125,7 +122,7 @@ func TestGiveBackOnlyWhileLatest(t *testing.T) {
 // queue.
 func TestHammerNeverGivesTwoSlotsWithinACost(t *testing.T) {
 	const cost, queue = int64(1000), int64(20000) // 1e6 a second
-	p := New(time.Duration(queue))
+	p := New()
 	var clock atomic.Int64
 	goroutines, ops := 16, 4000
 	if testing.Short() {
@@ -140,7 +137,7 @@ func TestHammerNeverGivesTwoSlotsWithinACost(t *testing.T) {
 			var mine []int64
 			for range ops {
 				now := clock.Add(rng.Int64N(cost / 4))
-				h, wait, ok := p.Reserve(now, 1, 1e6, p.MaxQueue())
+				h, wait, ok := p.Reserve(now, 1, 1e6, queue)
 				if !ok {
 					continue
 				}
@@ -172,11 +169,12 @@ func TestHammerNeverGivesTwoSlotsWithinACost(t *testing.T) {
 
 // TestReserveAndGiveBackAllocateNothing: the hot path is allocation-free.
 func TestReserveAndGiveBackAllocateNothing(t *testing.T) {
-	p := New(time.Millisecond)
+	p := New()
+	maxQueue := int64(time.Millisecond)
 	now := int64(0)
 	allocs := testing.AllocsPerRun(1000, func() {
 		now += 500
-		h, _, _ := p.Reserve(now, 1, 1e6, p.MaxQueue())
+		h, _, _ := p.Reserve(now, 1, 1e6, maxQueue)
 		if now%1500 == 0 {
 			p.GiveBack(h)
 		}
@@ -189,11 +187,12 @@ func TestReserveAndGiveBackAllocateNothing(t *testing.T) {
 // BenchmarkReserve is the reserve path, requests twice as fast as the
 // rate: half queue, until the queue is full and they are refused.
 func BenchmarkReserve(b *testing.B) {
-	p := New(time.Millisecond)
+	p := New()
+	maxQueue := int64(time.Millisecond)
 	now := int64(0)
 	b.ReportAllocs()
 	for b.Loop() {
 		now += 500
-		p.Reserve(now, 1, 1e6, p.MaxQueue())
+		p.Reserve(now, 1, 1e6, maxQueue)
 	}
 }
