@@ -67,7 +67,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	var gs string
 	fs.BoolVar(&c.quick, "quick", false, "short run (under 20 s): fewer goroutine counts, shorter cells")
 	fs.DurationVar(&c.duration, "duration", 0, "time per throughput cell (default 150ms, 25ms with -quick)")
-	fs.DurationVar(&c.accDuration, "accuracy-duration", 0, "time per accuracy hammer (default 3s, 500ms with -quick)")
+	fs.DurationVar(&c.accDuration, "accuracy-duration", 0, "time per accuracy hammer (default 2s, 500ms with -quick)")
 	fs.StringVar(&gs, "goroutines", "", "comma-separated goroutine counts (default 1, 2, 4, ... 4 x GOMAXPROCS, 256)")
 	fs.Int64Var(&c.threshold, "threshold", 1000, "admissions per window in the accuracy runs")
 	fs.IntVar(&c.accG, "accuracy-goroutines", 64, "goroutines of the accuracy hammer")
@@ -104,7 +104,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		}
 	}
 	if c.accDuration == 0 {
-		c.accDuration = 3 * time.Second
+		c.accDuration = 2 * time.Second
 		if c.quick {
 			c.accDuration = 500 * time.Millisecond
 		}

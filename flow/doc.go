@@ -67,14 +67,15 @@
 // remembers the keys it evicts; see below).
 //
 // Memory is bounded: a rule tracks at most MaxKeys keys (default 100,000),
-// about 250 bytes a key with what it remembers of evicted keys, and an
-// engine's rules together at most WithMaxKeys (default 1,000,000). A key
-// evicted while active leaves its own counts behind, so eviction gives it
-// nothing more (KeyEvictions counts them), and no key starts from
-// another's: a flood of keys shuts out none. A rule remembers every key
-// evicted while at most 4 x MaxKeys are per window; beyond, it forgets
-// those that gain least by it (KeysForgotten counts them). docs/
-// guarantees.md has the table, the ghosts and the hashing.
+// about 135 bytes a key, at most 234 with what it remembers of evicted
+// keys after a flood, and an engine's rules together at most WithMaxKeys
+// (default 1,000,000). A key evicted while active leaves its own counts
+// behind, so eviction gives it nothing more (KeyEvictions counts them),
+// and no key starts from another's: a flood of keys shuts out none. A
+// rule remembers every key evicted while at most 4 x MaxKeys are per
+// window; beyond, it forgets those that gain least by it (KeysForgotten
+// counts them). docs/guarantees.md has the table, the ghosts and the
+// hashing.
 //
 // A reload keeps what a rule counted while it stays the same rule: its
 // Resource, ID (or both none), Metric and PerKey, and its kind of state (a

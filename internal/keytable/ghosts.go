@@ -4,6 +4,8 @@ import (
 	"math"
 	"math/bits"
 
+	"sync"
+
 	"go.uber.org/atomic"
 
 	"github.com/leapflow/leapflow/internal/pace"
@@ -19,8 +21,11 @@ import (
 // of its two buckets; a slot is a key's first hash (which no caller can
 // steer) and its window, 28 bytes, the hashes of a bucket side by side so
 // that a lookup reads two cache lines of them. It holds ghostsPer2Keys/2
-// slots per key the table tracks: while at most 4 x MaxKeys active keys
-// are evicted per window, their ghosts fit. A ghost whose window is over
+// slots per key the table tracks at most: while at most 4 x MaxKeys active
+// keys are evicted per window, their ghosts fit. It starts at an eighth of
+// that and doubles whenever a ghost that matters would be forgotten, so a
+// table that evicts now and then (two sets full of its four) costs little.
+// A ghost whose window is over
 // (or whose timeline is past by its rule's slowest slot) is free; when
 // both buckets are full of live ones, the ghost whose key gains least by
 // being forgotten goes, the one being put included (see worth), and is
@@ -33,7 +38,11 @@ import (
 // of the set the key was in, so they never race for one key. Keys that
 // share a bucket take its lock.
 type ghosts struct {
+	// grow is held to read or write buckets, and alone to replace them
+	// by twice as many.
+	grow    sync.RWMutex
 	buckets []ghostBucket
+	most    int // buckets at most
 	locks   [ghostLocks]paddedMutex
 }
 
@@ -58,10 +67,10 @@ const (
 	ghostsPer2Keys = 11
 )
 
-// newGhosts sizes the ghosts for a table of maxKeys.
+// newGhosts makes the ghosts of a table of maxKeys.
 func newGhosts(maxKeys int) *ghosts {
-	nb := max(maxKeys*ghostsPer2Keys/(2*ghostWays), 4)
-	return &ghosts{buckets: make([]ghostBucket, nb)}
+	most := maxKeys*ghostsPer2Keys/(2*ghostWays) + 4 // a little more for small tables
+	return &ghosts{buckets: make([]ghostBucket, max(most/8, 4)), most: most}
 }
 
 // place returns the buckets of a key of first hash h (by bits other than
@@ -148,8 +157,67 @@ func (x *ghost) setTimeline(at int64) { x.n[0], x.n[1] = uint32(at), uint32(uint
 // forgotten for it: another key's, or x itself when every ghost in its
 // buckets matters more.
 func (g *ghosts) put(kind Kind, h uint64, x ghost, now int64, l life) (forgot bool) {
+	for {
+		forgot, full := g.tryPut(kind, h, x, now, l)
+		if !full || !g.double(kind, now, l) {
+			return forgot
+		}
+	}
+}
+
+// double makes the ghosts twice as many buckets, up to most, keeping the
+// ghosts that matter (load in the request path, amortised: each doubling
+// moves as many ghosts as there were puts since the last); false when
+// they are at their most already.
+func (g *ghosts) double(kind Kind, now int64, l life) bool {
+	g.grow.Lock()
+	defer g.grow.Unlock()
+	if len(g.buckets) >= g.most {
+		return false
+	}
+	old := g.buckets
+	g.buckets = make([]ghostBucket, min(2*len(old), g.most))
+	for bi := range old {
+		bk := &old[bi]
+		for i := range bk.h {
+			if bk.h[i] != 0 && worth(kind, &bk.x[i], now, l) > -2 {
+				g.putLocked(kind, bk.h[i], bk.x[i], now, l)
+			}
+		}
+	}
+	return true
+}
+
+// tryPut is put without growing: full reports that a ghost that matters
+// would have been forgotten (and was not), so that the ghosts may grow.
+func (g *ghosts) tryPut(kind Kind, h uint64, x ghost, now int64, l life) (forgot, full bool) {
+	g.grow.RLock()
+	defer g.grow.RUnlock()
 	a, b := g.place(h)
 	defer g.lock(a, b)()
+	if len(g.buckets) < g.most && g.wouldForget(kind, a, b, h, now, l) {
+		return false, true
+	}
+	return g.putLocked(kind, h, x, now, l), false
+}
+
+// wouldForget reports whether putting a ghost of h in buckets a and b
+// would forget one that matters: neither holds h nor a slot free by now.
+func (g *ghosts) wouldForget(kind Kind, a, b int, h uint64, now int64, l life) bool {
+	for _, bi := range [2]int{a, b} {
+		bk := &g.buckets[bi]
+		for i := range bk.h {
+			if bk.h[i] == h || bk.h[i] == 0 || worth(kind, &bk.x[i], now, l) < 0 {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// putLocked is put with the buckets' locks (or grow alone) held.
+func (g *ghosts) putLocked(kind Kind, h uint64, x ghost, now int64, l life) (forgot bool) {
+	a, b := g.place(h)
 	free := [2]int{}
 	for k, bi := range [2]int{a, b} {
 		bk := &g.buckets[bi]
@@ -190,6 +258,8 @@ func (g *ghosts) put(kind Kind, h uint64, x ghost, now int64, l life) (forgot bo
 
 // take removes the ghost of the key of first hash h and returns it.
 func (g *ghosts) take(h uint64) (ghost, bool) {
+	g.grow.RLock()
+	defer g.grow.RUnlock()
 	a, b := g.place(h)
 	defer g.lock(a, b)()
 	for _, bi := range [2]int{a, b} {
@@ -208,6 +278,8 @@ func (g *ghosts) take(h uint64) (ghost, bool) {
 // each calls fn with every slot in use, under its bucket's lock (load
 // time); fn may clear it (drop).
 func (g *ghosts) each(fn func(h uint64, x *ghost) (drop bool)) {
+	g.grow.RLock()
+	defer g.grow.RUnlock()
 	for bi := range g.buckets {
 		unlock := g.lock(bi, bi)
 		bk := &g.buckets[bi]

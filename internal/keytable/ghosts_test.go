@@ -157,3 +157,35 @@ func TestMigrateMovesWhatEvictedKeysHad(t *testing.T) {
 		assert.False(t, ok, "key %d: its 3 of 3 kept", k)
 	}
 }
+
+// The ghosts start at an eighth of their most and double only when a
+// ghost that matters would be forgotten: a table that evicts a few keys
+// costs a few slots, one flooded gets them all, and none is forgotten on
+// the way.
+func TestGhostsGrowOnlyWhenTheyWouldForget(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	g := newGhosts(1024)
+	start := len(g.buckets)
+	assert.Equal(t, max(g.most/8, 4), start)
+	for range 100 {
+		require.False(t, g.put(Window, rng.Uint64()|1, ghostOf(carryOfCounts(10, 1)), 10, 0))
+	}
+	assert.Equal(t, start, len(g.buckets), "100 ghosts fit the first buckets")
+	for range 4*1024 - 100 {
+		require.False(t, g.put(Window, rng.Uint64()|1, ghostOf(carryOfCounts(10, 1)), 10, 0))
+	}
+	assert.Greater(t, len(g.buckets), start)
+	assert.LessOrEqual(t, len(g.buckets), g.most)
+	// Ghosts that no longer matter are not carried when they grow.
+	old := newGhosts(1024)
+	for range len(old.buckets) * ghostWays {
+		old.put(Window, rng.Uint64()|1, ghostOf(carryOfCounts(0, 1)), 0, 0)
+	}
+	n := 0
+	old.each(func(uint64, *ghost) bool { n++; return false })
+	require.Positive(t, n)
+	require.True(t, old.double(Window, 100, 0))
+	n = 0
+	old.each(func(uint64, *ghost) bool { n++; return false })
+	assert.Zero(t, n, "windows long over")
+}
