@@ -157,6 +157,34 @@ func keyStarts(e *Engine, clock *stattest.Clock, keys, steps int, step time.Dura
 	return starts
 }
 
+// reloadingMaxKeys reloads rule into e as fast as it goes, its MaxKeys
+// a and b by turns, until the stop it returns is called; stop returns the
+// reloads made and the first error.
+func reloadingMaxKeys(e *Engine, rule Rule, a, b int) (stop func() (int, error)) {
+	quit, done := make(chan struct{}), make(chan struct{})
+	var reloads int
+	var err error
+	go func() {
+		defer close(done)
+		for ; ; reloads++ {
+			select {
+			case <-quit:
+				return
+			default:
+			}
+			rule.MaxKeys = []int{a, b}[reloads%2]
+			if err = e.LoadRules([]Rule{rule}); err != nil {
+				return
+			}
+		}
+	}()
+	return func() (int, error) {
+		close(quit)
+		<-done
+		return reloads, err
+	}
+}
+
 // Reloads that change only a PerKey rule's MaxKeys, back and forth while
 // requests run on a moving clock, move every key's state to the new table
 // with its count: a request that looks a key up while the table moves finds
@@ -168,28 +196,10 @@ func TestPerKeyReloadsOfMaxKeysUnderTrafficKeepEveryCount(t *testing.T) {
 	const limit, keys = 20, 503
 	rule := Rule{ID: "u", Resource: "api", Threshold: limit, PerKey: true, MaxKeys: 1000}
 	load(t, e, rule)
-	stop, done := make(chan struct{}), make(chan struct{})
-	var reloads int
-	var reloadErr error
-	go func() {
-		defer close(done)
-		for ; ; reloads++ {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			rule.MaxKeys = []int{2000, 1000}[reloads%2]
-			if err := e.LoadRules([]Rule{rule}); err != nil {
-				reloadErr = err
-				return
-			}
-		}
-	}()
+	stop := reloadingMaxKeys(e, rule, 2000, 1000)
 	starts := keyStarts(e, clock, keys, 200, 20*ms)
-	close(stop)
-	<-done
-	require.NoError(t, reloadErr)
+	reloads, err := stop()
+	require.NoError(t, err)
 	over := 0
 	for k, v := range starts {
 		if most, at := worstWindow(v, int64(250*ms)); most > limit {
@@ -476,24 +486,7 @@ func TestPerKeyConcurrencyReloadsOfMaxKeysUnderTrafficKeepInFlight(t *testing.T)
 	const limit, keys, hold = 2, 300, 3
 	rule := Rule{ID: "u", Resource: "api", Metric: Concurrency, Threshold: limit, PerKey: true, MaxKeys: 64}
 	load(t, e, rule)
-	stop, done := make(chan struct{}), make(chan struct{})
-	var reloads int
-	var reloadErr error
-	go func() {
-		defer close(done)
-		for ; ; reloads++ {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			rule.MaxKeys = []int{128, 64}[reloads%2]
-			if err := e.LoadRules([]Rule{rule}); err != nil {
-				reloadErr = err
-				return
-			}
-		}
-	}()
+	stop := reloadingMaxKeys(e, rule, 128, 64)
 	held := make([][]Entry, keys)
 	most := 0
 	for range 200 {
@@ -509,9 +502,8 @@ func TestPerKeyConcurrencyReloadsOfMaxKeysUnderTrafficKeepInFlight(t *testing.T)
 			most = max(most, len(held[k]))
 		}
 	}
-	close(stop)
-	<-done
-	require.NoError(t, reloadErr)
+	reloads, err := stop()
+	require.NoError(t, err)
 	assert.LessOrEqual(t, most, limit, "in flight on one key, over %d reloads", reloads)
 	for k := range held {
 		for _, en := range held[k] {
