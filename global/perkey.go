@@ -12,6 +12,7 @@ import (
 	"go.uber.org/atomic"
 
 	"github.com/leapflow/leapflow/flow"
+	"github.com/leapflow/leapflow/internal/callerkey"
 )
 
 // A PerKey rule's limit is one limit per caller key: its own Redis hash,
@@ -49,6 +50,9 @@ func newKeyedLimits(maxKeys int) *otter.Cache[keyLimitID, *limit] {
 // keyLimit returns the caller's limit of PerKey rule req, whose limit in
 // this instance is parent.
 func (s *Source) keyLimit(parent *limit, req *flow.GlobalRequest, caller string) *limit {
+	// A caller's key is kept, and sent to Redis, at most 256 bytes long
+	// (callerkey.Bound): flow allows 1024, and WithMaxKeys of them.
+	caller = callerkey.Bound(caller)
 	id := keyLimitID{parent: parent, caller: caller}
 	if l, ok := s.keyed.GetIfPresent(id); ok {
 		return l
@@ -145,7 +149,7 @@ func (b *keyedBound) AcquireKey(ctx context.Context, caller string, threshold fl
 
 // RetryInKey implements flow.KeyedRetryHinter.
 func (b *keyedBound) RetryInKey(caller string, n int64) (time.Duration, bool) {
-	l, ok := b.s.keyed.GetIfPresent(keyLimitID{parent: b.parent, caller: caller})
+	l, ok := b.s.keyed.GetIfPresent(keyLimitID{parent: b.parent, caller: callerkey.Bound(caller)})
 	if !ok {
 		return 0, false
 	}

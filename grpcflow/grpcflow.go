@@ -61,6 +61,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/leapflow/leapflow/flow"
+	"github.com/leapflow/leapflow/internal/callerkey"
 )
 
 // Blocked is what a block status is made from.
@@ -259,16 +260,13 @@ func (l *Limiter) enter(ctx context.Context, method string) (flow.Entry, error) 
 	n := 1
 	if l.cfg.key != nil {
 		if key := l.cfg.key(ctx, method); key != "" {
-			opts[1] = flow.WithKey(key)
+			// A key from the call is bounded: longer than 256 bytes, it
+			// is its start and a hash (callerkey.Bound).
+			opts[1] = flow.WithKey(callerkey.Bound(key))
 			n = 2
 		}
 	}
 	en, err := l.eng.Entry(resource, opts[:n]...)
-	if n == 2 && errors.Is(err, flow.ErrInvalidOption) {
-		// A key the engine refuses (over 1024 bytes) must not skip the
-		// rules: the call goes under the shared "no key" entry.
-		en, err = l.eng.Entry(resource, opts[:1]...)
-	}
 	if err == nil {
 		return en, nil
 	}

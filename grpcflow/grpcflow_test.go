@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -119,8 +120,7 @@ func TestResourceNaming(t *testing.T) {
 }
 
 // TestPerKeyFromMetadata: each caller named by a metadata field has its
-// own quota; calls without one share the no-key entry; a call with an
-// overlong key (which the engine refuses) goes under the no-key entry.
+// own quota; calls without one share the no-key entry.
 func TestPerKeyFromMetadata(t *testing.T) {
 	eng := engine(t, stattest.NewClock(0), flow.Rule{Resource: grpcflowtest.Say, Threshold: 2, PerKey: true})
 	conn := serve(t, New(eng, WithKey(MetadataKey("X-API-Key"))), nil)
@@ -136,14 +136,39 @@ func TestPerKeyFromMetadata(t *testing.T) {
 	require.NoError(t, say(context.Background(), conn, "no key"))
 	assert.Equal(t, codes.ResourceExhausted, status.Code(say(context.Background(), conn, "no key")),
 		"calls with no key share one entry at the rule's threshold")
-	long := make([]byte, 1024+1)
-	for i := range long {
-		long[i] = 'k'
-	}
-	assert.Equal(t, codes.ResourceExhausted, status.Code(say(as(string(long)), conn, "overlong")),
-		"a key the engine refuses puts the call under the full no-key entry, not a fresh key of its own")
 	snap, _ := eng.Snapshot(grpcflowtest.Say)
-	assert.Equal(t, int64(4), snap.Keyless)
+	assert.Equal(t, int64(3), snap.Keyless)
+}
+
+// TestKeysFromMetadataAreBounded: a metadata key longer than 256 bytes, or
+// binary (a -bin field), becomes a bounded key of its own (its start and a
+// hash): never the shared no-key entry, never around the rules; a longer
+// key sharing its start is another key; of repeated values the first
+// names the caller.
+func TestKeysFromMetadataAreBounded(t *testing.T) {
+	eng := engine(t, stattest.NewClock(0), flow.Rule{Resource: grpcflowtest.Say, Threshold: 2, PerKey: true})
+	conn := serve(t, New(eng, WithKey(MetadataKey("X-Key-Bin"))), nil)
+	as := func(vals ...string) context.Context {
+		kv := []string{}
+		for _, v := range vals {
+			kv = append(kv, "x-key-bin", v)
+		}
+		return metadata.AppendToOutgoingContext(context.Background(), kv...)
+	}
+	long := strings.Repeat("k", 8<<10)
+	bin := string([]byte{0, 0xff, '\n', 0}) + strings.Repeat("\x00", 4<<10)
+	for _, key := range []string{long, long + "x", bin} {
+		require.NoError(t, say(as(key), conn, "1"))
+		require.NoError(t, say(as(key), conn, "2"))
+		assert.Equal(t, codes.ResourceExhausted, status.Code(say(as(key), conn, "3")), "a key of its own at the threshold")
+	}
+	require.NoError(t, say(as("first", long+"y"), conn, "1"))
+	require.NoError(t, say(as("first", long+"y"), conn, "2"))
+	assert.Equal(t, codes.ResourceExhausted, status.Code(say(as("first", long+"y"), conn, "3")),
+		"repeated values: the first is the key")
+	require.NoError(t, say(as(long+"y"), conn, "the value after it was not counted"))
+	snap, _ := eng.Snapshot(grpcflowtest.Say)
+	assert.Zero(t, snap.Keyless, "no call fell to the shared no-key entry")
 }
 
 // TestPeerKey: PeerKey names a loopback caller by its address; a caller

@@ -71,6 +71,7 @@ import (
 	"go.uber.org/atomic"
 
 	"github.com/leapflow/leapflow/flow"
+	"github.com/leapflow/leapflow/internal/callerkey"
 )
 
 // Unmatched is the resource of requests no ServeMux pattern matched.
@@ -216,16 +217,13 @@ func (m *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 	n := 1
 	if m.cfg.key != nil {
 		if key := m.cfg.key(r); key != "" {
-			opts[1] = flow.WithKey(key)
+			// A key from the request is bounded: longer than 256 bytes,
+			// it is its start and a hash (callerkey.Bound).
+			opts[1] = flow.WithKey(callerkey.Bound(key))
 			n = 2
 		}
 	}
 	en, err := m.eng.Entry(resource, opts[:n]...)
-	if n == 2 && errors.Is(err, flow.ErrInvalidOption) {
-		// A key the engine refuses (over 1024 bytes) must not skip the
-		// rules: the request goes under the shared "no key" entry.
-		en, err = m.eng.Entry(resource, opts[:1]...)
-	}
 	if err != nil {
 		var be *flow.BlockError
 		switch {

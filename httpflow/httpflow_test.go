@@ -126,6 +126,14 @@ func TestClientIP(t *testing.T) {
 		{"[2001:db8:1:2::9]:80", "", "", "2001:db8:1:2::/64", false},       // IPv6 by /64
 		{"[fd00::1]:80", "2001:db8:aa:bb::1", "", "2001:db8:aa:bb::/64", false},
 		{"[fe80::1%eth0]:80", "203.0.113.5", "", "203.0.113.5", false}, // a zoned proxy is trusted
+		// IPv4-mapped addresses are the IPv4 address they map: a mapped
+		// trusted peer is trusted, a mapped untrusted one is not, and
+		// mapped hops are trusted or named as IPv4.
+		{"[::ffff:10.0.0.2]:4000", "203.0.113.1", "", "203.0.113.1", false},
+		{"[::ffff:198.51.100.7]:4000", "203.0.113.1", "", "198.51.100.7", false},
+		{"10.0.0.2:4000", "::ffff:203.0.113.9, ::ffff:10.0.0.9", "", "203.0.113.9", false},
+		{"[::ffff:10.0.0.2]:4000", "", `for="[::ffff:192.0.2.61]:80", for=10.0.0.3`, "192.0.2.61", true},
+		{"[::ffff:10.0.0.2]:4000", "", "", "10.0.0.2", false}, // no header: the peer, as IPv4
 	} {
 		r := httptest.NewRequest(http.MethodGet, "/", nil)
 		r.RemoteAddr = tc.peer
@@ -146,18 +154,43 @@ func TestClientIP(t *testing.T) {
 	assert.Equal(t, "k1", Header("x-api-key")(r))
 }
 
-// TestOverlongKeyDoesNotSkipTheRules: a key the engine refuses sends the
-// request under the shared "no key" entry, never around the rules.
-func TestOverlongKeyDoesNotSkipTheRules(t *testing.T) {
+// TestKeysFromTheRequestAreBounded: a key read from the request longer
+// than 256 bytes (up to the server's header limit) becomes a bounded key of
+// its own (its start and a hash): never around the rules, never the shared
+// no-key entry, and a longer key sharing its start is another key. Of a
+// header sent twice, the first value names the caller.
+func TestKeysFromTheRequestAreBounded(t *testing.T) {
 	eng := engine(t, stattest.NewClock(0), flow.Rule{Resource: "api", Threshold: 2, PerKey: true})
 	srv := httptest.NewServer(New(eng, WithKey(Header("X-Api-Key"))).Handler("api", ok))
 	defer srv.Close()
-	long := strings.Repeat("k", 1024+1)
-	codes := []int{}
-	for range 3 {
-		codes = append(codes, get(t, srv.Client(), srv.URL, "X-Api-Key", long).StatusCode)
+	long := strings.Repeat("k", 100<<10)
+	codes := func(key string) []int {
+		var out []int
+		for range 3 {
+			out = append(out, get(t, srv.Client(), srv.URL, "X-Api-Key", key).StatusCode)
+		}
+		return out
 	}
-	assert.Equal(t, []int{200, 200, 429}, codes)
+	assert.Equal(t, []int{200, 200, 429}, codes(long), "100 KiB: a key of its own at the threshold")
+	assert.Equal(t, []int{200, 200, 429}, codes(long+"x"), "sharing the start is not sharing the key")
+
+	req, err := http.NewRequest(http.MethodGet, srv.URL, nil)
+	require.NoError(t, err)
+	req.Header.Add("X-Api-Key", "first")
+	req.Header.Add("X-Api-Key", long+"y")
+	for range 2 {
+		res, err := srv.Client().Do(req)
+		require.NoError(t, err)
+		res.Body.Close()
+		assert.Equal(t, 200, res.StatusCode)
+	}
+	res, err := srv.Client().Do(req)
+	require.NoError(t, err)
+	res.Body.Close()
+	assert.Equal(t, 429, res.StatusCode, "a repeated header: the first value is the key")
+	assert.Equal(t, []int{200, 200, 429}, codes(long+"y"), "the value after it was not counted")
+	snap, _ := eng.Snapshot("api")
+	assert.Zero(t, snap.Keyless, "no request fell to the shared no-key entry")
 }
 
 // TestDeadlineWhileQueuedIs503: a server deadline that ends a throttling
