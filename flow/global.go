@@ -6,6 +6,8 @@ import (
 	"math"
 	"time"
 
+	"go.uber.org/atomic"
+
 	"github.com/leapflow/leapflow/internal/keytable"
 	"github.com/leapflow/leapflow/internal/stats"
 	"github.com/leapflow/leapflow/internal/window"
@@ -90,6 +92,16 @@ type RetryHinter interface {
 	RetryIn(n int64) (time.Duration, bool)
 }
 
+// LocalCounter is a BoundSource that hears of every admission its rule's
+// local fallback makes (a window rule with FallbackLocal), so that once
+// the shared store answers again it can count them there: what an
+// instance admitted on its own is then not admitted again by the others.
+// Optional; CountLocal must be fast (it runs on the request path of every
+// fallback admission).
+type LocalCounter interface {
+	CountLocal(n int64)
+}
+
 // KeyedRetryHinter is RetryHinter for a KeyedSource's callers.
 type KeyedRetryHinter interface {
 	RetryInKey(caller string, n int64) (time.Duration, bool)
@@ -110,6 +122,13 @@ type globalRule struct {
 	fallback   Fallback
 	local      *window.Window
 	localLimit int64
+	// rejoin is set on a window rule with FallbackLocal (nil otherwise):
+	// the engine time until which the local window applies on top of the
+	// source, a window after the rule last fell back. Its local window also
+	// counts what the source admits.
+	rejoin  *atomic.Int64
+	back    *atomic.Bool // the source's last answer was no error
+	counter LocalCounter // bound as one, when it is
 	// gcra is a Global GCRA rule's local fallback (nil otherwise): a
 	// bucket at LocalShare of its rate and burst.
 	gcra    *gcraRule
@@ -208,6 +227,9 @@ func (e *Engine) global(node *stats.Node, g *globalRule, h *held, i, p int, now 
 	if ctx == nil {
 		ctx = context.Background()
 	}
+	if g.rejoin != nil {
+		return e.globalShared(node, g, h, i, p, now, q, ctx)
+	}
 	ok, err := e.acquire(ctx, g, q)
 	if err == nil {
 		if ok {
@@ -263,6 +285,96 @@ func (e *Engine) global(node *stats.Node, g *globalRule, h *held, i, p int, now 
 		return g.localBlockError(q), false
 	}
 	h.gres[i] = r
+	return nil, false
+}
+
+// globalShared is global for a window rule with FallbackLocal, whose
+// local window shares the instance's part of the limit with the source:
+//   - it counts what the source admits, so that a fallback starts from
+//     what this instance admitted in the window, not from nothing (which
+//     let each instance admit its share on top of a window the source had
+//     just filled);
+//   - for a window after the rule last fell back, once the source answers
+//     again, it applies on top of the source, and first: an instance back
+//     on the source before the others admits no more than its share while
+//     they may still admit theirs on their own (a source that lost its
+//     data, as a restarted Redis, knows nothing of them), and asks the
+//     source nothing while its share is spent;
+//   - what it admits on its own is told to the source (LocalCounter), to
+//     count in the shared limit once it answers again.
+//
+// While the source fails, each request asks it first: a source that backs
+// off answers at once, and a request after its backoff is what lets it
+// probe.
+func (e *Engine) globalShared(node *stats.Node, g *globalRule, h *held, i, p int, now int64, q *request, ctx context.Context) (*BlockError, bool) {
+	n := q.n
+	within := now < g.rejoin.Load()
+	if within && g.back.Load() {
+		lr, ok := g.local.AdmitOn(p, now, n, g.localLimit)
+		if !ok {
+			return g.localBlockError(q), false
+		}
+		ok, err := e.acquire(ctx, g, q)
+		switch {
+		case err == nil && ok:
+			return nil, false
+		case err == nil:
+			lr.Cancel()
+			return g.blockError(q), true
+		case ctx.Err() != nil:
+			lr.Cancel()
+			return g.blockError(q), false
+		}
+		return g.fellBack(node, h, i, now, n, lr)
+	}
+	ok, err := e.acquire(ctx, g, q)
+	switch {
+	case err == nil:
+		if within && !g.back.Load() {
+			g.back.Store(true)
+		}
+		if !ok {
+			return g.blockError(q), true
+		}
+		if within {
+			// The first answers after a fallback: the share applies too
+			// (what the source counted for a request refused here stays
+			// counted there).
+			if _, ok := g.local.AdmitOn(p, now, n, g.localLimit); !ok {
+				return g.localBlockError(q), false
+			}
+			return nil, false
+		}
+		g.local.AddOn(p, now, window.Pass, n)
+		return nil, false
+	case ctx.Err() != nil:
+		return g.blockError(q), false
+	}
+	lr, ok := g.local.AdmitOn(p, now, n, g.localLimit)
+	if !ok {
+		g.fellBack(node, h, i, now, 0, lr)
+		return g.localBlockError(q), false
+	}
+	return g.fellBack(node, h, i, now, n, lr)
+}
+
+// fellBack records that a request of g fell back at now, admitted on its
+// own by lr (n 0: refused by the share).
+func (g *globalRule) fellBack(node *stats.Node, h *held, i int, now, n int64, lr window.Reservation) (*BlockError, bool) {
+	node.AddFallback()
+	if g.back.Load() {
+		g.back.Store(false)
+	}
+	if until := now + int64(g.req.Interval); g.rejoin.Load() < until-int64(g.req.Interval)/16 {
+		g.rejoin.Store(until)
+	}
+	if n == 0 {
+		return nil, false
+	}
+	h.gres[i] = lr
+	if g.counter != nil {
+		g.counter.CountLocal(n)
+	}
 	return nil, false
 }
 
@@ -375,6 +487,10 @@ func compileGlobal(c *compiling) {
 			return w
 		})
 		g.localLimit = perWindow(r.Threshold*r.LocalShare, r.StatInterval)
+		if r.Fallback == FallbackLocal {
+			g.rejoin, g.back = new(atomic.Int64), atomic.NewBool(true)
+			g.counter, _ = bound.(LocalCounter)
+		}
 	}
 	rr.globals = append(rr.globals, g)
 }

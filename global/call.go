@@ -92,7 +92,7 @@ func (s *Source) fly(l *limit, f *flight, p int, req flow.GlobalRequest) {
 		f.err = errClosed
 		return
 	case err != nil:
-		s.fail(l.health, probe)
+		s.failed(l.health, probe, sent)
 		f.err = err
 		return
 	}
@@ -168,16 +168,20 @@ func (s *Source) takeFor(req flow.GlobalRequest, maxLease int64) (decision, erro
 // least need, or none), a lease of up to maxLease, and the unspent tokens
 // given back.
 func (s *Source) take(l *limit, threshold, need, want, maxLease int64) (decision, error) {
-	back := s.unspent(l, s.opts.Clock.Now())
-	d, err := s.takeAs(s.id+strconv.FormatInt(s.seq.Inc(), 36), l, threshold, need, want, maxLease, back)
+	now := s.opts.Clock.Now()
+	back := s.unspent(l, now)
+	cs := l.carried.take(now, l.window)
+	d, err := s.takeAs(s.id+strconv.FormatInt(s.seq.Inc(), 36), l, threshold, need, want, maxLease, back, cs)
 	if err == nil {
 		for _, g := range back {
 			s.returned.Add(g.n)
 		}
+		l.carried.sent(cs)
 	}
 	// On an error the tokens are not given back (the call may have run,
 	// and a retry under a new ID would give them back twice): they stay
-	// counted, at most a window.
+	// counted, at most a window. What it carried is carried again by the
+	// next call (the call may have run: stricter, never looser).
 	return d, err
 }
 
@@ -225,7 +229,7 @@ func (s *Source) unspent(l *limit, now int64) []giveBack {
 // takeAs is take for the call named id: a call that runs again with the
 // same id (a retry after a lost reply) gets the first answer and counts
 // nothing more.
-func (s *Source) takeAs(id string, l *limit, threshold, need, want, maxLease int64, back []giveBack) (decision, error) {
+func (s *Source) takeAs(id string, l *limit, threshold, need, want, maxLease int64, back []giveBack, cs []carry) (decision, error) {
 	ctx, cancel := context.WithTimeout(s.ctx, s.opts.CallTimeout)
 	defer cancel()
 	s.calls.Inc()
@@ -234,7 +238,8 @@ func (s *Source) takeAs(id string, l *limit, threshold, need, want, maxLease int
 	hold := s.opts.PresenceHold.Microseconds()
 	var cmd *redis.Cmd
 	if l.exact {
-		cmd = logScript.Run(ctx, s.client, []string{l.keys.log, l.keys.meta, l.keys.reply + id}, threshold, l.window, want, ttl, serverStep, replyTTL, need, hold)
+		args := carryArgs([]any{threshold, l.window, want, ttl, serverStep, replyTTL, need, hold}, cs)
+		cmd = logScript.Run(ctx, s.client, []string{l.keys.log, l.keys.meta, l.keys.reply + id}, args...)
 	} else {
 		window, buckets := l.window, int64(s.opts.Buckets)
 		if l.span {
@@ -243,7 +248,7 @@ func (s *Source) takeAs(id string, l *limit, threshold, need, want, maxLease int
 			// such sum within the threshold.
 			window, buckets = window/buckets*(buckets+1), buckets+1
 		}
-		args := []any{threshold, window, buckets, want, maxLease, ttl, serverStep, replyTTL, need, hold}
+		args := carryArgs([]any{threshold, window, buckets, want, maxLease, ttl, serverStep, replyTTL, need, hold}, cs)
 		for _, g := range back {
 			args = append(args, strconv.FormatInt(g.bucket, 10), g.n)
 		}

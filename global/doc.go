@@ -102,8 +102,10 @@
 // gives them back, the tokens of requests that gave up waiting until the
 // first call Timeout after, and, for an instance that stops calling, its
 // last leases for one window. A server that restarts without persistence
-// forgets its windows: for one window the limit can be exceeded by what was
-// admitted before the restart. Likewise a failover to a replica (Redis
+// forgets its windows: for one window the limit can be exceeded by what
+// Redis granted before the restart (what instances admitted on their own
+// while it was down is carried into it: see Falling back on a local
+// share). Likewise a failover to a replica (Redis
 // Sentinel: pass a failover client, as redis.NewFailoverClient or a
 // UniversalClient with MasterName makes) loses what the old master had not
 // yet replicated, since Redis replicates asynchronously: the windows that
@@ -117,24 +119,43 @@
 //
 // A call fails when Redis answers with an error or not within CallTimeout
 // (the client must honour context deadlines, as with go-redis'
-// ContextTimeoutEnabled, or have read and write timeouts as short). The
-// requests waiting on a failed call get its error, and flow applies their
+// ContextTimeoutEnabled, or have read and write timeouts as short), or
+// when its connection cannot be dialled. Every dial of the Source's client
+// is bounded by Timeout and tried once: New refuses a client whose
+// DialerRetries is more than 1 (go-redis' default, 5 attempts 100 ms
+// apart, held every call to a dead Redis for half a second and more), and
+// a hook on the client makes a failed dial the failure of its command,
+// which go-redis then neither retries (MaxRetries) nor counts towards the
+// PoolSize failed dials after which it stops dialling for a second at a
+// time. Dial builds a client that has all this. The requests waiting on a
+// failed call get its error, and flow applies their
 // rule's fallback (a local share of the threshold, open, or closed),
 // counted in the resource's statistics. Health is kept per limit, so that
 // in a Redis Cluster a failing node fails only the limits on its slots.
 // After WithFailAfter calls of a limit in a row fail (2), the Source
 // backs off that limit: it answers ErrUnavailable without calling Redis
 // for WithBackoff (100 ms), then lets one call probe it.
-// The backoff doubles only after FailAfter probes in a row fail, up to
-// WithMaxBackoff (5 s); the first success ends it. So a Redis that
-// refuses connections is detected within FailAfter calls (milliseconds),
-// one that stops answering within FailAfter x CallTimeout (2 s), during
-// which requests without a lease are refused as late. Once the Source
-// backs off, requests fall back at once and never wait for a probe, which
-// runs in the background; a dead Redis is probed at least every
-// MaxBackoff. A request whose context ends while it waits is refused (flow
-// applies no fallback to it). The script is idempotent per call (see
-// above), so go-redis' retries (MaxRetries) are safe and left on.
+// The backoff doubles only after FailAfter probes in a row fail slowly (a
+// probe refused at once costs Redis nothing and does not double it), up
+// to WithMaxBackoff (5 s); the first success ends it. A backoff ends on a
+// multiple of itself on the wall clock, so instances cut off together
+// probe together and come back within moments of each other. So a Redis
+// that refuses connections (killed) is detected within FailAfter calls,
+// each one dial (FailAfter x Timeout at most; milliseconds on a network
+// that answers), and found again within a Backoff of its return; one
+// that stops answering is detected within FailAfter x CallTimeout (2 s),
+// during which requests without a lease are refused as late (leases in
+// hand are spent first). Once the Source backs off, requests fall back at
+// once and never wait for a probe, which runs in the background; a dead
+// Redis is probed at least every MaxBackoff. A request whose context ends
+// while it waits is refused (flow applies no fallback to it). A call
+// that fails after far longer than its CallTimeout (five quarters of it,
+// on the Source's monotonic clock) ran while this process was paused
+// (SIGSTOP, a frozen VM or container): it is not counted against Redis
+// (Stats.Paused), and a backoff in force ends at once, so the process is
+// back on Redis at its next request. The script is idempotent per call
+// (see above), so go-redis' retries of a lost reply (MaxRetries) are safe
+// and left on.
 //
 // # Falling back on a local share
 //
@@ -151,7 +172,24 @@
 // threshold: instances that died without a word (a crash, a rolling deploy
 // that kills them) cannot close the limit, only halve it for PresenceHold.
 // An instance that closes cleanly takes its presence away, and a closed
-// Source refuses what its leases do not serve rather than fall back. The
+// Source refuses what its leases do not serve rather than fall back.
+//
+// An instance back on Redis carries what its fallback admitted on its own
+// within the last window into the limit's window, each admission in the
+// bucket of when it was made (flow tells the Source of each:
+// flow.LocalCounter), so the others cannot admit it again; it is not then
+// kept as a share on rejoining. flow's local window of the rule also
+// counts what Redis admits for this instance, so a fallback starts from
+// what the instance admitted in the window, and for a window after the
+// rule last fell back it applies on top of Redis: an instance back before
+// the others admits no more than its share while they may still admit
+// theirs on their own. A Redis restarted empty (no persistence) knows
+// nothing of the instances' presence or of what was admitted before it
+// died: within a window of its return, instances that come back within a
+// window of each other admit the threshold in all (tested with four
+// processes, kill -9 and a restart: bench -only=global-outage); an
+// instance still falling back more than a window after the first came
+// back adds its share on top, until it returns. The
 // bound that remains: a server window can hold more than the threshold, by
 // the shares of instances that began to fall back less than PresenceTTL
 // before it (their presence had not lapsed yet) or have fallen back for

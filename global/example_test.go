@@ -14,16 +14,16 @@ import (
 // requests a second in all, falling back to 100 a second per instance (a
 // fifth of it) while Redis is unreachable.
 func Example() {
-	client := redis.NewUniversalClient(&redis.UniversalOptions{
-		Addrs:                 []string{"127.0.0.1:6379"},
-		ContextTimeoutEnabled: true, // lets the Source's CallTimeout bound every call
-	})
-	// Requests wait at most 50 ms for Redis (a Redis up to about 25 ms
-	// away); calls run on for up to a second in the background.
-	src, err := global.New(client, global.WithTimeout(50*time.Millisecond))
+	// Dial builds the client as the Source needs it (context deadlines
+	// honoured, one attempt per dial). Requests wait at most 50 ms for
+	// Redis (a Redis up to about 25 ms away); calls run on for up to a
+	// second in the background.
+	src, err := global.Dial(&redis.UniversalOptions{Addrs: []string{"127.0.0.1:6379"}},
+		global.WithTimeout(50*time.Millisecond))
 	if err != nil {
 		log.Fatal(err)
 	}
+	defer src.Close()
 	eng, err := flow.New(flow.WithTokenSource(src))
 	if err != nil {
 		log.Fatal(err)

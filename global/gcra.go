@@ -212,7 +212,7 @@ func (s *Source) checkGCRA(b *gcraBound) {
 		switch {
 		case err != nil && s.closed.Load():
 		case err != nil:
-			s.fail(l.health, probe)
+			s.failed(l.health, probe, sent)
 		default:
 			s.decided(l, sent, 0, d)
 		}

@@ -87,6 +87,11 @@ type limit struct {
 	// for a window. It is per limit: a failing limit must not take the
 	// shares of healthy ones.
 	fellBack atomic.Bool
+	// carried is what this instance's fallback admitted on its own, for
+	// the next calls to count on Redis; counting is set once it has been
+	// told of one (its rule's engine is a flow.LocalCounter's user).
+	carried  *carried
+	counting atomic.Bool
 }
 
 // closedWindow is a full window: requests of need or more are refused

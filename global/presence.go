@@ -54,10 +54,12 @@ func (s *Source) renew() {
 		return true
 	})
 	// Only the limits renewed now are told they fell back: a limit that
-	// backs off keeps its flag for the renewal after its backoff.
+	// backs off keeps its flag for the renewal after its backoff. A limit
+	// whose fallback's admissions are carried into its window (see
+	// carried) has them counted there already.
 	rejoins := make([]int, len(renewed))
 	for i, l := range renewed {
-		if l.fellBack.Swap(false) {
+		if l.fellBack.Swap(false) && !l.counting.Load() {
 			rejoins[i] = 1
 		}
 	}

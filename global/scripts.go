@@ -119,9 +119,9 @@ if redis.call('PTTL', hash) < ttl then redis.call('PEXPIRE', hash, ttl) end
 // window, window (µs), buckets, want (what the waiting requests ask), max
 // lease, TTL (ms), the step tolerance (µs), the reply's TTL (ms), need (the
 // smallest request among want: less than that is refused), hold (µs; see
-// scriptPresence), then pairs of a bucket's
-// start (µs) and the tokens leased in it that this instance gives back
-// unspent. It grants what fits of want, at least need, plus a lease of up
+// scriptPresence), then pairs of a bucket's start (µs) and the tokens
+// leased in it that this instance gives back unspent, or of "c" and an age
+// (µs) and what it admitted on its own that long ago. It grants what fits of want, at least need, plus a lease of up
 // to max lease and a quarter of the room left. It returns granted (0:
 // refused), the count in the window after the call, remaining, retry-after
 // (µs, for need; -1: never), the limit's time (µs), the start and length of
@@ -139,15 +139,6 @@ local replyTTL = tonumber(ARGV[8])
 local need = tonumber(ARGV[9])
 local hold = tonumber(ARGV[10])
 ` + scriptReplay + scriptTime + `
--- Tokens this instance leased in earlier buckets and never spent (ARGV 11
--- on: bucket, count, ...): take them off those buckets still in the window.
-for i = 11, #ARGV - 1, 2 do
-  local back = tonumber(ARGV[i + 1])
-  local had = tonumber(redis.call('HGET', hash, ARGV[i]) or '0')
-  if had > 0 and back > 0 then
-    redis.call('HINCRBY', hash, ARGV[i], -math.min(had, back))
-  end
-end
 local blen = math.floor(window / buckets)
 -- The window is whole buckets: with an interval that buckets do not
 -- divide, a little shorter than it.
@@ -156,6 +147,27 @@ local cur = now - (now % blen)
 -- A step back smaller than the tolerance: count in the newest bucket,
 -- never in one the window has already passed.
 if cur < latest then cur = latest end
+-- ARGV 11 on, pairs: tokens this instance leased in an earlier bucket
+-- (its start) and never spent, taken off that bucket while it is in the
+-- window; or, for "c" and an age (µs), what it admitted on its own that
+-- long ago while it fell back, counted in the bucket of then, if that is
+-- still in the window.
+for i = 11, #ARGV - 1, 2 do
+  local f = ARGV[i]
+  local n = tonumber(ARGV[i + 1])
+  if string.sub(f, 1, 1) == 'c' then
+    local at = now - tonumber(string.sub(f, 2))
+    local b = at - (at % blen)
+    if n > 0 and cur - b < window then
+      redis.call('HINCRBY', hash, string.format('%.0f', b), n)
+    end
+  else
+    local had = tonumber(redis.call('HGET', hash, f) or '0')
+    if had > 0 and n > 0 then
+      redis.call('HINCRBY', hash, f, -math.min(had, n))
+    end
+  end
+end
 ` + scriptThreshold + `
 local total = 0
 local reserved = 0
@@ -214,9 +226,11 @@ local res = {granted, total, threshold - total, retry, now, cur, blen}
 // logScript is the exact sliding log. KEYS[1] is the sorted set, KEYS[2]
 // the meta hash, KEYS[3] the call's reply key; ARGV: threshold, window
 // (µs), want, TTL (ms), the step tolerance (µs), the reply's TTL (ms),
-// need, hold (µs; see scriptPresence). It admits what fits of want, at
-// least need, and returns what windowScript does, with the bucket being
-// the whole window.
+// need, hold (µs; see scriptPresence), then pairs of "c" and an age (µs)
+// and a count: what this instance admitted on its own that long ago while
+// it fell back, logged then if that is still in the window. It admits
+// what fits of want, at least need, and returns what windowScript does,
+// with the bucket being the whole window.
 var logScript = redis.NewScript(`
 local hash = KEYS[2]
 local threshold = tonumber(ARGV[1])
@@ -241,6 +255,15 @@ for i = 1, #kv, 2 do
 end
 threshold = threshold - math.min(reserved, math.floor(threshold / 2))
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.0f', now - window))
+for i = 9, #ARGV - 1, 2 do
+  local at = now - tonumber(string.sub(ARGV[i], 2))
+  if at > now - window then
+    for j = 1, tonumber(ARGV[i + 1]) do
+      local seq = redis.call('HINCRBY', hash, 'seq', 1)
+      redis.call('ZADD', KEYS[1], at, string.format('%.0f-%d', at, seq))
+    end
+  end
+end
 local total = redis.call('ZCARD', KEYS[1])
 local granted = 0
 if total + need <= threshold then

@@ -29,7 +29,7 @@ type Source struct {
 	limits sync.Map // limitID -> *limit
 	gcras  sync.Map // a GCRA rule's key -> *gcraLimit
 
-	calls, errs, refused, late, leased, returned atomic.Int64
+	calls, errs, refused, late, leased, returned, paused atomic.Int64
 	// keyed holds the callers' limits of PerKey rules, bounded.
 	keyed    *otter.Cache[keyLimitID, *limit]
 	presence sync.Once
@@ -49,6 +49,8 @@ type Source struct {
 	bgMu   sync.Mutex
 	closed atomic.Bool
 	bg     sync.WaitGroup
+	// owned is the client Dial built, closed by Close (nil after New).
+	owned redis.UniversalClient
 }
 
 // errClosed ends the calls of a closed Source.
@@ -58,7 +60,7 @@ var errClosed = errors.New("global: source closed")
 // and takes this instance's presence away. Leases already held are still
 // spent; every other request is refused (Stats.Refused): a closed Source
 // can neither count an admission nor keep a fallback's share from the
-// others. It does not close the client.
+// others. It closes the client only if Dial built it.
 func (s *Source) Close() error {
 	s.bgMu.Lock()
 	s.closed.Store(true)
@@ -66,6 +68,9 @@ func (s *Source) Close() error {
 	s.cancel()
 	s.bg.Wait()
 	s.leave()
+	if s.owned != nil {
+		return s.owned.Close()
+	}
 	return nil
 }
 
@@ -94,6 +99,16 @@ func (s *Source) goCall(fn func()) bool {
 // New returns a Source on client. It returns an error naming the field and
 // value when an option is invalid. It loads the scripts in the background,
 // which also dials a first connection before any request waits for one.
+//
+// A Redis that dies must fail a call at once (see the package doc,
+// Failure): New refuses a *redis.Client or *redis.ClusterClient whose
+// DialerRetries is more than 1 (go-redis' default is 5, 100 ms apart),
+// and adds a hook to the client (to every node's, in a Cluster) that
+// bounds each of its dials by the Source's Timeout and makes a failed
+// dial the failure of its command, which go-redis then does not retry
+// (DialError). The client must also honour context deadlines
+// (ContextTimeoutEnabled) or have read and write timeouts no longer than
+// the CallTimeout. Dial builds a client that has all this.
 func New(client redis.UniversalClient, option ...Option) (*Source, error) {
 	if client == nil {
 		return nil, errors.New("global: client must not be nil")
@@ -102,6 +117,10 @@ func New(client redis.UniversalClient, option ...Option) (*Source, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := checkClient(client); err != nil {
+		return nil, err
+	}
+	bindDials(client, opts.Timeout)
 	var id [8]byte
 	if _, err := rand.Read(id[:]); err != nil {
 		return nil, fmt.Errorf("global: an instance ID: %w", err)
@@ -161,6 +180,7 @@ func (s *Source) newLimit(id limitID, req flow.GlobalRequest) any {
 		span:   id.span,
 		health: &health{},
 	}
+	nl.carried = newCarried(nl.window, s.opts.Buckets)
 	nl.batch.Store(min(initialBatch, s.opts.MaxBatch))
 	stripes := cpu.Stripes()
 	nl.leases, nl.mask = make([]paddedLease, stripes), stripes-1
@@ -410,7 +430,8 @@ func (s *Source) launch(l *limit, f *flight, p int, req flow.GlobalRequest) {
 }
 
 var (
-	_ flow.TokenSource = (*Source)(nil)
-	_ flow.Binder      = (*Source)(nil)
-	_ flow.RetryHinter = (*gcraBound)(nil)
+	_ flow.TokenSource  = (*Source)(nil)
+	_ flow.Binder       = (*Source)(nil)
+	_ flow.RetryHinter  = (*gcraBound)(nil)
+	_ flow.LocalCounter = (*bound)(nil)
 )

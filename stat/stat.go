@@ -67,7 +67,10 @@ type Second struct {
 	MaxConcurrency int64
 	// Fallbacks counts requests global rules decided by their fallback
 	// since the node's previous delivery (they are counted when they
-	// happen, not by second).
+	// happen, not by second): requests their source failed on. A request
+	// that a window rule's local share refuses without asking the source
+	// (once the source answers again, within a window of the rule's last
+	// fallback, its share spent) is not one.
 	Fallbacks int64
 	// Partial marks the second still running when a feed closed.
 	Partial bool

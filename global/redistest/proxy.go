@@ -66,10 +66,11 @@ func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 func (p *Proxy) SetRTT(rtt time.Duration) { p.half.Store(int64(rtt / 2)) }
 
 // Client returns a client of the server through the proxy with go-redis'
-// defaults, as the README configures one (context deadlines honoured),
-// closed when the test ends (outside a test, the caller closes it).
+// defaults, as the README configures one (context deadlines honoured, one
+// dial attempt per connection, as global.New requires), closed when the
+// test ends (outside a test, the caller closes it).
 func (p *Proxy) Client() *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: p.Addr(), ContextTimeoutEnabled: true})
+	c := redis.NewClient(&redis.Options{Addr: p.Addr(), ContextTimeoutEnabled: true, DialerRetries: 1})
 	if p.t != nil {
 		p.t.Cleanup(func() { c.Close() })
 	}

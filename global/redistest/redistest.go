@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -131,6 +132,30 @@ func (s *Server) Stop() {
 	}
 }
 
+// Kill kills the server (kill -9) and waits for it to exit, keeping its
+// port and directory for Restart.
+func (s *Server) Kill() {
+	if s.cmd != nil && s.cmd.Process != nil {
+		_ = s.cmd.Process.Kill()
+		_ = s.cmd.Wait()
+		s.cmd = nil
+	}
+}
+
+// Pause stops the server (SIGSTOP): it keeps its connections and answers
+// nothing until Resume.
+func (s *Server) Pause() error { return s.signal(syscall.SIGSTOP) }
+
+// Resume continues a paused server (SIGCONT).
+func (s *Server) Resume() error { return s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig os.Signal) error {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return fmt.Errorf("redistest: the server is not running")
+	}
+	return s.cmd.Process.Signal(sig)
+}
+
 // Restart starts the server again on the same port, empty.
 func (s *Server) Restart() error {
 	if s.cmd != nil && s.cmd.Process != nil {
@@ -145,7 +170,7 @@ func (s *Server) Restart() error {
 // closed when the test ends (outside a test, the caller closes it).
 func (s *Server) Client() *redis.Client {
 	c := redis.NewClient(&redis.Options{
-		Addr: s.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1,
+		Addr: s.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1,
 		DialTimeout: 200 * time.Millisecond, ReadTimeout: time.Second, WriteTimeout: time.Second,
 	})
 	if s.t != nil {
@@ -213,7 +238,7 @@ func (c *Cluster) Addrs() []string {
 // Client returns a cluster client, closed when the test ends.
 func (c *Cluster) Client(t testing.TB) *redis.ClusterClient {
 	cc := redis.NewClusterClient(&redis.ClusterOptions{
-		Addrs: c.Addrs(), ContextTimeoutEnabled: true,
+		Addrs: c.Addrs(), ContextTimeoutEnabled: true, DialerRetries: 1,
 		DialTimeout: 500 * time.Millisecond, ReadTimeout: time.Second, WriteTimeout: time.Second,
 	})
 	t.Cleanup(func() { cc.Close() })

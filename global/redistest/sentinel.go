@@ -58,7 +58,7 @@ func StartSentinel(t testing.TB) *Sentinel {
 func (st *Sentinel) Client(t testing.TB) *redis.Client {
 	c := redis.NewFailoverClient(&redis.FailoverOptions{
 		MasterName: st.Name, SentinelAddrs: []string{st.Sentinel.Addr()},
-		ContextTimeoutEnabled: true, MaxRetries: -1,
+		ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1,
 		DialTimeout: 200 * time.Millisecond, ReadTimeout: time.Second, WriteTimeout: time.Second,
 	})
 	t.Cleanup(func() { c.Close() })

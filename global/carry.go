@@ -1,0 +1,110 @@
+package global
+
+// What this instance admitted on its own while it fell back, carried into
+// the limit's window on Redis once Redis answers again.
+
+import (
+	"strconv"
+	"sync"
+)
+
+// carried is what the local fallback of a limit's rule admitted, by bucket
+// of the limit's (the Source's clock): flow tells it of each admission
+// (flow.LocalCounter). Every call to Redis carries what it holds of the
+// last window into the limit's window there, placed by its age, and the
+// call's success takes it off. Without it, an instance back on Redis after
+// an outage admitted its share twice within a window: on its own, then
+// again from a window that never heard of it (and a Redis restarted empty
+// had heard of nobody).
+type carried struct {
+	mu    sync.Mutex
+	blen  int64 // ns, a bucket of the limit
+	slots []carriedSlot
+	any   bool // some slot may hold a count
+}
+
+type carriedSlot struct{ idx, n int64 }
+
+// carry is one slot's count as a call takes it: what to send, and where
+// to take it off on success.
+type carry struct {
+	idx, n int64
+	age    int64 // µs from the slot's end to when the call was sent
+}
+
+func newCarried(window int64, buckets int) *carried {
+	blen := max(window*1000/int64(buckets), 1)
+	return &carried{blen: blen, slots: make([]carriedSlot, buckets+1)}
+}
+
+// add counts n admitted on its own at now.
+func (c *carried) add(now, n int64) {
+	idx := now / c.blen
+	c.mu.Lock()
+	s := &c.slots[int(uint64(idx)%uint64(len(c.slots)))]
+	if s.idx != idx {
+		*s = carriedSlot{idx: idx}
+	}
+	s.n += n
+	c.any = true
+	c.mu.Unlock()
+}
+
+// take returns what the slots of the last window hold, placed at now (nil
+// for a limit that carries nothing: a caller's limit of a PerKey rule).
+func (c *carried) take(now, window int64) []carry {
+	if c == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.any {
+		return nil
+	}
+	var out []carry
+	c.any = false
+	for _, s := range c.slots {
+		if s.n <= 0 {
+			continue
+		}
+		end := (s.idx + 1) * c.blen
+		age := max(now-end, 0) / 1000
+		if age >= window {
+			continue
+		}
+		c.any = true
+		out = append(out, carry{idx: s.idx, n: s.n, age: age})
+	}
+	return out
+}
+
+// sent takes off what a call carried successfully.
+func (c *carried) sent(cs []carry) {
+	if len(cs) == 0 {
+		return
+	}
+	c.mu.Lock()
+	for _, x := range cs {
+		if s := &c.slots[int(uint64(x.idx)%uint64(len(c.slots)))]; s.idx == x.idx {
+			s.n -= x.n
+		}
+	}
+	c.mu.Unlock()
+}
+
+// args are cs as the scripts take them: pairs of "c" and the age, and the
+// count.
+func carryArgs(args []any, cs []carry) []any {
+	for _, x := range cs {
+		args = append(args, "c"+strconv.FormatInt(x.age, 10), x.n)
+	}
+	return args
+}
+
+// CountLocal implements flow.LocalCounter.
+func (b *bound) CountLocal(n int64) {
+	if !b.l.counting.Load() {
+		b.l.counting.Store(true)
+	}
+	b.l.carried.add(b.s.opts.Clock.Now(), n)
+}
