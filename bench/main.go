@@ -116,6 +116,13 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 }
 
 func main() {
+	if c := os.Getenv(outageChildEnv); c != "" {
+		if err := runOutageChild(c); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		return
+	}
 	cfg, err := parseFlags(os.Args[1:], os.Stderr)
 	if err == flag.ErrHelp {
 		return
