@@ -15,11 +15,21 @@
 // splits into its fields; Read undoes it.
 //
 // Lines are written by one goroutine, fed by the engine's feed (flow.Feed,
-// seconds a window after they end; when the disk stalls for more than 64
-// deliveries, the feed waits rather than lose a line), and rotated by size with
+// seconds a window after they end), and rotated by size with
 // gopkg.in/natefinch/lumberjack.v2: the file is renamed with a timestamp
 // (name-2006-01-02T15-04-05.000.ext) when the next write would pass
 // WithMaxSize, and the oldest backups beyond WithMaxBackups are removed.
+//
+// The disk never holds up the engine or the feed's other subscribers (the
+// dashboard, Prometheus): Entry never touches it, and a delivery that
+// finds 64 still waiting for a stalled disk is dropped, counted in
+// Stats.LostSeconds and Stats.LostLines. A write that fails (a full disk,
+// a folder made read-only or deleted) is counted the same way and
+// reported to WithOnError; the next delivery opens the file again (the
+// folder made again if it went), after taking back what a failed write
+// wrote of its lines, so writing resumes on its own once the disk
+// recovers. A file
+// deleted while open is noticed at the next write and made again.
 package metriclog
 
 import (
@@ -35,6 +45,7 @@ import (
 	"sync"
 	"time"
 
+	"go.uber.org/atomic"
 	"gopkg.in/natefinch/lumberjack.v2"
 
 	"github.com/leapflow/leapflow/flow"
@@ -45,7 +56,14 @@ import (
 type Option func(*config)
 
 // config is a Writer's options, defaults filled in.
-type config struct{ maxSize, maxBackups int }
+type config struct {
+	maxSize, maxBackups int
+	onError             func(error)
+}
+
+// WithOnError calls fn with every error writing the file (from the
+// writer's goroutine, never a request's; it must not block for long).
+func WithOnError(fn func(error)) Option { return func(c *config) { c.onError = fn } }
 
 // WithMaxSize sets the size in megabytes a file reaches before it is
 // rotated (default 50; at least 1).
@@ -72,13 +90,46 @@ func newConfig(opts []Option) (config, error) {
 
 // Writer appends an engine's completed seconds to a file.
 type Writer struct {
-	feed   *flow.Feed
-	cancel func()
-	lines  chan []stat.Second
-	done   chan struct{}
-	log    *lumberjack.Logger
-	err    error // the first write error, read after done
-	once   sync.Once
+	feed    *flow.Feed
+	cancel  func()
+	lines   chan []stat.Second
+	done    chan struct{}
+	path    string
+	out     sink // the file, through lumberjack (tests fail it on purpose)
+	onError func(error)
+	err     error // the first write error, read after done
+	once    sync.Once
+	// closing makes the feed's last deliveries wait for room instead of
+	// being dropped: Close loses nothing a working disk can take.
+	closing atomic.Bool
+	// broken is set after a failed write: the next one opens the file
+	// again, after ending a line the failure may have cut.
+	broken bool
+	// mark is the file's size before the last write, tried its length:
+	// what a failed write wrote past mark is taken back.
+	mark, tried                      int64
+	written, lost, lostSecs, errored atomic.Int64
+}
+
+// sink is where the lines go: a lumberjack.Logger.
+type sink interface {
+	Write(p []byte) (int, error)
+	Close() error
+}
+
+// Stats counts what a Writer wrote and lost.
+type Stats struct {
+	Lines int64 // lines written
+	// LostLines and LostSeconds count the lines, and the deliveries (a
+	// second of every resource that counted in it), that a failed write
+	// or a stalled disk lost.
+	LostLines, LostSeconds int64
+	Errors                 int64 // failed writes
+}
+
+// Stats returns the counts so far.
+func (w *Writer) Stats() Stats {
+	return Stats{Lines: w.written.Load(), LostLines: w.lost.Load(), LostSeconds: w.lostSecs.Load(), Errors: w.errored.Load()}
 }
 
 // loggers keeps one lumberjack.Logger per file path and options for the
@@ -135,15 +186,31 @@ func NewWriter(eng *flow.Engine, path string, opts ...Option) (*Writer, error) {
 	if err := endLine(l.Filename); err != nil {
 		return nil, fmt.Errorf("metriclog: %w", err)
 	}
-	w := &Writer{feed: eng.Feed(), lines: make(chan []stat.Second, 64), done: make(chan struct{}), log: l}
+	w := &Writer{feed: eng.Feed(), lines: make(chan []stat.Second, 64), done: make(chan struct{}), path: l.Filename, out: l,
+		onError: o.onError}
 	go w.run()
-	w.cancel = w.feed.Subscribe(func(b []stat.Second) {
-		if len(b) > 0 {
-			w.lines <- append([]stat.Second(nil), b...) // the feed reuses b
-		}
-	})
+	w.cancel = w.feed.Subscribe(w.take)
 	w.feed.Start()
 	return w, nil
+}
+
+// take queues a delivery of the feed for the writer, or drops and counts
+// it when 64 wait for a stalled disk (but while closing).
+func (w *Writer) take(b []stat.Second) {
+	if len(b) == 0 {
+		return
+	}
+	c := append([]stat.Second(nil), b...) // the feed reuses b
+	if w.closing.Load() {
+		w.lines <- c
+		return
+	}
+	select {
+	case w.lines <- c:
+	default:
+		w.lost.Add(int64(len(c)))
+		w.lostSecs.Inc()
+	}
 }
 
 // run writes each delivery. Writes to the file hold whole lines only (at
@@ -153,25 +220,75 @@ func (w *Writer) run() {
 	defer close(w.done)
 	const chunk = 64 << 10
 	var buf, line []byte
+	var lines int64
+	ok := true
 	write := func() {
 		if len(buf) == 0 {
 			return
 		}
-		if _, err := w.log.Write(buf); err != nil && w.err == nil {
-			w.err = err
+		if err := w.write(buf); err != nil {
+			ok = false
+			w.errored.Inc()
+			if w.err == nil {
+				w.err = err
+			}
+			if w.onError != nil {
+				w.onError(err)
+			}
+			w.lost.Add(lines)
+		} else {
+			w.written.Add(lines)
 		}
-		buf = buf[:0]
+		buf, lines = buf[:0], 0
 	}
 	for batch := range w.lines {
+		ok = true
 		for i := range batch {
 			line = AppendLine(line[:0], &batch[i])
 			if len(buf)+len(line) > chunk {
 				write()
 			}
 			buf = append(buf, line...)
+			lines++
 		}
 		write()
+		if !ok {
+			w.lostSecs.Inc()
+		}
 	}
+}
+
+// write writes whole lines to the file: after a failed write it opens the
+// file again first, taking back what the failure wrote (or, if it cannot,
+// ending the line it cut); a file deleted underneath (its folder too) is
+// made again.
+func (w *Writer) write(b []byte) error {
+	st, err := os.Stat(w.path)
+	if errors.Is(err, os.ErrNotExist) || w.broken {
+		_ = w.out.Close() // the next write opens the file (lumberjack makes its folder)
+		if w.broken && err == nil && st.Size() > w.mark && st.Size() <= w.mark+w.tried {
+			// Take back what the failed write wrote of its lines.
+			_ = os.Truncate(w.path, w.mark)
+		}
+		if err := endLine(w.path); err != nil {
+			return fmt.Errorf("metriclog: %w", err)
+		}
+		st, err = os.Stat(w.path)
+	}
+	w.mark, w.tried = 0, int64(len(b))
+	if err == nil {
+		w.mark = st.Size()
+	}
+	n, err := w.out.Write(b)
+	w.broken = err != nil
+	if err == nil && n < len(b) {
+		w.broken = true
+		err = io.ErrShortWrite
+	}
+	if err != nil {
+		return fmt.Errorf("metriclog: %w", err)
+	}
+	return nil
 }
 
 // Close closes the engine's feed, which delivers every second not
@@ -180,11 +297,12 @@ func (w *Writer) run() {
 // error, if any.
 func (w *Writer) Close() error {
 	w.once.Do(func() {
+		w.closing.Store(true)
 		w.feed.Close()
 		w.cancel()
 		close(w.lines)
 		<-w.done
-		if err := w.log.Close(); err != nil && w.err == nil {
+		if err := w.out.Close(); err != nil && w.err == nil {
 			w.err = err
 		}
 	})
