@@ -18,13 +18,24 @@
 // Mount it on an internal port, or set Token (callers send
 // "Authorization: Bearer <token>" or ?token=<token>; a page opened with
 // ?token= gets it as a same-site, HTTP-only cookie for its own requests)
-// or BasicAuth. Resource names are shown as
+// or BasicAuth; credentials are compared in constant time (their SHA-256
+// digests, so not even their length shows). Resource names are shown as
 // text, never as markup, and the page's Content-Security-Policy allows no
 // script but its own.
+//
+// Limits: at most MaxStreams event streams at once (default 64; 503
+// beyond), each fed the latest tick only, so a viewer that reads slowly
+// or not at all holds neither the engine, nor the feed, nor the other
+// viewers (a stream no one reads is ended after 10 s); a request with a
+// body is refused (413), one whose URL passes 2 KiB (414) or whose header
+// fields pass 8 KiB in all (431) too (the server's MaxHeaderBytes bounds
+// what it reads before that); only the embedded files and the API are
+// served, never a path outside them.
 package dashboard
 
 import (
 	"cmp"
+	"crypto/sha256"
 	"crypto/subtle"
 	"embed"
 	"encoding/json"
@@ -36,6 +47,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/leapflow/leapflow/flow"
@@ -51,6 +63,7 @@ type Option func(*config)
 
 // config is a dashboard's options, defaults filled in.
 type config struct {
+	maxStreams                       int
 	token                            string
 	basicAuthUser, basicAuthPassword string
 	basicAuth                        bool
@@ -69,6 +82,10 @@ func WithBasicAuth(user, password string) Option {
 	return func(c *config) { c.basicAuth, c.basicAuthUser, c.basicAuthPassword = true, user, password }
 }
 
+// WithMaxStreams bounds the event streams open at once (default 64; at
+// least 1): one more is answered 503.
+func WithMaxStreams(n int) Option { return func(c *config) { c.maxStreams = n } }
+
 // WithMaxRows bounds the table (default 500; at least 1).
 func WithMaxRows(n int) Option { return func(c *config) { c.maxRows = n } }
 
@@ -86,11 +103,13 @@ func WithHistoryFile(path string) Option { return func(c *config) { c.historyFil
 
 // newConfig applies opts over the defaults and validates the result.
 func newConfig(opts []Option) (config, error) {
-	c := config{maxRows: 500, historySeconds: 300, maxHistoryPoints: 200_000}
+	c := config{maxRows: 500, historySeconds: 300, maxHistoryPoints: 200_000, maxStreams: 64}
 	for _, o := range opts {
 		o(&c)
 	}
 	switch {
+	case c.maxStreams < 1:
+		return c, fmt.Errorf("dashboard: WithMaxStreams must be >= 1, got %d", c.maxStreams)
 	case c.maxRows < 1:
 		return c, fmt.Errorf("dashboard: WithMaxRows must be >= 1, got %d", c.maxRows)
 	case c.historySeconds < 1:
@@ -142,6 +161,8 @@ type server struct {
 	points  int
 	tick    []byte // the latest tick, JSON
 	clients map[chan []byte]struct{}
+	// refusedStreams counts streams refused at MaxStreams (tests).
+	refusedStreams atomic.Int64
 }
 
 type histPoint struct {
@@ -306,8 +327,38 @@ func (s *server) buildTick(now int64) []byte {
 	return b
 }
 
+// Request limits (see the package doc).
+const (
+	maxURL    = 2 << 10
+	maxHeader = 8 << 10
+)
+
+// headerSize is the size of r's header fields as sent (names, values and
+// their separators).
+func headerSize(r *http.Request) int {
+	n := 0
+	for k, vs := range r.Header {
+		for _, v := range vs {
+			n += len(k) + len(v) + 4
+		}
+	}
+	return n
+}
+
 // ServeHTTP checks access, then serves the page and its API.
 func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch {
+	case r.ContentLength != 0 || len(r.TransferEncoding) > 0:
+		w.Header().Set("Connection", "close")
+		http.Error(w, "a request body is not accepted", http.StatusRequestEntityTooLarge)
+		return
+	case len(r.RequestURI) > maxURL || len(r.URL.RawQuery) > maxURL:
+		http.Error(w, "URL too long", http.StatusRequestURITooLong)
+		return
+	case headerSize(r) > maxHeader:
+		http.Error(w, "header fields too large", http.StatusRequestHeaderFieldsTooLarge)
+		return
+	}
 	if !s.allowed(w, r) {
 		if s.opts.basicAuthUser != "" {
 			w.Header().Set("WWW-Authenticate", `Basic realm="leapflow", charset="UTF-8"`)
@@ -335,7 +386,7 @@ func (s *server) allowed(w http.ResponseWriter, r *http.Request) bool {
 		} else if c, err := r.Cookie(tokenCookie); err == nil && tok == "" {
 			tok, fromQuery = c.Value, false
 		}
-		if subtle.ConstantTimeCompare([]byte(tok), []byte(s.opts.token)) != 1 {
+		if !same(tok, s.opts.token) {
 			return false
 		}
 		if fromQuery {
@@ -344,12 +395,18 @@ func (s *server) allowed(w http.ResponseWriter, r *http.Request) bool {
 	}
 	if s.opts.basicAuthUser != "" {
 		u, p, ok := r.BasicAuth()
-		if !ok || subtle.ConstantTimeCompare([]byte(u), []byte(s.opts.basicAuthUser)) != 1 ||
-			subtle.ConstantTimeCompare([]byte(p), []byte(s.opts.basicAuthPassword)) != 1 {
+		if uOK, pOK := same(u, s.opts.basicAuthUser), same(p, s.opts.basicAuthPassword); !ok || !uOK || !pOK {
 			return false
 		}
 	}
 	return true
+}
+
+// same compares a credential sent with the one expected in constant time:
+// their digests, so that neither the content nor the length shows.
+func same(got, want string) bool {
+	g, w := sha256.Sum256([]byte(got)), sha256.Sum256([]byte(want))
+	return subtle.ConstantTimeCompare(g[:], w[:]) == 1
 }
 
 func (s *server) serveTick(w http.ResponseWriter, _ *http.Request) {
@@ -368,6 +425,13 @@ func (s *server) serveEvents(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Accel-Buffering", "no")
 	c := make(chan []byte, 1)
 	s.mu.Lock()
+	if len(s.clients) >= s.opts.maxStreams {
+		s.mu.Unlock()
+		s.refusedStreams.Add(1)
+		w.Header().Set("Retry-After", "5")
+		http.Error(w, "too many event streams", http.StatusServiceUnavailable)
+		return
+	}
 	c <- s.tick
 	s.clients[c] = struct{}{}
 	s.mu.Unlock()
