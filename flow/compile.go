@@ -27,7 +27,7 @@ type ruleSet struct {
 	// outlives rule sets.
 	warm    map[ruleKey]kept[*warmup.Bucket]
 	pacers  map[ruleKey]kept[*pace.Pacer]
-	locals  map[ruleKey]kept[*window.Window]
+	locals  map[ruleKey]kept[*globalLocal]
 	tables  map[ruleKey]kept[*keytable.Table]
 	shadows map[ruleKey]kept[*shadow]
 	gcras   map[ruleKey]kept[*gcra.Cell]
@@ -199,7 +199,7 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stats.Node, bounds []Boun
 		byResource: map[string]*resourceRules{},
 		warm:       map[ruleKey]kept[*warmup.Bucket]{},
 		pacers:     map[ruleKey]kept[*pace.Pacer]{},
-		locals:     map[ruleKey]kept[*window.Window]{},
+		locals:     map[ruleKey]kept[*globalLocal]{},
 		tables:     map[ruleKey]kept[*keytable.Table]{},
 		shadows:    map[ruleKey]kept[*shadow]{},
 		gcras:      map[ruleKey]kept[*gcra.Cell]{},

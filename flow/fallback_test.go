@@ -54,10 +54,11 @@ func admitN(e *Engine, resource string, n int) int {
 // TestLocalFallbackSharesTheInstancesPartWithTheSource: a window rule's
 // local fallback (LocalShare of its threshold) counts what the source
 // admitted in its window, so an instance that falls back admits only what
-// its share has left, and it is told to the source (LocalCounter). For a
-// window after the rule last fell back, the local window applies on top of
-// the source: an instance back first admits no more than its share while
-// the others may still admit theirs on their own; after that, the source
+// its share has left, and it is told to the source (LocalCounter). After
+// an outage (fallbacks over a bucket or more), once the source answers
+// again, the local window applies on top of the source, and first, for a
+// window: an instance back first admits no more than its share while the
+// others may still admit theirs on their own; after that, the source
 // alone decides. Before, the fallback started from an empty window (each
 // instance admitted its share on top of a window the source had just
 // filled) and the source decided alone at once.
@@ -72,7 +73,9 @@ func TestLocalFallbackSharesTheInstancesPartWithTheSource(t *testing.T) {
 
 	src.err.Store(errors.New("down"))
 	clock.Set(100 * time.Millisecond)
-	assert.Equal(t, 10, admitN(e, "api", 30), "the fallback admits what the share has left: 50 - 40")
+	assert.Equal(t, 5, admitN(e, "api", 5), "the fallback admits")
+	clock.Set(250 * time.Millisecond) // still down: an outage
+	assert.Equal(t, 5, admitN(e, "api", 30), "the fallback admits what the share has left: 50 - 40 - 5")
 	assert.Equal(t, int64(10), src.local.Load(), "the source heard of each")
 
 	src.err.Store(nil)
@@ -80,7 +83,7 @@ func TestLocalFallbackSharesTheInstancesPartWithTheSource(t *testing.T) {
 	calls := src.calls.Load()
 	_, err := e.Entry("api")
 	var be *BlockError
-	require.ErrorAs(t, err, &be, "back on the source within a window of the fallback: the share is spent")
+	require.ErrorAs(t, err, &be, "back on the source within a window of the outage: the share is spent")
 	assert.Equal(t, ReasonFlow, be.Reason, "refused by the local window")
 	assert.Equal(t, calls+1, src.calls.Load(), "the first request asks the source, which answers again")
 	_, err = e.Entry("api")
@@ -88,23 +91,94 @@ func TestLocalFallbackSharesTheInstancesPartWithTheSource(t *testing.T) {
 	assert.Equal(t, ReasonFlow, be.Reason)
 	assert.Equal(t, calls+1, src.calls.Load(), "the next is refused by the share without asking the source")
 
-	clock.Set(1050 * time.Millisecond) // the source's 40 left the window, the fallback's 10 not
+	clock.Set(1150 * time.Millisecond) // the window holds the fallback's last 5 only
 	src.allow.Store(false)
 	_, err = e.Entry("api")
 	require.ErrorAs(t, err, &be)
 	assert.Equal(t, ReasonGlobal, be.Reason, "the source refuses")
 	src.allow.Store(true)
-	assert.Equal(t, 40, admitN(e, "api", 50), "the source's refusal took nothing from the share")
+	assert.Equal(t, 45, admitN(e, "api", 50), "the source's refusal took nothing from the share")
 
-	clock.Set(1150 * time.Millisecond)
-	assert.Equal(t, 200, admitN(e, "api", 200), "a window after the last fallback the source alone decides")
+	clock.Set(1300 * time.Millisecond)
+	assert.Equal(t, 200, admitN(e, "api", 200), "a window after the outage the source alone decides")
 	assert.Equal(t, int64(10), src.local.Load(), "nothing more admitted on its own")
 
 	src.err.Store(errors.New("down"))
 	calls = src.calls.Load()
 	assert.Zero(t, admitN(e, "api", 5), "the local window counted what the source admitted: the fallback has no room")
 	assert.Equal(t, calls+5, src.calls.Load(), "while the source fails, each request asks it (a request after a backoff probes)")
-	clock.Set(2200 * time.Millisecond)
+	clock.Set(2400 * time.Millisecond)
 	assert.Equal(t, 50, admitN(e, "api", 60), "a window later, the share")
 	assert.Equal(t, int64(60), src.local.Load())
+}
+
+// TestAFailedCallIsNotAnOutage: requests of one failed call fall back (a
+// connection reset), but the source answers again at once: the instance
+// goes on with the source, even though its share is spent, and a rule
+// with a long window is not held to its share for that window. Only a
+// run of fallbacks a bucket long or more is an outage.
+func TestAFailedCallIsNotAnOutage(t *testing.T) {
+	src := &sharedSource{}
+	clock := stattest.NewClock(0)
+	e, _ := newEngine(t, clock, WithTokenSource(src))
+	load(t, e, Rule{ID: "g", Resource: "api", Threshold: 1000, StatInterval: time.Hour, Global: true, LocalShare: 0.5})
+	src.allow.Store(true)
+	require.Equal(t, 400, admitN(e, "api", 400))
+	clock.Set(time.Minute)
+	src.err.Store(errors.New("reset"))
+	assert.Equal(t, 3, admitN(e, "api", 3), "the failed call's requests fall back")
+	src.err.Store(nil)
+	clock.Set(2 * time.Minute)
+	assert.Equal(t, 300, admitN(e, "api", 300), "the source decides alone: 700 in the hour, over the share of 500")
+}
+
+// TestReloadKeepsTheFallbacksState: a reload of the same rule in the
+// middle of an outage keeps what its fallbacks did: once the source is
+// back, the share still applies on top of it.
+func TestReloadKeepsTheFallbacksState(t *testing.T) {
+	src := &sharedSource{}
+	clock := stattest.NewClock(0)
+	e, _ := newEngine(t, clock, WithTokenSource(src), WithSampleCount(10))
+	rule := Rule{ID: "g", Resource: "api", Threshold: 100, Global: true, LocalShare: 0.5}
+	load(t, e, rule)
+	src.err.Store(errors.New("down"))
+	admitN(e, "api", 1)
+	clock.Set(200 * time.Millisecond)
+	assert.Equal(t, 49, admitN(e, "api", 60))
+	load(t, e, rule)
+	src.err.Store(nil)
+	src.allow.Store(true)
+	clock.Set(300 * time.Millisecond)
+	assert.Zero(t, admitN(e, "api", 10), "the share, spent before the reload, still applies")
+	clock.Set(1300 * time.Millisecond)
+	assert.Equal(t, 100, admitN(e, "api", 100), "until a window after the outage")
+}
+
+// TestFallbackAllocatesNothing: a request of a window rule whose source
+// fails, admitted on its own and told to the source, and one refused by
+// the share, allocate nothing; nor does one back on the source while the
+// share applies on top of it.
+func TestFallbackAllocatesNothing(t *testing.T) {
+	src := &sharedSource{}
+	clock := stattest.NewClock(time.Second)
+	e, _ := newEngine(t, clock, WithTokenSource(src))
+	load(t, e, Rule{ID: "g", Resource: "api", Threshold: 1e9, Global: true, LocalShare: 0.5})
+	h, err := e.Resource("api")
+	require.NoError(t, err)
+	enter := func() {
+		if en, err := h.Entry(); err == nil {
+			en.Exit(nil)
+		}
+	}
+	src.allow.Store(true)
+	enter()
+	assert.Zero(t, testing.AllocsPerRun(100, enter), "on the source, counted locally too")
+	src.err.Store(errors.New("down"))
+	enter()
+	clock.Set(2 * time.Second) // an outage
+	assert.Zero(t, testing.AllocsPerRun(100, enter), "fallen back")
+	src.err.Store(nil)
+	enter()
+	assert.Zero(t, testing.AllocsPerRun(100, enter), "back, the share on top")
+	assert.Positive(t, src.local.Load())
 }

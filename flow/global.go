@@ -122,12 +122,9 @@ type globalRule struct {
 	fallback   Fallback
 	local      *window.Window
 	localLimit int64
-	// rejoin is set on a window rule with FallbackLocal (nil otherwise):
-	// the engine time until which the local window applies on top of the
-	// source, a window after the rule last fell back. Its local window also
-	// counts what the source admits.
-	rejoin  *atomic.Int64
-	back    *atomic.Bool // the source's last answer was no error
+	// fb is set on a window rule with FallbackLocal (nil otherwise): see
+	// globalShared. Its local window also counts what the source admits.
+	fb      *fallbacks
 	counter LocalCounter // bound as one, when it is
 	// gcra is a Global GCRA rule's local fallback (nil otherwise): a
 	// bucket at LocalShare of its rate and burst.
@@ -227,7 +224,7 @@ func (e *Engine) global(node *stats.Node, g *globalRule, h *held, i, p int, now 
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	if g.rejoin != nil {
+	if g.fb != nil {
 		return e.globalShared(node, g, h, i, p, now, q, ctx)
 	}
 	ok, err := e.acquire(ctx, g, q)
@@ -288,18 +285,45 @@ func (e *Engine) global(node *stats.Node, g *globalRule, h *held, i, p int, now 
 	return nil, false
 }
 
+// globalLocal is a Global window rule's local window and the state of its
+// fallbacks, kept across reloads together.
+type globalLocal struct {
+	w         *window.Window
+	fallbacks fallbacks
+}
+
+// fallbacks is the state of a window rule's fallbacks (FallbackLocal).
+type fallbacks struct {
+	// failing is set while the source's last answer was an error; since
+	// is when that run of errors began (engine time).
+	failing atomic.Bool
+	since   atomic.Int64
+	// rejoin is the engine time until which the local window applies on
+	// top of the source, and first (see globalShared).
+	rejoin atomic.Int64
+}
+
+// rejoinMost bounds how long after an outage an instance's share applies
+// on top of the source: instances cut off together come back within a
+// backoff of each other (the Redis source's probes end on the wall
+// clock's multiples of the backoff, at most 5 s by default), and the
+// share need not outlast that, nor the window.
+const rejoinMost = 5 * time.Second
+
 // globalShared is global for a window rule with FallbackLocal, whose
 // local window shares the instance's part of the limit with the source:
 //   - it counts what the source admits, so that a fallback starts from
 //     what this instance admitted in the window, not from nothing (which
 //     let each instance admit its share on top of a window the source had
 //     just filled);
-//   - for a window after the rule last fell back, once the source answers
-//     again, it applies on top of the source, and first: an instance back
-//     on the source before the others admits no more than its share while
-//     they may still admit theirs on their own (a source that lost its
-//     data, as a restarted Redis, knows nothing of them), and asks the
-//     source nothing while its share is spent;
+//   - after an outage (a run of fallbacks that admitted something and
+//     lasted a bucket of the local window or more: a failed call or two
+//     is not one), once the source answers again, it applies on top of
+//     the source, and first, for a window or rejoinMost, whichever is
+//     shorter: an instance back on the source before the others admits no
+//     more than its share while they may still admit theirs on their own
+//     (a source that lost its data, as a restarted Redis, knows nothing of
+//     them), and asks the source nothing while its share is spent;
 //   - what it admits on its own is told to the source (LocalCounter), to
 //     count in the shared limit once it answers again.
 //
@@ -307,9 +331,9 @@ func (e *Engine) global(node *stats.Node, g *globalRule, h *held, i, p int, now 
 // off answers at once, and a request after its backoff is what lets it
 // probe.
 func (e *Engine) globalShared(node *stats.Node, g *globalRule, h *held, i, p int, now int64, q *request, ctx context.Context) (*BlockError, bool) {
-	n := q.n
-	within := now < g.rejoin.Load()
-	if within && g.back.Load() {
+	n, f := q.n, g.fb
+	within := now < f.rejoin.Load()
+	if within && !f.failing.Load() {
 		lr, ok := g.local.AdmitOn(p, now, n, g.localLimit)
 		if !ok {
 			return g.localBlockError(q), false
@@ -330,14 +354,14 @@ func (e *Engine) globalShared(node *stats.Node, g *globalRule, h *held, i, p int
 	ok, err := e.acquire(ctx, g, q)
 	switch {
 	case err == nil:
-		if within && !g.back.Load() {
-			g.back.Store(true)
+		if f.failing.Load() {
+			f.failing.Store(false)
 		}
 		if !ok {
 			return g.blockError(q), true
 		}
 		if within {
-			// The first answers after a fallback: the share applies too
+			// The first answers after an outage: the share applies too
 			// (what the source counted for a request refused here stays
 			// counted there).
 			if _, ok := g.local.AdmitOn(p, now, n, g.localLimit); !ok {
@@ -362,14 +386,19 @@ func (e *Engine) globalShared(node *stats.Node, g *globalRule, h *held, i, p int
 // own by lr (n 0: refused by the share).
 func (g *globalRule) fellBack(node *stats.Node, h *held, i int, now, n int64, lr window.Reservation) (*BlockError, bool) {
 	node.AddFallback()
-	if g.back.Load() {
-		g.back.Store(false)
-	}
-	if until := now + int64(g.req.Interval); g.rejoin.Load() < until-int64(g.req.Interval)/16 {
-		g.rejoin.Store(until)
+	f := g.fb
+	if !f.failing.Load() {
+		f.since.Store(now)
+		f.failing.Store(true)
 	}
 	if n == 0 {
 		return nil, false
+	}
+	if now-f.since.Load() >= g.local.BucketLen() {
+		d := min(int64(g.req.Interval), int64(rejoinMost))
+		if until := now + d; f.rejoin.Load() < until-d/16 {
+			f.rejoin.Store(until)
+		}
 	}
 	h.gres[i] = lr
 	if g.counter != nil {
@@ -471,10 +500,11 @@ func compileGlobal(c *compiling) {
 		local := newGCRARule(cell, lr)
 		g.gcra = &local
 	default:
-		// Its local window is kept while its shape is.
-		g.local = keep(c, c.old.locals, c.next.locals, func(w *window.Window, was *Rule) (*window.Window, bool) {
-			return w, was.StatInterval == r.StatInterval && was.SpanExact == r.SpanExact
-		}, func() *window.Window {
+		// Its local window, and the state of its fallbacks, are kept while
+		// its shape is.
+		gl := keep(c, c.old.locals, c.next.locals, func(l *globalLocal, was *Rule) (*globalLocal, bool) {
+			return l, was.StatInterval == r.StatInterval && was.SpanExact == r.SpanExact
+		}, func() *globalLocal {
 			n, interval := e.buckets(r.StatInterval), r.StatInterval
 			if r.SpanExact {
 				// The fallback is span-exact too.
@@ -484,11 +514,12 @@ func compileGlobal(c *compiling) {
 			if err != nil {
 				panic(err) // validated
 			}
-			return w
+			return &globalLocal{w: w}
 		})
+		g.local = gl.w
 		g.localLimit = perWindow(r.Threshold*r.LocalShare, r.StatInterval)
 		if r.Fallback == FallbackLocal {
-			g.rejoin, g.back = new(atomic.Int64), atomic.NewBool(true)
+			g.fb = &gl.fallbacks
 			g.counter, _ = bound.(LocalCounter)
 		}
 	}

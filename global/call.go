@@ -92,7 +92,7 @@ func (s *Source) fly(l *limit, f *flight, p int, req flow.GlobalRequest) {
 		f.err = errClosed
 		return
 	case err != nil:
-		s.failed(l.health, probe, sent)
+		s.failed(l.health, probe, sent, err)
 		f.err = err
 		return
 	}
@@ -180,8 +180,8 @@ func (s *Source) take(l *limit, threshold, need, want, maxLease int64) (decision
 	}
 	// On an error the tokens are not given back (the call may have run,
 	// and a retry under a new ID would give them back twice): they stay
-	// counted, at most a window. What it carried is carried again by the
-	// next call (the call may have run: stricter, never looser).
+	// counted, at most a window. What it carried is sent again by the
+	// next call, which Redis counts only if this one did not run.
 	return d, err
 }
 
@@ -238,7 +238,7 @@ func (s *Source) takeAs(id string, l *limit, threshold, need, want, maxLease int
 	hold := s.opts.PresenceHold.Microseconds()
 	var cmd *redis.Cmd
 	if l.exact {
-		args := carryArgs([]any{threshold, l.window, want, ttl, serverStep, replyTTL, need, hold}, cs)
+		args := carryArgs([]any{threshold, l.window, want, ttl, serverStep, replyTTL, need, hold}, cs, s.id)
 		cmd = logScript.Run(ctx, s.client, []string{l.keys.log, l.keys.meta, l.keys.reply + id}, args...)
 	} else {
 		window, buckets := l.window, int64(s.opts.Buckets)
@@ -248,7 +248,7 @@ func (s *Source) takeAs(id string, l *limit, threshold, need, want, maxLease int
 			// such sum within the threshold.
 			window, buckets = window/buckets*(buckets+1), buckets+1
 		}
-		args := carryArgs([]any{threshold, window, buckets, want, maxLease, ttl, serverStep, replyTTL, need, hold}, cs)
+		args := carryArgs([]any{threshold, window, buckets, want, maxLease, ttl, serverStep, replyTTL, need, hold}, cs, s.id)
 		for _, g := range back {
 			args = append(args, strconv.FormatInt(g.bucket, 10), g.n)
 		}

@@ -10,26 +10,31 @@ import (
 
 // carried is what the local fallback of a limit's rule admitted, by bucket
 // of the limit's (the Source's clock): flow tells it of each admission
-// (flow.LocalCounter). Every call to Redis carries what it holds of the
-// last window into the limit's window there, placed by its age, and the
-// call's success takes it off. Without it, an instance back on Redis after
-// an outage admitted its share twice within a window: on its own, then
-// again from a window that never heard of it (and a Redis restarted empty
-// had heard of nobody).
+// (flow.LocalCounter). Every call to Redis carries the slots of the last
+// window that Redis has not yet acknowledged into the limit's window
+// there, placed by their age. A slot is sent as its running total, and
+// the script keeps what it applied of each (this instance's, by slot), so
+// a call that ran although its caller gave up on it (a timeout) and the
+// call that sends the slot again count it once. Without it, an instance
+// back on Redis after an outage admitted its share twice within a window:
+// on its own, then again from a window that never heard of it (and a
+// Redis restarted empty had heard of nobody).
 type carried struct {
 	mu    sync.Mutex
 	blen  int64 // ns, a bucket of the limit
 	slots []carriedSlot
-	any   bool // some slot may hold a count
+	any   bool // some slot may have something to send
 }
 
-type carriedSlot struct{ idx, n int64 }
+// carriedSlot is a bucket's admissions: total so far, acked as far as a
+// successful call has applied them.
+type carriedSlot struct{ idx, total, acked int64 }
 
-// carry is one slot's count as a call takes it: what to send, and where
-// to take it off on success.
+// carry is one slot as a call sends it: its running total, placed age
+// before the call.
 type carry struct {
-	idx, n int64
-	age    int64 // µs from the slot's end to when the call was sent
+	idx, total int64
+	age        int64 // µs from the slot's end to when the call was sent
 }
 
 func newCarried(window int64, buckets int) *carried {
@@ -45,13 +50,14 @@ func (c *carried) add(now, n int64) {
 	if s.idx != idx {
 		*s = carriedSlot{idx: idx}
 	}
-	s.n += n
+	s.total += n
 	c.any = true
 	c.mu.Unlock()
 }
 
-// take returns what the slots of the last window hold, placed at now (nil
-// for a limit that carries nothing: a caller's limit of a PerKey rule).
+// take returns the slots of the last window with something Redis has not
+// acknowledged, placed at now (nil for a limit that carries nothing: a
+// caller's limit of a PerKey rule).
 func (c *carried) take(now, window int64) []carry {
 	if c == nil {
 		return nil
@@ -64,7 +70,7 @@ func (c *carried) take(now, window int64) []carry {
 	var out []carry
 	c.any = false
 	for _, s := range c.slots {
-		if s.n <= 0 {
+		if s.total <= s.acked {
 			continue
 		}
 		end := (s.idx + 1) * c.blen
@@ -73,30 +79,31 @@ func (c *carried) take(now, window int64) []carry {
 			continue
 		}
 		c.any = true
-		out = append(out, carry{idx: s.idx, n: s.n, age: age})
+		out = append(out, carry{idx: s.idx, total: s.total, age: age})
 	}
 	return out
 }
 
-// sent takes off what a call carried successfully.
+// sent records what a successful call applied.
 func (c *carried) sent(cs []carry) {
 	if len(cs) == 0 {
 		return
 	}
 	c.mu.Lock()
 	for _, x := range cs {
-		if s := &c.slots[int(uint64(x.idx)%uint64(len(c.slots)))]; s.idx == x.idx {
-			s.n -= x.n
+		if s := &c.slots[int(uint64(x.idx)%uint64(len(c.slots)))]; s.idx == x.idx && x.total > s.acked {
+			s.acked = x.total
 		}
 	}
 	c.mu.Unlock()
 }
 
-// args are cs as the scripts take them: pairs of "c" and the age, and the
-// count.
-func carryArgs(args []any, cs []carry) []any {
+// carryArgs are cs as the scripts take them: pairs of "c", the age, ":"
+// and the slot's name (this instance's ID and the slot's index), and the
+// slot's running total.
+func carryArgs(args []any, cs []carry, id string) []any {
 	for _, x := range cs {
-		args = append(args, "c"+strconv.FormatInt(x.age, 10), x.n)
+		args = append(args, "c"+strconv.FormatInt(x.age, 10)+":"+id+strconv.FormatInt(x.idx, 36), x.total)
 	}
 	return args
 }

@@ -103,6 +103,22 @@ func TestNewRefusesAClientThatRetriesDials(t *testing.T) {
 	t.Cleanup(func() { cc.Close() })
 	_, err = New(cc)
 	assert.ErrorContains(t, err, "the client's DialerRetries is 5")
+	cc = redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{srv.Addr()}, DialerRetries: -1})
+	t.Cleanup(func() { cc.Close() })
+	_, err = New(cc)
+	assert.ErrorContains(t, err, "the client's DialerRetries is -1", "its nodes would take 5")
+
+	slow := redis.NewClient(&redis.Options{Addr: srv.Addr(), DialerRetries: 1})
+	t.Cleanup(func() { slow.Close() })
+	_, err = New(slow)
+	assert.ErrorContains(t, err, "ignores context deadlines (ContextTimeoutEnabled false) and its ReadTimeout 5s",
+		"a silent Redis would hold each call 5 s (go-redis' default), past the CallTimeout")
+	quick := redis.NewClient(&redis.Options{Addr: srv.Addr(), DialerRetries: 1, ReadTimeout: time.Second, WriteTimeout: time.Second})
+	t.Cleanup(func() { quick.Close() })
+	src, err := New(quick)
+	require.NoError(t, err, "read and write timeouts within the CallTimeout will do")
+	require.NoError(t, src.Close())
+	require.NoError(t, quick.Ping(context.Background()).Err(), "the client works on after the Source closed")
 
 	_, err = Dial(nil)
 	assert.ErrorContains(t, err, "must not be nil")
@@ -110,7 +126,7 @@ func TestNewRefusesAClientThatRetriesDials(t *testing.T) {
 	assert.ErrorContains(t, err, "WithBuckets")
 
 	o := &redis.UniversalOptions{Addrs: []string{srv.Addr()}}
-	src, err := Dial(o)
+	src, err = Dial(o)
 	require.NoError(t, err)
 	assert.Zero(t, o.DialerRetries, "the caller's options are left as they were")
 	ok, err := src.Acquire(context.Background(), req("dialled", 100, time.Second, 1))
@@ -122,4 +138,33 @@ func TestNewRefusesAClientThatRetriesDials(t *testing.T) {
 	assert.Equal(t, 100*time.Millisecond, owned.Options().DialTimeout, "no longer than the Timeout")
 	require.NoError(t, src.Close())
 	assert.ErrorIs(t, owned.Ping(context.Background()).Err(), redis.ErrClosed, "closed with the Source")
+}
+
+// TestDeadConnectionsAreNotKeptForLater: a pool that keeps idle
+// connections ready (MinIdleConns) makes them while Redis is down too; none
+// is handed out once Redis is back, so the first call after the restart
+// finds it.
+func TestDeadConnectionsAreNotKeptForLater(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true, DialerRetries: 1, MinIdleConns: 10, PoolFIFO: true})
+	t.Cleanup(func() { c.Close() })
+	src, err := New(c, WithFailAfter(1000), WithMaxBatch(1))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = src.Close() })
+	r := req("idle", 1000, time.Second, 1)
+	ok, err := src.Acquire(context.Background(), r)
+	require.NoError(t, err)
+	require.True(t, ok)
+	srv.Kill()
+	for range 20 {
+		_, err := src.Acquire(context.Background(), r)
+		require.Error(t, err)
+	}
+	time.Sleep(50 * time.Millisecond) // the pool makes its idle connections
+	require.NoError(t, srv.Restart())
+	errs := src.Stats().Errors
+	ok, err = src.Acquire(context.Background(), r)
+	require.NoError(t, err, "the first call after the restart")
+	assert.True(t, ok)
+	assert.Equal(t, errs, src.Stats().Errors)
 }

@@ -178,18 +178,25 @@
 // within the last window into the limit's window, each admission in the
 // bucket of when it was made (flow tells the Source of each:
 // flow.LocalCounter), so the others cannot admit it again; it is not then
-// kept as a share on rejoining. flow's local window of the rule also
-// counts what Redis admits for this instance, so a fallback starts from
-// what the instance admitted in the window, and for a window after the
-// rule last fell back it applies on top of Redis: an instance back before
-// the others admits no more than its share while they may still admit
-// theirs on their own. A Redis restarted empty (no persistence) knows
+// kept as a share on rejoining. Each bucket's admissions are sent as a
+// running total, and the script keeps what it applied of each, so a call
+// that ran although its reply was lost and the call that sends them again
+// count them once. flow's local window of the rule also counts what Redis
+// admits for this instance, so a fallback starts from what the instance
+// admitted in the window, and after an outage (fallbacks over a bucket of
+// the window or more, not a failed call) it applies on top of Redis for a
+// window or 5 s, whichever is shorter: an instance back before the others
+// admits no more than its share while they may still admit theirs on
+// their own. A Redis restarted empty (no persistence) knows
 // nothing of the instances' presence or of what was admitted before it
-// died: within a window of its return, instances that come back within a
-// window of each other admit the threshold in all (tested with four
-// processes, kill -9 and a restart: bench -only=global-outage); an
-// instance still falling back more than a window after the first came
-// back adds its share on top, until it returns. The
+// died: instances that come back within a window (or 5 s) of each other
+// admit the threshold in all (measured with four processes, kill -9 and a
+// restart: bench -only=global-outage); an instance still falling back
+// later than that after the first came back adds its share on top, until
+// it returns. Instances cut off together probe together (the backoff ends
+// on the wall clock), so they come back within a Backoff of each other
+// when their probes fail at once (a refused connection), and within their
+// backoff, up to MaxBackoff, when they time out. The
 // bound that remains: a server window can hold more than the threshold, by
 // the shares of instances that began to fall back less than PresenceTTL
 // before it (their presence had not lapsed yet) or have fallen back for

@@ -212,7 +212,7 @@ func (s *Source) checkGCRA(b *gcraBound) {
 		switch {
 		case err != nil && s.closed.Load():
 		case err != nil:
-			s.failed(l.health, probe, sent)
+			s.failed(l.health, probe, sent, err)
 		default:
 			s.decided(l, sent, 0, d)
 		}

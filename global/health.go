@@ -42,7 +42,7 @@ func (s *Source) callable(l *health) (probe bool, err error) {
 // it.
 func (s *Source) fail(l *health, probe bool) { s.failAs(l, probe, false) }
 
-// failAs is fail; a probe refused at once (quick: a refused connection,
+// failAs is fail; a probe whose dial failed (quick: a refused connection,
 // which costs Redis nothing) does not double the backoff, so that a
 // restarted Redis is found within a Backoff of coming back, however long
 // it was down.
@@ -96,9 +96,10 @@ func aligned(wall int64, backoff time.Duration) time.Duration {
 // counted, and a backoff in force ends at once, so that the next request
 // probes Redis: a process that was paused past the backoff's doubling
 // would otherwise wait out a MaxBackoff it never earned.
-func (s *Source) failed(l *health, probe bool, sent int64) {
-	if took := s.opts.Clock.Now() - sent; took <= int64(s.opts.CallTimeout+s.opts.CallTimeout/4) {
-		s.failAs(l, probe, took < int64(s.opts.Timeout))
+func (s *Source) failed(l *health, probe bool, sent int64, err error) {
+	if s.opts.Clock.Now()-sent <= int64(s.opts.CallTimeout+s.opts.CallTimeout/4) {
+		var dial *DialError
+		s.failAs(l, probe, errors.As(err, &dial))
 		return
 	}
 	s.paused.Inc()

@@ -196,3 +196,42 @@ func TestBackoffEndsOnTheWallClocksMultiples(t *testing.T) {
 	assert.Equal(t, int64(1_000_000_000+3_000_000)+int64(a), int64(1_000_000_000+43_000_000)+int64(b),
 		"two instances that failed 40 ms apart probe at the same moment")
 }
+
+// TestCarriedAdmissionsCountOnceWhateverTheCallsThatSendThem: a slot of
+// what the fallback admitted is sent as its running total until a call
+// succeeds; Redis counts what it had not yet applied of it, so a call
+// that ran although its reply was lost and the one that sends the slot
+// again count it once, and a slot that grew adds only what is new.
+func TestCarriedAdmissionsCountOnceWhateverTheCallsThatSendThem(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, tc := range []struct {
+		name string
+		opts []Option
+		span bool
+	}{{"window", nil, false}, {"span-exact", nil, true}, {"log", []Option{WithExactBelow(1000)}, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			src := newSource(t, srv.Client(), append([]Option{WithMaxBatch(1)}, tc.opts...)...)
+			r := flow.GlobalRequest{Key: "id:once-" + tc.name, Threshold: 100, Interval: 10 * time.Second, Count: 1, SpanExact: tc.span}
+			l := src.limitFor(r)
+			sum := func() int64 {
+				if l.exact {
+					n, err := srv.Client().ZCard(context.Background(), l.keys.log).Result()
+					require.NoError(t, err)
+					return n
+				}
+				return windowSum(t, srv, l.keys.window)
+			}
+			cs := []carry{{idx: 7, total: 5, age: 1000}}
+			_, err := src.takeAs("call-1", l, perWindow(r), 1, 1, 0, nil, cs)
+			require.NoError(t, err)
+			assert.Equal(t, int64(6), sum(), "one granted and five carried")
+			_, err = src.takeAs("call-2", l, perWindow(r), 1, 1, 0, nil, cs)
+			require.NoError(t, err)
+			assert.Equal(t, int64(7), sum(), "the same slot again: not counted again")
+			cs[0].total, cs[0].age = 8, 2000
+			_, err = src.takeAs("call-3", l, perWindow(r), 1, 1, 0, nil, cs)
+			require.NoError(t, err)
+			assert.Equal(t, int64(11), sum(), "the slot grew by 3: those 3")
+		})
+	}
+}

@@ -121,7 +121,9 @@ if redis.call('PTTL', hash) < ttl then redis.call('PEXPIRE', hash, ttl) end
 // smallest request among want: less than that is refused), hold (µs; see
 // scriptPresence), then pairs of a bucket's start (µs) and the tokens
 // leased in it that this instance gives back unspent, or of "c" and an age
-// (µs) and what it admitted on its own that long ago. It grants what fits of want, at least need, plus a lease of up
+// (µs), ":" and a slot's name and the running total of what it admitted on
+// its own that long ago (counted once, whatever the calls that send it).
+// It grants what fits of want, at least need, plus a lease of up
 // to max lease and a quarter of the room left. It returns granted (0:
 // refused), the count in the window after the call, remaining, retry-after
 // (µs, for need; -1: never), the limit's time (µs), the start and length of
@@ -149,17 +151,23 @@ local cur = now - (now % blen)
 if cur < latest then cur = latest end
 -- ARGV 11 on, pairs: tokens this instance leased in an earlier bucket
 -- (its start) and never spent, taken off that bucket while it is in the
--- window; or, for "c" and an age (µs), what it admitted on its own that
--- long ago while it fell back, counted in the bucket of then, if that is
--- still in the window.
+-- window; or, for "c", an age (µs), ":" and a slot's name, the running
+-- total of what the instance admitted on its own in that slot, that long
+-- ago, while it fell back: what was not yet applied of it (kept in the
+-- field "k:" and the name, with the bucket) is counted in the bucket of
+-- then, if that is still in the window.
 for i = 11, #ARGV - 1, 2 do
   local f = ARGV[i]
   local n = tonumber(ARGV[i + 1])
-  if string.sub(f, 1, 1) == 'c' then
-    local at = now - tonumber(string.sub(f, 2))
+  local age, slot = string.match(f, '^c(%d+):(.+)$')
+  if age then
+    local at = now - tonumber(age)
     local b = at - (at % blen)
-    if n > 0 and cur - b < window then
-      redis.call('HINCRBY', hash, string.format('%.0f', b), n)
+    local kf = 'k:' .. slot
+    local applied = tonumber(string.match(redis.call('HGET', hash, kf) or '0', '^(%d+)')) or 0
+    if n > applied and cur - b < window then
+      redis.call('HINCRBY', hash, string.format('%.0f', b), n - applied)
+      redis.call('HSET', hash, kf, string.format('%.0f,%.0f', n, b))
     end
   else
     local had = tonumber(redis.call('HGET', hash, f) or '0')
@@ -187,6 +195,11 @@ for i = 1, #kv, 2 do
   elseif string.sub(f, 1, 2) == 'p:' then
     local v = kv[i + 1]
 ` + scriptPresence + `
+  elseif string.sub(f, 1, 2) == 'k:' then
+    -- What a carried slot applied: forgotten a bucket after its bucket
+    -- left (no call places the slot in the window by then).
+    local kb = tonumber(string.match(kv[i + 1], ',(%d+)$'))
+    if not kb or cur - kb >= window + blen then redis.call('HDEL', hash, f) end
   end
 end
 threshold = threshold - math.min(reserved, math.floor(threshold / 2))
@@ -226,9 +239,10 @@ local res = {granted, total, threshold - total, retry, now, cur, blen}
 // logScript is the exact sliding log. KEYS[1] is the sorted set, KEYS[2]
 // the meta hash, KEYS[3] the call's reply key; ARGV: threshold, window
 // (µs), want, TTL (ms), the step tolerance (µs), the reply's TTL (ms),
-// need, hold (µs; see scriptPresence), then pairs of "c" and an age (µs)
-// and a count: what this instance admitted on its own that long ago while
-// it fell back, logged then if that is still in the window. It admits
+// need, hold (µs; see scriptPresence), then pairs of "c", an age (µs),
+// ":" and a slot's name, and a running total: what this instance admitted
+// on its own that long ago while it fell back, logged then (what was not
+// yet) if that is still in the window. It admits
 // what fits of want, at least need, and returns what windowScript does,
 // with the bucket being the whole window.
 var logScript = redis.NewScript(`
@@ -251,17 +265,25 @@ for i = 1, #kv, 2 do
   if string.sub(f, 1, 2) == 'p:' then
     local v = kv[i + 1]
 ` + scriptPresence + `
+  elseif string.sub(f, 1, 2) == 'k:' then
+    local ka = tonumber(string.match(kv[i + 1], ',(%d+)$'))
+    if not ka or ka <= now - 2 * window then redis.call('HDEL', hash, f) end
   end
 end
 threshold = threshold - math.min(reserved, math.floor(threshold / 2))
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.0f', now - window))
 for i = 9, #ARGV - 1, 2 do
-  local at = now - tonumber(string.sub(ARGV[i], 2))
-  if at > now - window then
-    for j = 1, tonumber(ARGV[i + 1]) do
+  local age, slot = string.match(ARGV[i], '^c(%d+):(.+)$')
+  local at = now - tonumber(age)
+  local kf = 'k:' .. slot
+  local applied = tonumber(string.match(redis.call('HGET', hash, kf) or '0', '^(%d+)')) or 0
+  local n = tonumber(ARGV[i + 1])
+  if n > applied and at > now - window then
+    for j = 1, n - applied do
       local seq = redis.call('HINCRBY', hash, 'seq', 1)
       redis.call('ZADD', KEYS[1], at, string.format('%.0f-%d', at, seq))
     end
+    redis.call('HSET', hash, kf, string.format('%.0f,%.0f', n, at))
   end
 end
 local total = redis.call('ZCARD', KEYS[1])

@@ -100,15 +100,18 @@ func (s *Source) goCall(fn func()) bool {
 // value when an option is invalid. It loads the scripts in the background,
 // which also dials a first connection before any request waits for one.
 //
-// A Redis that dies must fail a call at once (see the package doc,
-// Failure): New refuses a *redis.Client or *redis.ClusterClient whose
-// DialerRetries is more than 1 (go-redis' default is 5, 100 ms apart),
-// and adds a hook to the client (to every node's, in a Cluster) that
-// bounds each of its dials by the Source's Timeout and makes a failed
-// dial the failure of its command, which go-redis then does not retry
-// (DialError). The client must also honour context deadlines
-// (ContextTimeoutEnabled) or have read and write timeouts no longer than
-// the CallTimeout. Dial builds a client that has all this.
+// A Redis that dies must fail a call at once, and a silent one within the
+// CallTimeout (see the package doc, Failure): New refuses a *redis.Client
+// or *redis.ClusterClient whose DialerRetries is not 1 (go-redis' default
+// is 5, 100 ms apart), or that ignores context deadlines
+// (ContextTimeoutEnabled false) with read or write timeouts longer than
+// the CallTimeout. It adds a hook to the client (to every node's, in a
+// Cluster; hand a Cluster client over before using it, or nodes it made
+// while the cluster did not answer keep no hook) that bounds each of its
+// dials by the Source's Timeout and makes a failed dial the failure of
+// its command, which go-redis then does not retry (DialError); the hook
+// lets dials through untouched once the Source is closed. Dial builds a
+// client that has all this.
 func New(client redis.UniversalClient, option ...Option) (*Source, error) {
 	if client == nil {
 		return nil, errors.New("global: client must not be nil")
@@ -117,15 +120,15 @@ func New(client redis.UniversalClient, option ...Option) (*Source, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := checkClient(client); err != nil {
+	if err := checkClient(client, opts.CallTimeout); err != nil {
 		return nil, err
 	}
-	bindDials(client, opts.Timeout)
 	var id [8]byte
 	if _, err := rand.Read(id[:]); err != nil {
 		return nil, fmt.Errorf("global: an instance ID: %w", err)
 	}
 	s := &Source{client: client, opts: opts, id: hex.EncodeToString(id[:]) + "-"}
+	bindDials(client, s)
 	s.keyed = newKeyedLimits(opts.MaxKeys)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.goCall(func() {
