@@ -233,15 +233,25 @@ func startChildren(n int, c outageChild) ([]*fleetProc, error) {
 			return nil, err
 		}
 		if err := cmd.Start(); err != nil {
+			killChildren(ps)
 			return nil, err
 		}
 		p := &fleetProc{cmd: cmd, stdin: in, out: bufio.NewReaderSize(out, 1<<20)}
+		ps = append(ps, p)
 		if line, err := p.out.ReadString('\n'); err != nil || line != "ready\n" {
+			killChildren(ps)
 			return nil, fmt.Errorf("bench: a child did not start: %q %v", line, err)
 		}
-		ps = append(ps, p)
 	}
 	return ps, nil
+}
+
+// killChildren ends children that will not be asked for a report.
+func killChildren(ps []*fleetProc) {
+	for _, p := range ps {
+		_ = p.cmd.Process.Kill()
+		_ = p.cmd.Wait()
+	}
 }
 
 func stopChildren(ps []*fleetProc) ([]childReport, error) {
@@ -251,6 +261,7 @@ func stopChildren(ps []*fleetProc) ([]childReport, error) {
 	reps := make([]childReport, len(ps))
 	for i, p := range ps {
 		if err := json.NewDecoder(p.out).Decode(&reps[i]); err != nil {
+			killChildren(ps[i:])
 			return nil, fmt.Errorf("bench: a child's report: %w", err)
 		}
 		_ = p.cmd.Wait()
@@ -538,6 +549,7 @@ func globalOutage(cfg config, w io.Writer) error {
 		for _, f := range failed {
 			fmt.Fprintf(w, "  %s\n", f)
 		}
+		return fmt.Errorf("bench: global-outage missed %d target(s)", len(failed))
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package flow
 import (
 	"sync"
 
+	"github.com/leapflow/leapflow/internal/callerkey"
 	"github.com/leapflow/leapflow/internal/clocks"
 	"github.com/leapflow/leapflow/internal/pins"
 	"github.com/leapflow/leapflow/internal/slots"
@@ -209,6 +210,9 @@ func (e *Engine) normalise(rules []Rule) ([]Rule, error) {
 		r = r.withDefaults()
 		if err := r.validate(i); err != nil {
 			return nil, err
+		}
+		for k := range r.Keys { // a copy of the caller's (withDefaults)
+			r.Keys[k].Key = callerkey.Bound(r.Keys[k].Key)
 		}
 		if err := e.checkKeyRules(i, &r, keyed, &keys); err != nil {
 			return nil, err

@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/atomic"
 
+	"github.com/leapflow/leapflow/internal/callerkey"
 	"github.com/leapflow/leapflow/internal/cpu"
 	"github.com/leapflow/leapflow/internal/slots"
 	"github.com/leapflow/leapflow/internal/stats"
@@ -520,6 +521,9 @@ func parseOptions(q *request, opts []EntryOption) error {
 	if q.hasKey && (q.key == "" || len(q.key) > maxKeyLen) {
 		return fmt.Errorf("%w: WithKey must be 1 to 1024 bytes, got %d bytes", ErrInvalidOption, len(q.key))
 	}
+	if len(q.key) > callerkey.MaxLen {
+		q.key = callerkey.Bound(q.key)
+	}
 	return nil
 }
 
@@ -550,6 +554,9 @@ func (e *Engine) pinNow() (int, int64) {
 // client address: see AddrKey), for the resource's PerKey rules; on a
 // resource without them it changes nothing, but an empty key, or one
 // longer than 1024 bytes, is an error (ErrInvalidOption) on every resource.
-// No key bytes are kept (a tracked key is two hashes of it), so key may
-// point into a buffer the caller reuses.
+// A key longer than 256 bytes stands for its first 64 bytes, "~sha256:"
+// and 32 hex digits of its SHA-256 (as a rule's listed Keys do, and the
+// HTTP and gRPC adapters for any length): a hash and an allocation per
+// request. No key bytes are kept (a tracked key is two hashes of it), so
+// key may point into a buffer the caller reuses.
 func WithKey(key string) EntryOption { return EntryOption{key: key, hasKey: true} }

@@ -74,7 +74,7 @@ func TestLocalFallbackSharesTheInstancesPartWithTheSource(t *testing.T) {
 	src.err.Store(errors.New("down"))
 	clock.Set(100 * time.Millisecond)
 	assert.Equal(t, 5, admitN(e, "api", 5), "the fallback admits")
-	clock.Set(250 * time.Millisecond) // still down: an outage
+	clock.Set(200 * time.Millisecond) // still down: an outage
 	assert.Equal(t, 5, admitN(e, "api", 30), "the fallback admits what the share has left: 50 - 40 - 5")
 	assert.Equal(t, int64(10), src.local.Load(), "the source heard of each")
 
@@ -130,6 +130,30 @@ func TestAFailedCallIsNotAnOutage(t *testing.T) {
 	src.err.Store(nil)
 	clock.Set(2 * time.Minute)
 	assert.Equal(t, 300, admitN(e, "api", 300), "the source decides alone: 700 in the hour, over the share of 500")
+
+	// The last request before an idle spell fell back, and so does the
+	// first after it: two failed calls, not an outage.
+	src.err.Store(errors.New("reset"))
+	admitN(e, "api", 1)
+	clock.Set(30 * time.Minute)
+	admitN(e, "api", 1)
+	src.err.Store(nil)
+	assert.Equal(t, 200, admitN(e, "api", 200), "the source decides alone")
+}
+
+// TestFallbackAdmissionsGivenBackAreToldToTheSource: a request the
+// fallback admitted and a later rule of its resource refused is given
+// back to the share, and to the source as -1: the source hears of what
+// was admitted, not of what got past the Global rule.
+func TestFallbackAdmissionsGivenBackAreToldToTheSource(t *testing.T) {
+	src := &sharedSource{}
+	clock := stattest.NewClock(0)
+	e, _ := newEngine(t, clock, WithTokenSource(src))
+	load(t, e, Rule{ID: "g", Resource: "api", Threshold: 100, Global: true, LocalShare: 0.5},
+		Rule{Resource: "api", Threshold: 10})
+	src.err.Store(errors.New("down"))
+	assert.Equal(t, 10, admitN(e, "api", 100))
+	assert.Equal(t, int64(10), src.local.Load(), "told of the 10 admitted, not of the 90 the second rule refused")
 }
 
 // TestReloadKeepsTheFallbacksState: a reload of the same rule in the
@@ -143,8 +167,10 @@ func TestReloadKeepsTheFallbacksState(t *testing.T) {
 	load(t, e, rule)
 	src.err.Store(errors.New("down"))
 	admitN(e, "api", 1)
+	clock.Set(100 * time.Millisecond)
+	admitN(e, "api", 1)
 	clock.Set(200 * time.Millisecond)
-	assert.Equal(t, 49, admitN(e, "api", 60))
+	assert.Equal(t, 48, admitN(e, "api", 60))
 	load(t, e, rule)
 	src.err.Store(nil)
 	src.allow.Store(true)
@@ -161,7 +187,7 @@ func TestReloadKeepsTheFallbacksState(t *testing.T) {
 func TestFallbackAllocatesNothing(t *testing.T) {
 	src := &sharedSource{}
 	clock := stattest.NewClock(time.Second)
-	e, _ := newEngine(t, clock, WithTokenSource(src))
+	e, _ := newEngine(t, clock, WithTokenSource(src), WithSampleCount(10))
 	load(t, e, Rule{ID: "g", Resource: "api", Threshold: 1e9, Global: true, LocalShare: 0.5})
 	h, err := e.Resource("api")
 	require.NoError(t, err)
@@ -175,8 +201,11 @@ func TestFallbackAllocatesNothing(t *testing.T) {
 	assert.Zero(t, testing.AllocsPerRun(100, enter), "on the source, counted locally too")
 	src.err.Store(errors.New("down"))
 	enter()
-	clock.Set(2 * time.Second) // an outage
+	clock.Set(1050 * time.Millisecond)
+	enter()
+	clock.Set(1100 * time.Millisecond) // an outage: fallbacks over a bucket
 	assert.Zero(t, testing.AllocsPerRun(100, enter), "fallen back")
+	assert.Greater(t, e.rules.Load().byResource["api"].globals[0].fb.rejoin.Load(), clock.Now(), "an outage")
 	src.err.Store(nil)
 	enter()
 	assert.Zero(t, testing.AllocsPerRun(100, enter), "back, the share on top")

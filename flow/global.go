@@ -96,8 +96,9 @@ type RetryHinter interface {
 // local fallback makes (a window rule with FallbackLocal), so that once
 // the shared store answers again it can count them there: what an
 // instance admitted on its own is then not admitted again by the others.
-// Optional; CountLocal must be fast (it runs on the request path of every
-// fallback admission).
+// An admission given back (a later rule refused the request, its wait or
+// its Reservation was cancelled) is told as -n. Optional; CountLocal must
+// be fast (it runs on the request path of every fallback admission).
 type LocalCounter interface {
 	CountLocal(n int64)
 }
@@ -295,9 +296,12 @@ type globalLocal struct {
 // fallbacks is the state of a window rule's fallbacks (FallbackLocal).
 type fallbacks struct {
 	// failing is set while the source's last answer was an error; since
-	// is when that run of errors began (engine time).
-	failing atomic.Bool
-	since   atomic.Int64
+	// is when that run of errors began, last its latest fallback (engine
+	// time, last kept to a sixteenth of a bucket): a fallback more than a
+	// bucket (or a second, if less) after the one before starts a run of
+	// its own, and a run that lasts that long is an outage.
+	failing     atomic.Bool
+	since, last atomic.Int64
 	// rejoin is the engine time until which the local window applies on
 	// top of the source, and first (see globalShared).
 	rejoin atomic.Int64
@@ -316,9 +320,11 @@ const rejoinMost = 5 * time.Second
 //     what this instance admitted in the window, not from nothing (which
 //     let each instance admit its share on top of a window the source had
 //     just filled);
-//   - after an outage (a run of fallbacks that admitted something and
-//     lasted a bucket of the local window or more: a failed call or two
-//     is not one), once the source answers again, it applies on top of
+//   - after an outage (a run of fallbacks, none more than a bucket of the
+//     local window or a second apart, that lasted that long and admitted
+//     something: a failed call or two is not one; an instance that saw
+//     fewer requests than that is not held), once the source answers
+//     again, it applies on top of
 //     the source, and first, for a window or rejoinMost, whichever is
 //     shorter: an instance back on the source before the others admits no
 //     more than its share while they may still admit theirs on their own
@@ -386,15 +392,18 @@ func (e *Engine) globalShared(node *stats.Node, g *globalRule, h *held, i, p int
 // own by lr (n 0: refused by the share).
 func (g *globalRule) fellBack(node *stats.Node, h *held, i int, now, n int64, lr window.Reservation) (*BlockError, bool) {
 	node.AddFallback()
-	f := g.fb
-	if !f.failing.Load() {
+	f, run := g.fb, min(g.local.BucketLen(), int64(time.Second))
+	if last := f.last.Load(); !f.failing.Load() || now-last > run {
 		f.since.Store(now)
+		f.last.Store(now)
 		f.failing.Store(true)
+	} else if now-last > run/16 {
+		f.last.Store(now)
 	}
 	if n == 0 {
 		return nil, false
 	}
-	if now-f.since.Load() >= g.local.BucketLen() {
+	if now-f.since.Load() >= run {
 		d := min(int64(g.req.Interval), int64(rejoinMost))
 		if until := now + d; f.rejoin.Load() < until-d/16 {
 			f.rejoin.Store(until)
@@ -548,6 +557,9 @@ func (e *Engine) takeGlobals(rr *resourceRules, h *held, p int, now int64, q *re
 // counted across instances).
 func (rr *resourceRules) releaseGlobals(h *held, n int64) {
 	for i := range rr.globals {
+		if g := &rr.globals[i]; g.counter != nil && h.gres[i].Held() {
+			g.counter.CountLocal(-n) // told of it on admission
+		}
 		h.gres[i].Cancel()
 		if h.ggcra[i] != 0 {
 			rr.globals[i].gcra.give(n, h.ggcra[i])

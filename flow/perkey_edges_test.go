@@ -3,6 +3,7 @@ package flow
 import (
 	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -315,4 +316,18 @@ func TestAKeyListedAnewHasItsQueueStretchedToItsOwnRate(t *testing.T) {
 	en.Exit(nil)
 	// 400 ms ahead at 10/s is 4 s at 1/s; the next slot 1 s after.
 	assert.Equal(t, 5*time.Second, s.waits[len(s.waits)-1], "waits %v", s.waits)
+}
+
+// TestLongListedKeysMatchTheirRequests: a listed key longer than 256 bytes
+// is matched by requests with that key, which stand for its start and a
+// hash; a longer key sharing its start is not the listed one.
+func TestLongListedKeysMatchTheirRequests(t *testing.T) {
+	clock := stattest.NewClock(0)
+	e, _ := newEngine(t, clock)
+	long := strings.Repeat("k", 300)
+	load(t, e, Rule{Resource: "api", Threshold: 100, PerKey: true, Keys: []KeyLimit{{Key: long, Threshold: 1}}})
+	assert.True(t, try(e, "api", WithKey(long)))
+	assert.False(t, try(e, "api", WithKey(long)), "its own threshold of 1")
+	assert.True(t, try(e, "api", WithKey(long+"x")), "another key: the rule's threshold")
+	assert.True(t, try(e, "api", WithKey(long+"x")))
 }

@@ -108,7 +108,9 @@ type Rule struct {
 	SpanExact bool
 }
 
-// KeyLimit is a specific key's threshold in a PerKey rule.
+// KeyLimit is a specific key's threshold in a PerKey rule. A Key longer
+// than 256 bytes (at most 1024) is loaded, matched and shown as a request's
+// key of that length stands (see WithKey): its start and a hash.
 type KeyLimit struct {
 	Key       string
 	Threshold float64

@@ -42,7 +42,23 @@ func newCarried(window int64, buckets int) *carried {
 	return &carried{blen: blen, slots: make([]carriedSlot, buckets+1)}
 }
 
-// add counts n admitted on its own at now.
+// pending reports whether some slot of the last window has admissions
+// Redis has not acknowledged.
+func (c *carried) pending(now, window int64) bool {
+	if c == nil {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, s := range c.slots {
+		if s.total > s.acked && (now-(s.idx+1)*c.blen)/1000 < window {
+			return true
+		}
+	}
+	return false
+}
+
+// add counts n admitted on its own at now (n < 0: given back).
 func (c *carried) add(now, n int64) {
 	idx := now / c.blen
 	c.mu.Lock()

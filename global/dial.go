@@ -64,7 +64,8 @@ func checkClient(client redis.UniversalClient, callTimeout time.Duration) error 
 	default:
 		return nil
 	}
-	long := func(d time.Duration) bool { return d < 0 || d > callTimeout } // negative: no deadline
+	// 0 and negative: no deadline (go-redis' Options read -1 as 0, -2 as -1).
+	long := func(d time.Duration) bool { return d <= 0 || d > callTimeout }
 	switch {
 	case retries != 1:
 		return fmt.Errorf("global: the client's DialerRetries is %d: each call to a Redis that refuses connections would spend up to 5 dials, 100 ms apart, before it fails; "+

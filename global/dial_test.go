@@ -113,6 +113,10 @@ func TestNewRefusesAClientThatRetriesDials(t *testing.T) {
 	_, err = New(slow)
 	assert.ErrorContains(t, err, "ignores context deadlines (ContextTimeoutEnabled false) and its ReadTimeout 5s",
 		"a silent Redis would hold each call 5 s (go-redis' default), past the CallTimeout")
+	never := redis.NewClient(&redis.Options{Addr: srv.Addr(), DialerRetries: 1, ReadTimeout: -1, WriteTimeout: -1})
+	t.Cleanup(func() { never.Close() })
+	_, err = New(never)
+	assert.ErrorContains(t, err, "ignores context deadlines", "no read or write timeout at all")
 	quick := redis.NewClient(&redis.Options{Addr: srv.Addr(), DialerRetries: 1, ReadTimeout: time.Second, WriteTimeout: time.Second})
 	t.Cleanup(func() { quick.Close() })
 	src, err := New(quick)
@@ -160,7 +164,8 @@ func TestDeadConnectionsAreNotKeptForLater(t *testing.T) {
 		_, err := src.Acquire(context.Background(), r)
 		require.Error(t, err)
 	}
-	time.Sleep(50 * time.Millisecond) // the pool makes its idle connections
+	require.Eventually(t, func() bool { return c.PoolStats().IdleConns >= 5 }, 5*time.Second, time.Millisecond,
+		"the pool makes its idle connections while Redis is down")
 	require.NoError(t, srv.Restart())
 	errs := src.Stats().Errors
 	ok, err = src.Acquire(context.Background(), r)

@@ -121,9 +121,10 @@
 // (the client must honour context deadlines, as with go-redis'
 // ContextTimeoutEnabled, or have read and write timeouts as short), or
 // when its connection cannot be dialled. Every dial of the Source's client
-// is bounded by Timeout and tried once: New refuses a client whose
-// DialerRetries is more than 1 (go-redis' default, 5 attempts 100 ms
-// apart, held every call to a dead Redis for half a second and more), and
+// is tried once, its TCP connect bounded by Timeout (a TLS handshake by
+// the client's DialTimeout, which Dial sets to the Timeout): New refuses a
+// client whose DialerRetries is not 1 (go-redis' default, 5 attempts 100
+// ms apart, held every call to a dead Redis for half a second and more), and
 // a hook on the client makes a failed dial the failure of its command,
 // which go-redis then neither retries (MaxRetries) nor counts towards the
 // PoolSize failed dials after which it stops dialling for a second at a
@@ -137,8 +138,9 @@
 // for WithBackoff (100 ms), then lets one call probe it.
 // The backoff doubles only after FailAfter probes in a row fail slowly (a
 // probe refused at once costs Redis nothing and does not double it), up
-// to WithMaxBackoff (5 s); the first success ends it. A backoff ends on a
-// multiple of itself on the wall clock, so instances cut off together
+// to WithMaxBackoff (5 s); the first success ends it. A backoff ends on the
+// first multiple of itself on the wall clock at least half of it away (so
+// it lasts half to one and a half of it), so instances cut off together
 // probe together and come back within moments of each other. So a Redis
 // that refuses connections (killed) is detected within FailAfter calls,
 // each one dial (FailAfter x Timeout at most; milliseconds on a network
@@ -147,7 +149,7 @@
 // during which requests without a lease are refused as late (leases in
 // hand are spent first). Once the Source backs off, requests fall back at
 // once and never wait for a probe, which runs in the background; a dead
-// Redis is probed at least every MaxBackoff. A request whose context ends
+// Redis is probed at least every 1.5 x MaxBackoff. A request whose context ends
 // while it waits is refused (flow applies no fallback to it). A call
 // that fails after far longer than its CallTimeout (five quarters of it,
 // on the Source's monotonic clock) ran while this process was paused
@@ -183,8 +185,9 @@
 // that ran although its reply was lost and the call that sends them again
 // count them once. flow's local window of the rule also counts what Redis
 // admits for this instance, so a fallback starts from what the instance
-// admitted in the window, and after an outage (fallbacks over a bucket of
-// the window or more, not a failed call) it applies on top of Redis for a
+// admitted in the window, and after an outage (fallbacks no more than a
+// bucket of the window or a second apart, over that long: not a failed
+// call) it applies on top of Redis for a
 // window or 5 s, whichever is shorter: an instance back before the others
 // admits no more than its share while they may still admit theirs on
 // their own. A Redis restarted empty (no persistence) knows

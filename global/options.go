@@ -99,7 +99,9 @@ func WithExactBelow(n int64) Option { return func(o *options) { o.ExactBelow = n
 // FailAfter probes that fail, up to the MaxBackoff.
 func WithBackoff(d time.Duration) Option { return func(o *options) { o.Backoff = d } }
 
-// WithMaxBackoff caps the backoff (default 5 s, at least the Backoff).
+// WithMaxBackoff caps the backoff (default 5 s, at least the Backoff); a
+// backoff ends on the wall clock's multiples of itself, up to half of it
+// later (see the package doc, Failure).
 func WithMaxBackoff(d time.Duration) Option { return func(o *options) { o.MaxBackoff = d } }
 
 // WithPresenceTTL sets how long an instance's presence in a limit lasts

@@ -56,10 +56,11 @@ func (s *Source) renew() {
 	// Only the limits renewed now are told they fell back: a limit that
 	// backs off keeps its flag for the renewal after its backoff. A limit
 	// whose fallback's admissions are carried into its window (see
-	// carried) has them counted there already.
+	// carried) has them counted there already, once a call took them.
 	rejoins := make([]int, len(renewed))
+	now := s.opts.Clock.Now()
 	for i, l := range renewed {
-		if l.fellBack.Swap(false) && !l.counting.Load() {
+		if l.fellBack.Swap(false) && (!l.counting.Load() || l.carried.pending(now, l.window)) {
 			rejoins[i] = 1
 		}
 	}

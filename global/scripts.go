@@ -166,7 +166,8 @@ for i = 11, #ARGV - 1, 2 do
     local kf = 'k:' .. slot
     local applied = tonumber(string.match(redis.call('HGET', hash, kf) or '0', '^(%d+)')) or 0
     if n > applied and cur - b < window then
-      redis.call('HINCRBY', hash, string.format('%.0f', b), n - applied)
+      -- Never more than a window's worth at once.
+      redis.call('HINCRBY', hash, string.format('%.0f', b), math.min(n - applied, threshold))
       redis.call('HSET', hash, kf, string.format('%.0f,%.0f', n, b))
     end
   else
@@ -279,7 +280,7 @@ for i = 9, #ARGV - 1, 2 do
   local applied = tonumber(string.match(redis.call('HGET', hash, kf) or '0', '^(%d+)')) or 0
   local n = tonumber(ARGV[i + 1])
   if n > applied and at > now - window then
-    for j = 1, n - applied do
+    for j = 1, math.min(n - applied, threshold) do
       local seq = redis.call('HINCRBY', hash, 'seq', 1)
       redis.call('ZADD', KEYS[1], at, string.format('%.0f-%d', at, seq))
     end

@@ -44,6 +44,9 @@ func (r Reservation) Holds(t int64) bool {
 	return r.b != nil && t >= r.b.Start() && t < r.b.Start()+r.w.arr.BucketLen()
 }
 
+// Held reports whether r holds an admission (not refused, not cancelled).
+func (r Reservation) Held() bool { return r.b != nil }
+
 // Seen returns, for a refused admission, the window's committed count that
 // refused it: passes, leases not yet used, and borrowed admissions. It costs
 // the refusal nothing more.
