@@ -187,12 +187,14 @@ type held struct {
 // kind gives back what it holds.
 func (e *Engine) release(rr *resourceRules, h *held, n int64) {
 	passed := !h.conc && rr.countsNode && h.nres > 0
-	if h.conc {
-		rr.node.ReleaseConcurrency(n)
-	}
 	if h.releaseWindows(n, second(rr.node)) && !h.conc {
 		// A borrow the node's window had folded in: a pass, given back.
 		passed = true
+	}
+	if h.conc {
+		// After its pass is given back, and after an adopt that may have
+		// read that pass (see stats.Node.ReleaseGivenBack).
+		rr.node.ReleaseGivenBack(n)
 	}
 	if passed && e.adopting.Load() != 0 {
 		// Its pass on the node, given back above, may be in a count a

@@ -216,23 +216,47 @@ func (n *Node) AcquireConcurrency(k, limit int64) (seen int64, ok bool) {
 // ReleaseConcurrency ends n requests that AcquireConcurrency counted.
 func (n *Node) ReleaseConcurrency(k int64) { n.concurrency.Sub(k) }
 
+// ReleaseGivenBack ends k requests that AcquireConcurrency counted and
+// that gave their passes back instead of completing (a later rule refused
+// them, or their wait was cancelled); the caller gives the passes back
+// first. A pass given back is no completion adopt could read after the
+// concurrency: if adopt read the pass, the concurrency must still count
+// it when adopt reads that, so an adopt under way is waited out (as in
+// releaseAdopted; adopt is flagged before it reads the passes).
+func (n *Node) ReleaseGivenBack(k int64) {
+	if n.adopting.Load() {
+		n.second.Locked(func() {})
+	}
+	n.concurrency.Sub(k)
+}
+
 // adopt counts in the node's concurrency, as adopted, the requests in
 // flight that it does not count: Inflight minus Concurrency, read while no
 // bucket of the second window rotates (the totals are exact then). It is
 // flow's, for a rule set that adds a Concurrency rule: the requests its
 // resource admitted without one count against it until they exit. Every
-// writer moves the two figures in an order that makes the difference err
-// low (a Concurrency rule's admission counts its concurrency before its
-// pass; an Exit counts its completion before it ends its concurrency), so
-// adopt never counts a request twice; it may miss one that was being
-// admitted under the old rules at that instant.
+// writer moves the figures in an order that makes the difference err low
+// (a Concurrency rule's admission counts its concurrency before its pass;
+// an Exit counts its completion before it ends its concurrency), and adopt
+// reads them in the order that relies on it: the passes, then the
+// concurrency, then the completions. A pass it reads was counted after its
+// concurrency, so the concurrency read next still counts it unless it
+// ended, and then its completion, read last, is seen. (Completions read
+// before the concurrency would miss an Exit made in between, whose pass
+// was read and whose concurrency was not: adopted for good, with no Exit
+// left to end it.) So adopt never counts a request twice; it may miss one
+// that was being admitted under the old rules, or exiting, at that
+// instant.
 func (n *Node) adopt() (added int64, first bool) {
 	// Flagged first, so that an Exit that finds nothing adopted while the
 	// count is being made waits for it (see releaseAdopted).
 	n.adopting.Store(true)
 	defer n.adopting.Store(false)
 	n.second.Locked(func() {
-		added = n.Inflight() - n.concurrency.Load()
+		pass := n.second.SumRange(math.MinInt64, math.MaxInt64, metric.Pass) + n.retiredPass.Load()
+		conc := n.concurrency.Load()
+		done := n.second.SumRange(math.MinInt64, math.MaxInt64, metric.Success) + n.retiredSuccess.Load()
+		added = pass - conc - done
 		if added <= 0 {
 			added = 0
 			return
