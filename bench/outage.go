@@ -227,10 +227,12 @@ func startChildren(n int, c outageChild) ([]*fleetProc, error) {
 		cmd.Stderr = io.Discard
 		in, err := cmd.StdinPipe()
 		if err != nil {
+			killChildren(ps)
 			return nil, err
 		}
 		out, err := cmd.StdoutPipe()
 		if err != nil {
+			killChildren(ps)
 			return nil, err
 		}
 		if err := cmd.Start(); err != nil {
@@ -419,7 +421,7 @@ func globalOutage(cfg config, w io.Writer) error {
 				// The error samples are 10 ms apart: the call failed up to
 				// 10 ms before the one that shows it.
 				fromCallS = time.Duration(fromCall + int64(10*time.Millisecond)).Round(time.Millisecond).String()
-				if time.Duration(fromCall) > bound {
+				if time.Duration(fromCall)+10*time.Millisecond > bound {
 					failed = append(failed, fmt.Sprintf("%s: a process fell back %v after its first failed call (bound %v)", c.Load, fromCallS, bound))
 				}
 			}

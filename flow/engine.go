@@ -192,8 +192,9 @@ func (e *Engine) LoadRules(rules []Rule) error {
 }
 
 // CheckRules validates rules as LoadRules would, without loading them or
-// making any resource: it returns them with their defaults filled in, or
-// the *RuleError of the first bad one. The registry's room and a token
+// making any resource: it returns them as they would load (defaults filled
+// in, listed keys over 256 bytes as their start and a hash), or the
+// *RuleError of the first bad one. The registry's room and a token
 // source's binding are not checked.
 func (e *Engine) CheckRules(rules []Rule) ([]Rule, error) { return e.normalise(rules) }
 

@@ -411,9 +411,16 @@ func (g *globalRule) fellBack(node *stats.Node, h *held, i int, now, n int64, lr
 	}
 	h.gres[i] = lr
 	if g.counter != nil {
-		g.counter.CountLocal(n)
+		tell(g.counter, n)
 	}
 	return nil, false
+}
+
+// tell tells c of n admitted on its own (given back, when negative); a
+// panic in it is the source's failure to hear, not the request's.
+func tell(c LocalCounter, n int64) {
+	defer func() { _ = recover() }()
+	c.CountLocal(n)
 }
 
 // room is what a request rule g's source refused is told, when the
@@ -558,7 +565,7 @@ func (e *Engine) takeGlobals(rr *resourceRules, h *held, p int, now int64, q *re
 func (rr *resourceRules) releaseGlobals(h *held, n int64) {
 	for i := range rr.globals {
 		if g := &rr.globals[i]; g.counter != nil && h.gres[i].Held() {
-			g.counter.CountLocal(-n) // told of it on admission
+			tell(g.counter, -n) // told of it on admission
 		}
 		h.gres[i].Cancel()
 		if h.ggcra[i] != 0 {

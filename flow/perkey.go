@@ -5,6 +5,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/leapflow/leapflow/internal/callerkey"
 	"github.com/leapflow/leapflow/internal/keytable"
 	"github.com/leapflow/leapflow/internal/names"
 	"github.com/leapflow/leapflow/internal/pace"
@@ -436,12 +437,14 @@ func (r *Rule) validatePerKey(i int) error {
 			return bad(field+".Key", `""`, "must not be empty")
 		case len(kl.Key) > maxKeyLen:
 			return bad(field+".Key", names.Abbrev(kl.Key), fmt.Sprintf("must be at most %d bytes", maxKeyLen))
-		case seen[kl.Key]:
+		case seen[callerkey.Bound(kl.Key)]:
+			// As loaded: a key over 256 bytes stands for its start and a
+			// hash, which another listed key may spell out.
 			return bad(field+".Key", names.Abbrev(kl.Key), "is listed twice")
 		case math.IsNaN(kl.Threshold) || math.IsInf(kl.Threshold, 0) || kl.Threshold < 0 || kl.Threshold > maxThreshold:
 			return bad(field+".Threshold", kl.Threshold, fmt.Sprintf("must be a finite number in [0, %g]", float64(maxThreshold)))
 		}
-		seen[kl.Key] = true
+		seen[callerkey.Bound(kl.Key)] = true
 		if err := r.validateKeyThreshold(i, field+".Threshold", kl.Threshold); err != nil {
 			return err
 		}

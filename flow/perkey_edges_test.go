@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/leapflow/leapflow/internal/callerkey"
 	"github.com/leapflow/leapflow/internal/keytable"
 	"github.com/leapflow/leapflow/stat/stattest"
 )
@@ -330,4 +331,18 @@ func TestLongListedKeysMatchTheirRequests(t *testing.T) {
 	assert.False(t, try(e, "api", WithKey(long)), "its own threshold of 1")
 	assert.True(t, try(e, "api", WithKey(long+"x")), "another key: the rule's threshold")
 	assert.True(t, try(e, "api", WithKey(long+"x")))
+}
+
+// TestLongListedKeyAndItsBoundFormAreOneKey: a key over 256 bytes and the
+// form it is loaded as are the same listed key, refused as listed twice.
+func TestLongListedKeyAndItsBoundFormAreOneKey(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(0))
+	long := strings.Repeat("k", 300)
+	_, err := e.CheckRules([]Rule{{Resource: "api", Threshold: 100, PerKey: true,
+		Keys: []KeyLimit{{Key: long, Threshold: 1}, {Key: callerkey.Bound(long), Threshold: 50}}}})
+	assert.ErrorContains(t, err, "is listed twice")
+	rules, err := e.CheckRules([]Rule{{Resource: "api", Threshold: 100, PerKey: true, Keys: []KeyLimit{{Key: long, Threshold: 1}}}})
+	require.NoError(t, err)
+	_, err = e.CheckRules(rules)
+	assert.NoError(t, err, "rules as loaded load again")
 }

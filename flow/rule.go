@@ -152,7 +152,8 @@ func (r *Rule) Name() string {
 }
 
 // WithDefaults returns r with its zero-valued optional fields filled in, as
-// the engine loads it.
+// the engine loads it (which also writes a listed key over 256 bytes as its
+// start and a hash: see KeyLimit).
 func (r Rule) WithDefaults() Rule { return r.withDefaults() }
 
 // withDefaults returns r with its zero-valued optional fields filled in.

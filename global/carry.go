@@ -58,8 +58,15 @@ func (c *carried) pending(now, window int64) bool {
 	return false
 }
 
-// add counts n admitted on its own at now (n < 0: given back).
+// add counts n admitted on its own at now. n < 0 gives back admissions
+// counted before (a later rule refused the request): they come off the
+// newest buckets whose admissions Redis has not acknowledged yet; what was
+// sent already stays counted there (stricter, never looser).
 func (c *carried) add(now, n int64) {
+	if n < 0 {
+		c.giveBack(-n)
+		return
+	}
 	idx := now / c.blen
 	c.mu.Lock()
 	s := &c.slots[int(uint64(idx)%uint64(len(c.slots)))]
@@ -69,6 +76,25 @@ func (c *carried) add(now, n int64) {
 	s.total += n
 	c.any = true
 	c.mu.Unlock()
+}
+
+func (c *carried) giveBack(n int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for n > 0 {
+		var newest *carriedSlot
+		for i := range c.slots {
+			if s := &c.slots[i]; s.total > s.acked && (newest == nil || s.idx > newest.idx) {
+				newest = s
+			}
+		}
+		if newest == nil {
+			return
+		}
+		d := min(n, newest.total-newest.acked)
+		newest.total -= d
+		n -= d
+	}
 }
 
 // take returns the slots of the last window with something Redis has not

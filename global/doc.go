@@ -179,8 +179,9 @@
 // An instance back on Redis carries what its fallback admitted on its own
 // within the last window into the limit's window, each admission in the
 // bucket of when it was made (flow tells the Source of each:
-// flow.LocalCounter), so the others cannot admit it again; it is not then
-// kept as a share on rejoining. Each bucket's admissions are sent as a
+// flow.LocalCounter), so the others cannot admit it again; once a call has
+// carried them, the instance's share is not kept from the others on
+// rejoining (it is while some wait to be carried). Each bucket's admissions are sent as a
 // running total, and the script keeps what it applied of each, so a call
 // that ran although its reply was lost and the call that sends them again
 // count them once. flow's local window of the rule also counts what Redis

@@ -235,3 +235,23 @@ func TestCarriedAdmissionsCountOnceWhateverTheCallsThatSendThem(t *testing.T) {
 		})
 	}
 }
+
+// TestGivenBackAdmissionsComeOffWhatWaits: admissions given back (a later
+// rule refused the request) come off the newest buckets not yet sent,
+// whichever bucket the give-back falls in; what a call already carried
+// stays counted.
+func TestGivenBackAdmissionsComeOffWhatWaits(t *testing.T) {
+	c := newCarried(1_000_000, 10) // buckets of 100 ms
+	ms := int64(time.Millisecond)
+	c.add(50*ms, 3)
+	c.add(150*ms, -1) // in the next bucket: comes off the first
+	cs := c.take(200*ms, 1_000_000)
+	require.Len(t, cs, 1)
+	assert.Equal(t, int64(2), cs[0].total)
+	c.sent(cs)
+	c.add(250*ms, -1)
+	assert.Empty(t, c.take(300*ms, 1_000_000), "sent already: stays counted")
+	c.add(350*ms, 2)
+	c.add(360*ms, -3)
+	assert.Empty(t, c.take(400*ms, 1_000_000), "more given back than waits: what waits goes")
+}

@@ -166,7 +166,7 @@ for i = 11, #ARGV - 1, 2 do
     local kf = 'k:' .. slot
     local applied = tonumber(string.match(redis.call('HGET', hash, kf) or '0', '^(%d+)')) or 0
     if n > applied and cur - b < window then
-      -- Never more than a window's worth at once.
+      -- Never more than a threshold into one bucket at once.
       redis.call('HINCRBY', hash, string.format('%.0f', b), math.min(n - applied, threshold))
       redis.call('HSET', hash, kf, string.format('%.0f,%.0f', n, b))
     end
