@@ -269,20 +269,13 @@ func (e *Engine) global(node *stats.Node, g *globalRule, h *held, i, p int, now 
 			return nil, false
 		}
 	}
-	if g.gcra != nil {
-		// A Global GCRA rule: its local bucket.
-		_, tok, ok, _ := g.gcra.take(now, n, 0)
-		if !ok {
-			return g.localBlockError(q), false
-		}
-		h.ggcra[i] = tok
-		return nil, false
-	}
-	r, ok := g.local.AdmitOn(p, now, n, g.localLimit)
+	// A Global GCRA rule: its local bucket (a window rule with
+	// FallbackLocal falls back in globalShared).
+	_, tok, ok, _ := g.gcra.take(now, n, 0)
 	if !ok {
 		return g.localBlockError(q), false
 	}
-	h.gres[i] = r
+	h.ggcra[i] = tok
 	return nil, false
 }
 
@@ -355,7 +348,8 @@ func (e *Engine) globalShared(node *stats.Node, g *globalRule, h *held, i, p int
 			lr.Cancel()
 			return g.blockError(q), false
 		}
-		return g.fellBack(node, h, i, now, n, lr)
+		g.fellBack(node, h, i, now, n, lr)
+		return nil, false
 	}
 	ok, err := e.acquire(ctx, g, q)
 	switch {
@@ -385,12 +379,13 @@ func (e *Engine) globalShared(node *stats.Node, g *globalRule, h *held, i, p int
 		g.fellBack(node, h, i, now, 0, lr)
 		return g.localBlockError(q), false
 	}
-	return g.fellBack(node, h, i, now, n, lr)
+	g.fellBack(node, h, i, now, n, lr)
+	return nil, false
 }
 
 // fellBack records that a request of g fell back at now, admitted on its
 // own by lr (n 0: refused by the share).
-func (g *globalRule) fellBack(node *stats.Node, h *held, i int, now, n int64, lr window.Reservation) (*BlockError, bool) {
+func (g *globalRule) fellBack(node *stats.Node, h *held, i int, now, n int64, lr window.Reservation) {
 	node.AddFallback()
 	f, run := g.fb, min(g.local.BucketLen(), int64(time.Second))
 	if last := f.last.Load(); !f.failing.Load() || now-last > run {
@@ -401,7 +396,7 @@ func (g *globalRule) fellBack(node *stats.Node, h *held, i int, now, n int64, lr
 		f.last.Store(now)
 	}
 	if n == 0 {
-		return nil, false
+		return
 	}
 	if now-f.since.Load() >= run {
 		d := min(int64(g.req.Interval), int64(rejoinMost))
@@ -413,7 +408,6 @@ func (g *globalRule) fellBack(node *stats.Node, h *held, i int, now, n int64, lr
 	if g.counter != nil {
 		tell(g.counter, n)
 	}
-	return nil, false
 }
 
 // tell tells c of n admitted on its own (given back, when negative); a

@@ -51,11 +51,18 @@ func (c *carried) pending(now, window int64) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, s := range c.slots {
-		if s.total > s.acked && (now-(s.idx+1)*c.blen)/1000 < window {
+		if _, ok := c.waiting(s, now, window); ok {
 			return true
 		}
 	}
 	return false
+}
+
+// waiting reports whether slot s has admissions Redis has not acknowledged
+// within the last window at now, and their age (µs from the slot's end).
+func (c *carried) waiting(s carriedSlot, now, window int64) (age int64, ok bool) {
+	age = max(now-(s.idx+1)*c.blen, 0) / 1000
+	return age, s.total > s.acked && age < window
 }
 
 // add counts n admitted on its own at now. n < 0 gives back admissions
@@ -112,16 +119,10 @@ func (c *carried) take(now, window int64) []carry {
 	var out []carry
 	c.any = false
 	for _, s := range c.slots {
-		if s.total <= s.acked {
-			continue
+		if age, ok := c.waiting(s, now, window); ok {
+			c.any = true
+			out = append(out, carry{idx: s.idx, total: s.total, age: age})
 		}
-		end := (s.idx + 1) * c.blen
-		age := max(now-end, 0) / 1000
-		if age >= window {
-			continue
-		}
-		c.any = true
-		out = append(out, carry{idx: s.idx, total: s.total, age: age})
 	}
 	return out
 }

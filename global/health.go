@@ -53,16 +53,12 @@ func (s *Source) failAs(l *health, probe, quick bool) {
 	if f < k {
 		return
 	}
-	var probes int64
-	switch {
-	case probe && !quick:
-		probes = l.probeFails.Inc()
+	probes := l.probeFails.Load()
+	if probe {
+		if !quick {
+			probes = l.probeFails.Inc()
+		}
 		l.probing.Store(false)
-	case probe:
-		probes = l.probeFails.Load()
-		l.probing.Store(false)
-	default:
-		probes = l.probeFails.Load()
 	}
 	// Backoff doubled, without overflow; a Backoff of 0 stays 0 (a probe
 	// at once).
