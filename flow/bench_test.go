@@ -71,6 +71,40 @@ func BenchmarkEntryBlocked(b *testing.B) {
 	}
 }
 
+// BenchmarkEntryBlockedTwoRules is the blocked path of the usual
+// production shape: a Global rule (on a token source that admits without
+// a call out) and a PerKey rule, the per-key one refusing every request
+// of its one key. The refusal says when to retry under both rules, so it
+// costs a little more than EntryBlocked's single rule.
+func BenchmarkEntryBlockedTwoRules(b *testing.B) {
+	for name, clock := range benchClocks(b) {
+		e, err := New(WithClock(clock), WithTokenSource(stubSource))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := e.LoadRules([]Rule{
+			{Resource: "two", Threshold: 1e9, Global: true},
+			{Resource: "two", Threshold: 10, PerKey: true},
+		}); err != nil {
+			b.Fatal(err)
+		}
+		key := WithKey("caller-1")
+		for range 10 {
+			_, _ = e.Entry("two", key)
+		}
+		b.Run("clock="+name, func(b *testing.B) {
+			hammer.Sweep(b, hammer.Goroutines, func(_, n int) {
+				for range n {
+					// The real clock frees 10 slots a second; take them.
+					if en, err := e.Entry("two", key); err == nil {
+						en.Exit(nil)
+					}
+				}
+			})
+		})
+	}
+}
+
 // BenchmarkClock is the cost of one clock read.
 func BenchmarkClock(b *testing.B) {
 	for name, clock := range benchClocks(b) {

@@ -17,10 +17,14 @@ type Refusal struct {
 	// nothing else admitted meanwhile: for a QPS Reject rule until enough
 	// of its window has left it, for Throttle until its slot is within
 	// MaxQueueing, for a Global rule until the shared window has room as
-	// the token source last heard. It is negative when the rule cannot say
+	// the token source last heard. On a resource with several rules it is
+	// the latest of that wait and the waits of the resource's other rate
+	// rules (windows, PerKey, GCRA, Throttle) that had not admitted the
+	// request when it was refused (those that had, had room; Global rules
+	// are not asked again). It is negative when the rule cannot say
 	// (Concurrency and related-resource rules, a global rule whose source
-	// failed or cannot say, a request larger than the threshold, and any
-	// block on a resource with more than one rule).
+	// failed or cannot say, a request larger than a threshold, a refusal
+	// while aligning the rules of a request that waits).
 	RetryAfter time.Duration
 	// Reset is how long until everything the rule holds now has left it
 	// (rounded up to the millisecond): a QPS Reject rule's window, a GCRA
@@ -66,7 +70,7 @@ func (en *Entry) Refusal() Refusal {
 // middleware tells admitted callers. It reports false when no QPS rule
 // applies. It allocates nothing.
 func (e *Engine) Policy(resource string) (name string, quota int64, window time.Duration, ok bool) {
-	rr := e.rules.Load().byResource[resource]
+	rr := e.ruleSet().byResource[resource]
 	if rr == nil || rr.policy == nil {
 		return "", 0, 0, false
 	}

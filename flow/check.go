@@ -58,6 +58,10 @@ func (e *Engine) enter(rr *resourceRules, node *stats.Node, opts []EntryOption) 
 		if !ok {
 			ev = metric.Block
 		}
+		if ok && len(rr.globals) > 0 {
+			// Then the Global rules, last as in take.
+			return e.globalsAfterKey(rr, p, max(now, kh.b*kr.t.BucketLen()), &q, kh)
+		}
 		node = e.count(node, p, now, ev, n)
 		if !ok {
 			return blocked(kr.blockError(&q), seen, rm)
@@ -105,6 +109,20 @@ func (e *Engine) enterNone(node *stats.Node) Entry {
 	return Entry{node: node, slot: e.none, start: now, meta: holdsNothing(1, p)}
 }
 
+// globalsAfterKey ends a request that a resource's one PerKey rule
+// admitted under key state kh (at now, the key's bucket) and that its
+// Global rules decide: take's last step, then finish.
+func (e *Engine) globalsAfterKey(rr *resourceRules, p int, now int64, q *request, kh keyHeld) (Entry, error) {
+	var h held
+	h.keys[0] = kh
+	var rf refusal
+	if !e.takeGlobals(rr, &h, p, now, q, &rf) {
+		rf.at |= stageGlobal
+		return e.block(rr, &h, p, now, q, rf)
+	}
+	return e.finish(rr, &h, p, now, 0, false, q)
+}
+
 // holdsNothing is the meta word of an admission of n on stripe p that
 // holds nothing (see Entry): the low two bits, a claim's flags, clear.
 func holdsNothing(n int64, p int) uint64 { return uint64(n)<<32 | uint64(p&(1<<30-1))<<2 }
@@ -118,10 +136,8 @@ func (e *Engine) refuseSingle(rr *resourceRules, p int, now, n, seen int64) (Ent
 	if rr.node.Dropped() {
 		e.recount(rr.node, p, now, metric.Block, n)
 	}
-	if rr.rules > 1 {
-		// Only a resource's one rule says when to retry (see block).
-		return blocked(rr.singleBE, float64(seen), unknownRoom)
-	}
+	// Its rules are limits on one window: the least one's wait is every
+	// rule's.
 	if n != 1 {
 		// The Entry has no room for the count: say it now.
 		return blocked(rr.singleBE, float64(seen), roomOf(rr.single.RoomIn(now, n, rr.singleLimit)))
@@ -216,17 +232,91 @@ func (e *Engine) release(rr *resourceRules, h *held, n int64) {
 	}
 }
 
-func (e *Engine) block(rr *resourceRules, h *held, p int, now, n int64, be *BlockError, seen float64, rm room) (Entry, error) {
+// block gives back what the request took and counts it blocked by the
+// rule rf names. It is told to retry when the refusing rule would admit
+// it and every rate rule after it in take's order would too (those before
+// it admitted it; see laterRetry).
+func (e *Engine) block(rr *resourceRules, h *held, p int, now int64, q *request, rf refusal) (Entry, error) {
+	n := q.n
 	e.release(rr, h, n)
-	if rr.rules > 1 {
-		rm = unknownRoom
+	rm := rf.rm
+	if rr.rateRules > 0 && rm.retry >= 0 && rr.rules > 1 {
+		rm.retry = rr.laterRetry(rf.at, now, q, rm.retry)
 	}
 	e.count(rr.node, p, now, metric.Block, n)
-	return blocked(be, seen, rm)
+	return blocked(rf.be, rf.seen, rm)
 }
 
-// check runs every rule of a resource: concurrency, global, windows,
-// related resources, then pacing, and waits last if any of them queued the
+// The stages of take, in its order: a refusal's at is its stage << 8 |
+// the refusing rule's index among its kind's rules.
+const (
+	stageKeyConcurrency = iota << 8
+	stageConcurrency
+	stageWindows
+	stageKeyed
+	stageGCRA
+	stageRelated
+	stagePaced
+	stageGlobal
+)
+
+// laterRetry is the longest of retry and the waits from now until each
+// rate rule after the one at at would admit the request, taking nothing;
+// -1 when one never would. Global rules are not asked (their source would
+// be; they come after every local rule), nor related-resource rules,
+// which cannot say. Reading costs at most what their admission would
+// have: a refusal costs no more than an admission.
+func (rr *resourceRules) laterRetry(at int, now int64, q *request, retry int64) int64 {
+	from := func(stage int) int {
+		switch {
+		case at&^0xff == stage:
+			return at&0xff + 1
+		case at < stage:
+			return 0
+		}
+		return math.MaxInt
+	}
+	n := q.n
+	for i := from(stageWindows); i < len(rr.groups); i++ {
+		g := &rr.groups[i]
+		limit, _ := g.limit(now, rr.node)
+		w, _, ok := g.w.RoomIn(now, n, limit)
+		if !ok {
+			return -1
+		}
+		retry = max(retry, int64(w))
+	}
+	for i := from(stageKeyed); i < len(rr.keyed); i++ {
+		w := rr.keyed[i].room(q, now)
+		if w < 0 {
+			return -1
+		}
+		retry = max(retry, w)
+	}
+	for i := from(stageGCRA); i < len(rr.gcras); i++ {
+		w := rr.gcras[i].l.Room(now, n)
+		if w < 0 {
+			return -1
+		}
+		retry = max(retry, w)
+	}
+	for i := from(stagePaced); i < len(rr.paced); i++ {
+		pr := &rr.paced[i]
+		queue := pr.maxQueue
+		if q.noQueue {
+			queue = 0
+		}
+		w := pr.p.Room(now, n, pr.pace(now, rr.node), queue)
+		if w < 0 {
+			return -1
+		}
+		retry = max(retry, w)
+	}
+	return retry
+}
+
+// check runs every rule of a resource: concurrency, windows, related
+// resources, pacing, then global, and waits last if any of them queued the
 // request.
 func (e *Engine) check(rr *resourceRules, p int, now int64, q *request) (Entry, error) {
 	if len(rr.groups) > 2 {
@@ -276,11 +366,14 @@ type refusal struct {
 	be   *BlockError
 	seen float64
 	rm   room
+	// at is where the refusing rule is in take's order: the refusing
+	// rule's index among its kind's (take adds the stage).
+	at int
 }
 
 // take runs every rule of a resource, kind by kind: per-key concurrency,
-// concurrency, global, windows, per-key rates, GCRA, related resources,
-// then pacing, and aligns what they took to one instant. It returns the
+// concurrency, windows, per-key rates, GCRA, related resources, pacing,
+// then global, and aligns what they took to one instant. It returns the
 // instant's start (now, moved to a newer bucket a window counted it in)
 // and how long after it the request goes, or, when a rule blocks it, the
 // blocked Entry and error with everything given back.
@@ -290,33 +383,41 @@ func (e *Engine) take(rr *resourceRules, h *held, p int, now int64, q *request) 
 	}
 	var wait int64
 	var rf refusal
-	ok := true
+	ok, stage := true, 0
 	if rr.keyConc.t != nil {
 		ok = rr.takeKeyConcurrency(h, q, &rf)
 	}
 	if ok && rr.concLimit >= 0 {
-		ok = rr.takeConcurrency(h, now, q.n, &rf)
-	}
-	if ok && len(rr.globals) > 0 {
-		ok = e.takeGlobals(rr, h, p, now, q, &rf)
+		ok, stage = rr.takeConcurrency(h, now, q.n, &rf), stageConcurrency
 	}
 	if ok && len(rr.groups) > 0 {
 		now, wait, ok = rr.takeWindows(h, p, now, q, &rf)
+		stage = stageWindows
 	}
 	if ok && len(rr.keyed) > 0 {
 		now, wait, ok = rr.takeKeyed(h, now, wait, q, &rf)
+		stage = stageKeyed
 	}
 	if ok && len(rr.gcras) > 0 {
 		wait, ok = rr.takeGCRAs(h, now, wait, q, &rf)
+		stage = stageGCRA
 	}
 	if ok && len(rr.related) > 0 {
-		ok = rr.takeRelated(now, q.n, &rf)
+		ok, stage = rr.takeRelated(now, q.n, &rf), stageRelated
 	}
 	if ok && len(rr.paced) > 0 {
 		wait, ok = rr.takePaced(h, now, wait, q, &rf)
+		stage = stagePaced
+	}
+	if ok && len(rr.globals) > 0 {
+		// Last: a request a local rule refuses takes nothing from the
+		// shared limit (a source's admission is not given back), and
+		// costs no call out.
+		ok, stage = e.takeGlobals(rr, h, p, now, q, &rf), stageGlobal
 	}
 	if !ok {
-		return blockTake(e, rr, h, p, now, q.n, rf)
+		rf.at |= stage
+		return blockTake(e, rr, h, p, now, q, rf)
 	}
 	if t := now + wait; (wait > 0 && rr.rateRules > 1) || !h.holds(rr, t) {
 		// Every rule counts the request at the instant it goes: the
@@ -324,7 +425,7 @@ func (e *Engine) take(rr *resourceRules, h *held, p int, now int64, q *request) 
 		// window already has.
 		t, rf, ok := e.align(rr, h, p, now, t, q)
 		if !ok {
-			return blockTake(e, rr, h, p, now, q.n, rf)
+			return blockTake(e, rr, h, p, now, q, rf)
 		}
 		wait = t - now
 	}
@@ -332,8 +433,8 @@ func (e *Engine) take(rr *resourceRules, h *held, p int, now int64, q *request) 
 }
 
 // blockTake is block for take's results.
-func blockTake(e *Engine, rr *resourceRules, h *held, p int, now, n int64, rf refusal) (int64, int64, Entry, error) {
-	en, err := e.block(rr, h, p, now, n, rf.be, rf.seen, rf.rm)
+func blockTake(e *Engine, rr *resourceRules, h *held, p int, now int64, q *request, rf refusal) (int64, int64, Entry, error) {
+	en, err := e.block(rr, h, p, now, q, rf)
 	return 0, 0, en, err
 }
 

@@ -1,6 +1,7 @@
 package flow
 
 import (
+	"fmt"
 	"math"
 	"time"
 
@@ -8,6 +9,7 @@ import (
 
 	"github.com/leapflow/leapflow/internal/gcra"
 	"github.com/leapflow/leapflow/internal/keytable"
+	"github.com/leapflow/leapflow/internal/names"
 	"github.com/leapflow/leapflow/internal/pace"
 	"github.com/leapflow/leapflow/internal/slots"
 	"github.com/leapflow/leapflow/internal/stats"
@@ -151,13 +153,16 @@ type resourceRules struct {
 	// rules that a request takes from: when more than one does and one
 	// makes it wait, check aligns them to the instant it goes.
 	rateRules int
-	// rules counts the resource's rules: a blocked request is told when
-	// to retry only when one rule decides (with several, the one that
-	// blocked first cannot speak for the others).
+	// rules counts the resource's rules: with several, a blocked request
+	// is told to retry when the later rate rules would admit it too (see
+	// laterRetry).
 	rules int
 	// shadows are the resource's dry-run rules; gcras its GCRA rules.
 	shadows []shadowRule
 	gcras   []gcraRule
+	// needsExit is Allow's error on a resource whose rules count requests
+	// in flight; nil: Allow may admit.
+	needsExit error
 	// policy is the quota of the resource's strictest QPS rule of its own
 	// (the least per second; not a related-resource rule, which limits
 	// another resource's rate), for Engine.Policy; nil: none.
@@ -224,8 +229,11 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stats.Node, bounds []Boun
 		}
 		kindOf(r).compile(&c)
 	}
-	for _, rr := range next.byResource {
+	for name, rr := range next.byResource {
 		rr.rateRules = len(rr.groups) + len(rr.gcras) + len(rr.paced) + len(rr.keyed)
+		if rr.concLimit >= 0 || rr.keyConc.t != nil {
+			rr.needsExit = fmt.Errorf("%w: Allow on %s, which has a Concurrency rule: use Entry and Exit", ErrNeedsExit, names.Abbrev(name))
+		}
 		e.shortPaths(rr)
 	}
 	return next
@@ -253,7 +261,8 @@ func perWindow(threshold float64, interval time.Duration) int64 {
 // the one place that does (the general checker decides the same; see
 // TestShortPathsDecideAsTheGeneralChecker, which turns them off here).
 //   - single: one Reject window and nothing else (enterSingle);
-//   - singleKey: one PerKey QPS Reject rule and nothing else;
+//   - singleKey: one PerKey QPS Reject rule, and nothing else but Global
+//     rules (decided after it, as take does);
 //   - singleGCRA: one GCRA rule and nothing else.
 func (e *Engine) shortPaths(rr *resourceRules) {
 	if e.generalOnly {
@@ -268,7 +277,7 @@ func (e *Engine) shortPaths(rr *resourceRules) {
 		rr.site = site{e: e, rr: rr, be: rr.singleBE}
 		rr.refusal = slots.Sentinel(&rr.site)
 	}
-	if len(rr.groups) == 0 && rr.concLimit < 0 && len(rr.globals) == 0 && len(rr.related) == 0 && len(rr.paced) == 0 &&
+	if len(rr.groups) == 0 && rr.concLimit < 0 && len(rr.related) == 0 && len(rr.paced) == 0 &&
 		rr.keyConc.t == nil && len(rr.keyed) == 1 && rr.keyed[0].t.Kind() == keytable.Window && len(rr.shadows) == 0 && len(rr.gcras) == 0 {
 		rr.singleKey = &rr.keyed[0]
 	}

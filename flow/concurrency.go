@@ -32,7 +32,7 @@ func (rr *resourceRules) takeConcurrency(h *held, now, n int64, rf *refusal) boo
 	}
 	seen, ok := node.AcquireConcurrency(n, rr.concLimit)
 	if !ok {
-		*rf = refusal{rr.concBE, float64(seen), unknownRoom}
+		*rf = refusal{rr.concBE, float64(seen), unknownRoom, 0}
 		return false
 	}
 	h.conc = true

@@ -74,7 +74,7 @@ type DryRun struct {
 // DryRuns returns the dry-run rules in force, in load order, with what
 // each would have blocked.
 func (e *Engine) DryRuns() []DryRun {
-	set := e.rules.Load()
+	set := e.ruleSet()
 	var out []DryRun
 	counted := map[*shadow]bool{}
 	for i := range set.rules {

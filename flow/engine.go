@@ -16,7 +16,7 @@ import (
 )
 
 // Engine checks requests against rules and records their statistics. The
-// zero value is not usable; call New. An Engine is safe for simultaneous use
+// zero value is not usable: its methods panic saying so; call New. An Engine is safe for simultaneous use
 // by multiple goroutines. It starts no goroutine of its own (the default
 // clock is one per process), so it needs no Close.
 type Engine struct {
@@ -108,6 +108,22 @@ func New(opts ...Option) (*Engine, error) {
 	return e, nil
 }
 
+// errNoEngine is the panic of a method called on a nil or zero Engine.
+const errNoEngine = "flow: nil or zero Engine: make one with flow.New"
+
+// ruleSet returns the rules in force, panicking with errNoEngine on a nil
+// or zero Engine (rather than with a nil dereference somewhere inside).
+func (e *Engine) ruleSet() *ruleSet {
+	if e == nil {
+		panic(errNoEngine)
+	}
+	s := e.rules.Load()
+	if s == nil {
+		panic(errNoEngine)
+	}
+	return s
+}
+
 // timeSource returns the engine's clock: the one it was given, kept from
 // stepping back (see WithClock).
 func (e *Engine) timeSource() stat.Clock {
@@ -127,6 +143,7 @@ func (e *Engine) now() int64 {
 
 // Snapshot returns the statistics of resource now, and false if it has none.
 func (e *Engine) Snapshot(resource string) (stat.Snapshot, bool) {
+	e.ruleSet()
 	n := e.registry.Lookup(resource)
 	if n == nil {
 		return stat.Snapshot{}, false
@@ -137,7 +154,7 @@ func (e *Engine) Snapshot(resource string) (stat.Snapshot, bool) {
 // Rules returns a copy of the rules in force, with defaults filled in:
 // loading them again changes nothing.
 func (e *Engine) Rules() []Rule {
-	return append([]Rule(nil), e.rules.Load().rules...)
+	return append([]Rule(nil), e.ruleSet().rules...)
 }
 
 // LoadRules validates every rule and, only if all are valid and the
@@ -156,6 +173,7 @@ func (e *Engine) Rules() []Rule {
 // errs towards strictness (whole seconds back; passes older than a
 // minute are not known).
 func (e *Engine) LoadRules(rules []Rule) error {
+	e.ruleSet()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	norm, err := e.normalise(rules)
@@ -196,7 +214,10 @@ func (e *Engine) LoadRules(rules []Rule) error {
 // in, listed keys over 256 bytes as their start and a hash), or the
 // *RuleError of the first bad one. The registry's room and a token
 // source's binding are not checked.
-func (e *Engine) CheckRules(rules []Rule) ([]Rule, error) { return e.normalise(rules) }
+func (e *Engine) CheckRules(rules []Rule) ([]Rule, error) {
+	e.ruleSet()
+	return e.normalise(rules)
+}
 
 // normalise returns the rules with defaults filled in, or the first error.
 func (e *Engine) normalise(rules []Rule) ([]Rule, error) {

@@ -310,13 +310,18 @@ func (en *Entry) release(sl *slots.Slot[site], node *stats.Node, m uint64, err e
 // stat.ErrTooManyResources; in every error case nothing is held and Exit on
 // the Entry does nothing.
 func (e *Engine) Entry(resource string, opts ...EntryOption) (Entry, error) {
-	rr := e.rules.Load().byResource[resource]
+	rr := e.ruleSet().byResource[resource]
 	if rr != nil {
 		if len(opts) == 0 && rr.single != nil {
 			return e.enterSingle(rr, 1)
 		}
 		return e.enter(rr, rr.node, opts)
 	}
+	return e.enterNew(resource, opts)
+}
+
+// enterNew is Entry on a resource without rules.
+func (e *Engine) enterNew(resource string, opts []EntryOption) (Entry, error) {
 	node, err := e.registry.Node(resource)
 	if err != nil {
 		return Entry{}, err
@@ -332,9 +337,13 @@ func (e *Engine) Entry(resource string, opts ...EntryOption) (Entry, error) {
 // or an hour when it has none (see WithWait for what each rule does and
 // the cancel rule). It returns at once, blocked, when no wait within that
 // would admit the request; ctx ending during the wait returns ctx's error
-// with everything taken given back. opts may add WithCount or WithKey; a
-// WithWait among them bounds the wait further.
+// with everything taken given back, and a ctx already ended returns its
+// error at once, admitting nothing (as x/time/rate's Wait). opts may add
+// WithCount or WithKey; a WithWait among them bounds the wait further.
 func (e *Engine) Wait(ctx context.Context, resource string, opts ...EntryOption) (Entry, error) {
+	if err := ctx.Err(); err != nil {
+		return Entry{}, err
+	}
 	var buf [8]EntryOption
 	return e.Entry(resource, waitOptions(buf[:0], ctx, opts)...)
 }
@@ -343,16 +352,30 @@ func (e *Engine) Wait(ctx context.Context, resource string, opts ...EntryOption)
 // without a wait: nil when it was admitted, the refusing rule's
 // *BlockError (matching ErrBlocked) with the Refusal that describes it, or
 // an option's error. It is the call that needs no Exit (x/time/rate's
-// Allow): an admitted request is counted as admitted and completed at
-// once, its RT 0. It takes Entry's options but refuses a wait
-// (ErrInvalidOption): waiting is Wait's. Like Entry it allocates nothing.
+// Allow), for a resource whose rules count rates, not requests in flight:
+// an admitted request counts as a pass, and as nothing else (no Success,
+// no RT), and it is never in flight (Snapshot's Inflight, and what a
+// Concurrency rule loaded later finds, leave it out). A Throttle rule
+// admits it only if its slot is now. It takes Entry's options but refuses
+// a wait (ErrInvalidOption): waiting is Wait's. On a resource with a
+// Concurrency or PerKey Concurrency rule it returns an error matching
+// ErrNeedsExit, counting nothing: those rules count the request until its
+// Exit. Like Entry it allocates nothing.
 func (e *Engine) Allow(resource string, opts ...EntryOption) (Refusal, error) {
 	var buf [8]EntryOption
 	o, err := allowOptions(buf[:0], opts)
 	if err != nil {
 		return Refusal{}, err
 	}
-	en, err := e.Entry(resource, o...)
+	rr := e.ruleSet().byResource[resource]
+	if rr == nil {
+		en, err := e.enterNew(resource, o)
+		return allowed(&en, err)
+	}
+	if rr.needsExit != nil {
+		return Refusal{}, rr.needsExit
+	}
+	en, err := e.enter(rr, rr.node, o)
 	return allowed(&en, err)
 }
 
@@ -363,9 +386,27 @@ func (r *Resource) Allow(opts ...EntryOption) (Refusal, error) {
 	if err != nil {
 		return Refusal{}, err
 	}
-	en, err := r.Entry(o...)
+	e := r.eng
+	c := r.rules.Load()
+	if set := e.rules.Load(); c == nil || c.set != set {
+		c = r.cache(set)
+	}
+	if rr := c.rr; rr != nil {
+		if rr.needsExit != nil {
+			return Refusal{}, rr.needsExit
+		}
+		en, err := e.enter(rr, rr.node, o)
+		return allowed(&en, err)
+	}
+	en, err := r.enterPlain(o)
 	return allowed(&en, err)
 }
+
+// ErrNeedsExit matches the error of Allow on a resource whose rules count
+// requests in flight (a Concurrency or PerKey Concurrency rule): they
+// count a request until its Exit, which Allow never makes. Use Entry and
+// Exit there.
+var ErrNeedsExit = errors.New("flow: the resource's rules need Exit")
 
 // allowOptions appends to buf Allow's options: opts, which must not wait,
 // and the one that lets no rule queue the request.
@@ -381,17 +422,28 @@ func allowOptions(buf, opts []EntryOption) ([]EntryOption, error) {
 // errAllowWaits is Allow's error for a wait option.
 var errAllowWaits = fmt.Errorf("%w: Allow does not wait (WithWait)", ErrInvalidOption)
 
-// allowed ends Allow's Entry: an admission completes at once.
+// allowed ends Allow's Entry: an admission (which holds nothing: Allow
+// refuses the rules that would claim) ends at once, without a completion.
 func allowed(en *Entry, err error) (Refusal, error) {
 	if err != nil {
 		return en.Refusal(), err
 	}
-	en.Exit(nil)
+	m, node := en.meta, en.node
+	n := int64(m >> 32)
+	node.AddAllowed(int(m>>2&(1<<30-1)), n)
+	if e := en.slot.Owner().e; e.adopting.Load() != 0 {
+		// A Concurrency rule loaded meanwhile may have counted it in
+		// flight (see Engine.adopt): it ends as an Exit would.
+		e.releaseAdopted(node, n)
+	}
 	return Refusal{}, nil
 }
 
 // Wait is Engine.Wait on this resource.
 func (r *Resource) Wait(ctx context.Context, opts ...EntryOption) (Entry, error) {
+	if err := ctx.Err(); err != nil {
+		return Entry{}, err
+	}
 	var buf [8]EntryOption
 	return r.Entry(waitOptions(buf[:0], ctx, opts)...)
 }
@@ -436,6 +488,7 @@ type resourceCache struct {
 // Resource returns a handle on resource, creating its statistics if needed
 // (errors as for Entry).
 func (e *Engine) Resource(name string) (*Resource, error) {
+	e.ruleSet()
 	node, err := e.registry.Node(name)
 	if err != nil {
 		return nil, err

@@ -64,6 +64,7 @@ func everySecond() (<-chan time.Time, func()) {
 // whole second on, every second of every resource is kept for it (at most
 // 64 between polls). Nothing runs until Start or Poll.
 func (e *Engine) Feed() *Feed {
+	e.ruleSet()
 	e.feedOnce.Do(func() {
 		wall, now := time.Now(), e.now()
 		e.feed = &Feed{eng: e, origin: wall.Add(-time.Duration(now)), subs: map[int]func([]stat.Second){}, tick: everySecond}

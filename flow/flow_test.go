@@ -496,11 +496,11 @@ func TestResourceHandleFollowsReloads(t *testing.T) {
 	}))
 }
 
-// Allow admits what Entry would admit and completes it at once (nothing in
-// flight after it), refuses with the rule's error and a Refusal that
-// describes it, takes WithKey and WithCount, refuses a wait, and allocates
-// nothing, by name and through a handle.
-func TestAllowAdmitsAndCompletesAtOnce(t *testing.T) {
+// Allow admits what Entry would admit and ends it at once (a pass, no
+// Success, nothing in flight after it), refuses with the rule's error and
+// a Refusal that describes it, takes WithKey and WithCount, refuses a
+// wait, and allocates nothing, by name and through a handle.
+func TestAllowAdmitsAndEndsAtOnce(t *testing.T) {
 	e, _ := newEngine(t, stattest.NewClock(time.Second))
 	load(t, e, Rule{Resource: "api", Threshold: 3}, Rule{Resource: "keyed", Threshold: 1, PerKey: true})
 	h, err := e.Resource("api")
@@ -518,8 +518,8 @@ func TestAllowAdmitsAndCompletesAtOnce(t *testing.T) {
 	assert.Positive(t, r.RetryAfter)
 	snap, _ := e.Snapshot("api")
 	assert.Equal(t, 3.0, snap.PassQPS)
-	assert.Equal(t, 3.0, snap.SuccessQPS, "every admission completed")
-	assert.Zero(t, snap.Inflight)
+	assert.Zero(t, snap.SuccessQPS, "no completion, no RT")
+	assert.Zero(t, snap.Inflight, "and nothing in flight")
 
 	_, err = e.Allow("keyed", WithKey("a"))
 	require.NoError(t, err)
@@ -559,4 +559,114 @@ func TestAllowNeverWaits(t *testing.T) {
 		en.Exit(nil)
 	}
 	assert.Equal(t, 400*time.Millisecond, slept, "only the two Entry calls waited")
+}
+
+// TestAllowNeedsNoExit: a minute of Allow-only traffic leaves nothing in
+// flight, lets the registry reclaim the resource, and a Concurrency rule
+// loaded after it counts none of it; Allow on a resource with a
+// Concurrency or PerKey Concurrency rule is an error (ErrNeedsExit) that
+// counts nothing, and Allow allocates nothing on every other kind.
+func TestAllowNeedsNoExit(t *testing.T) {
+	clock := stattest.NewClock(time.Second)
+	e, _ := newEngine(t, clock, WithMaxResources(4), WithTokenSource(stubSource))
+	load(t, e, Rule{Resource: "ruled", Threshold: 1000})
+	for range 60 {
+		for range 100 {
+			_, err := e.Allow("ruled")
+			require.NoError(t, err)
+			_, err = e.Allow("free")
+			require.NoError(t, err)
+		}
+		clock.Advance(time.Second)
+	}
+	for _, res := range []string{"ruled", "free"} {
+		s, _ := e.Snapshot(res)
+		assert.Zero(t, s.Inflight, res)
+		assert.GreaterOrEqual(t, s.MinutePass, int64(5900), res)
+		assert.Zero(t, s.MinuteSuccess, res)
+	}
+	load(t, e, Rule{Resource: "ruled", Threshold: 1000}, Rule{Resource: "free", Metric: Concurrency, Threshold: 1})
+	en, err := e.Entry("free")
+	require.NoError(t, err, "the Concurrency rule found nothing in flight")
+	_, err = e.Allow("free")
+	require.ErrorIs(t, err, ErrNeedsExit)
+	assert.Contains(t, err.Error(), "free")
+	en.Exit(nil)
+	n, _ := e.Snapshot("free")
+	load(t, e, Rule{Resource: "ruled", Threshold: 1000})
+	clock.Advance(61 * time.Second)
+	_, err = e.Entry("a")
+	require.NoError(t, err)
+	_, err = e.Entry("b")
+	require.NoError(t, err)
+	_, err = e.Entry("c")
+	require.NoError(t, err, "free was idle for a minute: the registry let it go")
+	assert.Nil(t, e.registry.Lookup("free"))
+	assert.Zero(t, n.Inflight)
+
+	e2, _ := newEngine(t, clock, WithTokenSource(stubSource))
+	rules := everyKind()
+	load(t, e2, rules...)
+	for _, r := range rules {
+		var opts []EntryOption
+		if r.PerKey {
+			opts = []EntryOption{WithKey("k")}
+		}
+		_, err := e2.Allow(r.Resource, opts...)
+		if r.Metric == Concurrency {
+			require.ErrorIs(t, err, ErrNeedsExit, r.Resource)
+			s, _ := e2.Snapshot(r.Resource)
+			assert.Zero(t, s.PassQPS+s.BlockQPS, "%s: nothing counted", r.Resource)
+			continue
+		}
+		if r.DryRun {
+			continue // its threshold of 1 is only reported
+		}
+		require.NoError(t, err, r.Resource)
+		assert.Zero(t, testing.AllocsPerRun(100, func() { _, _ = e2.Allow(r.Resource, opts...) }), r.Resource)
+		s, _ := e2.Snapshot(r.Resource)
+		assert.Zero(t, s.Inflight, r.Resource)
+	}
+}
+
+// TestAllowRacingANewConcurrencyRuleLeavesNothing: Allow traffic while a
+// Concurrency rule is loaded and unloaded on its resource over and over
+// (the rule adopts what is in flight): once it stops, nothing is left in
+// flight or counted by the rule, so one request is admitted under a
+// threshold of 1.
+func TestAllowRacingANewConcurrencyRuleLeavesNothing(t *testing.T) {
+	e, _ := newEngine(t, stat.NewMonotonic())
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	var wrong atomic.Int64
+	for range 4 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := e.Allow("r"); err != nil && !errors.Is(err, ErrNeedsExit) {
+					wrong.Inc()
+				}
+			}
+		}()
+	}
+	for range 3000 {
+		load(t, e, Rule{Resource: "r", Metric: Concurrency, Threshold: 1})
+		load(t, e)
+	}
+	close(stop)
+	for range 4 {
+		<-done
+	}
+	assert.Zero(t, wrong.Load())
+	load(t, e, Rule{Resource: "r", Metric: Concurrency, Threshold: 1})
+	en, err := e.Entry("r")
+	require.NoError(t, err, "nothing left in flight")
+	en.Exit(nil)
+	s, _ := e.Snapshot("r")
+	assert.Zero(t, s.Inflight)
 }

@@ -89,7 +89,7 @@ func (rr *resourceRules) takeGCRAs(h *held, now, wait int64, q *request, rf *ref
 		gr := &rr.gcras[i]
 		d, tok, ok, rm := gr.take(now, q.n, q.wait)
 		if !ok {
-			*rf = refusal{gr.be, 0, rm}
+			*rf = refusal{gr.be, 0, rm, i}
 			return wait, false
 		}
 		h.gcra[i] = tok
@@ -117,7 +117,7 @@ func (rr *resourceRules) alignGCRAs(h *held, t, n int64, rf *refusal) bool {
 		}
 		_, tok, ok, _ := gr.take(t, n, 0)
 		if !ok {
-			*rf = refusal{gr.be, 0, unknownRoom}
+			*rf = refusal{gr.be, 0, unknownRoom, i}
 			return false
 		}
 		h.gcra[i] = tok

@@ -543,10 +543,10 @@ func (e *Engine) takeGlobals(rr *resourceRules, h *held, p int, now int64, q *re
 		g := &rr.globals[i]
 		if be, refused := e.global(rr.node, g, h, i, p, now, q); be != nil {
 			rm := unknownRoom
-			if refused && rr.rules == 1 {
+			if refused {
 				rm = g.room(q)
 			}
-			*rf = refusal{be, 0, rm}
+			*rf = refusal{be, 0, rm, i}
 			return false
 		}
 	}

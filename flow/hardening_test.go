@@ -984,3 +984,27 @@ func TestCancelledBorrowEndsItsAdoptedCount(t *testing.T) {
 	require.NoError(t, err)
 	en.Exit(nil)
 }
+
+// TestNilAndZeroEnginesSaySo: every method of a nil or zero Engine panics
+// with a message that says to call New, not with a nil dereference.
+func TestNilAndZeroEnginesSaySo(t *testing.T) {
+	for name, e := range map[string]*Engine{"nil": nil, "zero": new(Engine)} {
+		calls := map[string]func(){
+			"Entry":      func() { _, _ = e.Entry("r") },
+			"Allow":      func() { _, _ = e.Allow("r") },
+			"Wait":       func() { _, _ = e.Wait(context.Background(), "r") },
+			"Reserve":    func() { _, _ = e.Reserve("r") },
+			"Resource":   func() { _, _ = e.Resource("r") },
+			"LoadRules":  func() { _ = e.LoadRules(nil) },
+			"CheckRules": func() { _, _ = e.CheckRules(nil) },
+			"Rules":      func() { _ = e.Rules() },
+			"Snapshot":   func() { _, _ = e.Snapshot("r") },
+			"Policy":     func() { _, _, _, _ = e.Policy("r") },
+			"DryRuns":    func() { _ = e.DryRuns() },
+			"Feed":       func() { _ = e.Feed() },
+		}
+		for call, fn := range calls {
+			assert.PanicsWithValue(t, errNoEngine, fn, "%s engine, %s", name, call)
+		}
+	}
+}

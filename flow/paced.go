@@ -59,7 +59,7 @@ func (rr *resourceRules) takePaced(h *held, now, wait int64, q *request, rf *ref
 		}
 		ph, d, ok := pr.p.Reserve(now, q.n, rate, queue)
 		if !ok {
-			*rf = refusal{pr.be, rate, paceRoom(d, queue)}
+			*rf = refusal{pr.be, rate, paceRoom(d, queue), i}
 			return wait, false
 		}
 		h.paced[i] = ph
@@ -85,7 +85,7 @@ func (rr *resourceRules) alignPaced(h *held, now, t, n int64, rf *refusal) bool 
 		rate := pr.pace(now, rr.node)
 		ph, _, ok := pr.p.Reserve(t, n, rate, 0)
 		if !ok {
-			*rf = refusal{pr.be, rate, unknownRoom}
+			*rf = refusal{pr.be, rate, unknownRoom, i}
 			return false
 		}
 		h.paced[i] = ph

@@ -232,6 +232,43 @@ func (kr *keyRule) state(key string, hasKey bool) (*keytable.State, int64, float
 	return kr.t.Get(key), kr.limit, kr.rate
 }
 
+// room is how long from now until the rule would admit the request under
+// its key, taking nothing and adding no key (a key the table lacks has
+// room now); -1 when it never would.
+func (kr *keyRule) room(q *request, now int64) int64 {
+	st, limit, rate := kr.t.NoKey(), kr.limit, kr.rate
+	if q.hasKey {
+		st = nil
+		if s, ok := kr.spec[q.key]; ok {
+			limit, rate = s.limit, s.rate
+			if !s.st.Dead() {
+				st = s.st
+			}
+		}
+		if st == nil {
+			st = kr.t.Peek(q.key)
+		}
+	}
+	if kr.t.Kind() == keytable.Pace {
+		queue := kr.maxQueue
+		if q.noQueue {
+			queue = 0
+		}
+		if st == nil {
+			return pace.Room(nil, queue, now, q.n, rate)
+		}
+		return pace.Room(st.Timeline(), queue, now, q.n, rate)
+	}
+	if q.n > limit {
+		return -1
+	}
+	if st == nil {
+		return 0
+	}
+	retry, _ := kr.t.RoomIn(st, now, q.n, limit)
+	return retry
+}
+
 // blockError is the error a request of key is blocked with: the rule's,
 // or a listed key's own (its Quota is the key's).
 func (kr *keyRule) blockError(q *request) *BlockError {
@@ -343,7 +380,7 @@ func validatePerKeyKind(r *Rule, i int) error {
 func (rr *resourceRules) takeKeyConcurrency(h *held, q *request, rf *refusal) bool {
 	st, seen, ok := rr.keyConc.acquire(q)
 	if !ok {
-		*rf = refusal{rr.keyConc.blockError(q), float64(seen), unknownRoom}
+		*rf = refusal{rr.keyConc.blockError(q), float64(seen), unknownRoom, 0}
 		return false
 	}
 	h.kc = st
@@ -357,7 +394,7 @@ func (rr *resourceRules) takeKeyed(h *held, now, wait int64, q *request, rf *ref
 		kr := &rr.keyed[i]
 		d, seen, rm, ok := kr.admit(q, now, &h.keys[i])
 		if !ok {
-			*rf = refusal{kr.blockError(q), seen, rm}
+			*rf = refusal{kr.blockError(q), seen, rm, i}
 			return now, wait, false
 		}
 		if kr.t.Kind() == keytable.Window {
@@ -398,7 +435,7 @@ func (rr *resourceRules) alignKeyed(h *held, t int64, q *request, rf *refusal) b
 		kr := &rr.keyed[i]
 		if kr.t.Kind() == keytable.Window {
 			if h.keys[i].st != nil && t/kr.t.BucketLen() != h.keys[i].b {
-				*rf = refusal{kr.blockError(q), 0, unknownRoom}
+				*rf = refusal{kr.blockError(q), 0, unknownRoom, i}
 				return false
 			}
 			continue
@@ -406,7 +443,7 @@ func (rr *resourceRules) alignKeyed(h *held, t int64, q *request, rf *refusal) b
 		kr.undo(h.keys[i], n)
 		h.keys[i] = keyHeld{}
 		if _, seen, _, ok := kr.admitAt(q, t, &h.keys[i]); !ok {
-			*rf = refusal{kr.blockError(q), seen, unknownRoom}
+			*rf = refusal{kr.blockError(q), seen, unknownRoom, i}
 			return false
 		}
 	}

@@ -25,9 +25,9 @@ func compileRelated(c *compiling) {
 // takeRelated refuses the request while a related resource's pass rate
 // is over its rule's threshold.
 func (rr *resourceRules) takeRelated(now, n int64, rf *refusal) bool {
-	for _, rel := range rr.related {
+	for i, rel := range rr.related {
 		if seen := rel.node.Rate(now, metric.Pass); seen+float64(n) > rel.threshold {
-			*rf = refusal{rel.be, seen, unknownRoom}
+			*rf = refusal{rel.be, seen, unknownRoom, i}
 			return false
 		}
 	}

@@ -64,7 +64,7 @@ func (e *Engine) Reserve(resource string, opts ...EntryOption) (*Reservation, er
 	if !q.hasWait {
 		q.wait = int64(longestWait)
 	}
-	set := e.rules.Load()
+	set := e.ruleSet()
 	rr := set.byResource[resource]
 	if rr == nil {
 		// No rules: nothing to hold; Entry counts it.

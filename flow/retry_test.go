@@ -37,8 +37,9 @@ func TestBlockedEntrySaysWhenToRetry(t *testing.T) {
 	clock.Set(700 * ms)
 	en, err := e.Entry("two")
 	require.ErrorIs(t, err, ErrBlocked)
-	_, ok := en.retryAfter()
-	assert.False(t, ok, "with two rules, the one that blocked cannot speak for the other")
+	wait, ok := en.retryAfter()
+	require.True(t, ok, "two rules: the one that blocked, and the other had room")
+	assert.Equal(t, 300*ms, wait, "two: the 1 s rule's wait; the 2 s rule has room now")
 	for _, res := range []string{"qps"} {
 		en, err := e.Entry(res)
 		require.ErrorIs(t, err, ErrBlocked)
@@ -51,7 +52,7 @@ func TestBlockedEntrySaysWhenToRetry(t *testing.T) {
 	}
 	en, err = e.Entry("key", WithKey("k"))
 	require.ErrorIs(t, err, ErrBlocked)
-	wait, ok := en.retryAfter()
+	wait, ok = en.retryAfter()
 	require.True(t, ok)
 	assert.Equal(t, 300*ms, wait, "per key, the same")
 	reset, ok := en.reset()
@@ -418,4 +419,103 @@ func TestGlobalListedKeyRefusalTellsTheKeysQuota(t *testing.T) {
 		}
 	}
 	assert.Equal(t, int64(50), quota("vip"), "refused by the local fallback")
+}
+
+// TestRefusalWaitsForEveryRateRule: on a resource with several rules, a
+// refused request is told to come back when the rule that refused it and
+// every other rate rule would admit it (the latest of their waits), under
+// the refusing rule's policy, on a fake clock: a window then a PerKey
+// rule, a window then GCRA, a window then Throttle, a PerKey rule after a
+// global one, and a later rule that never admits the request (no time).
+func TestRefusalWaitsForEveryRateRule(t *testing.T) {
+	clock := stattest.NewClock(0)
+	e, _ := newEngine(t, clock, WithTokenSource(stubSource))
+	load(t, e,
+		// 10/s for the resource, 2 per 4 s per key.
+		Rule{Resource: "keyed", Threshold: 10},
+		Rule{Resource: "keyed", Threshold: 0.5, StatInterval: 4 * time.Second, PerKey: true},
+		Rule{Resource: "gcra", Threshold: 2},
+		Rule{Resource: "gcra", Threshold: 1, Behavior: GCRA, Burst: 3},
+		Rule{Resource: "paced", Threshold: 2},
+		Rule{Resource: "paced", Threshold: 1, Behavior: Throttle, MaxQueueing: 500 * ms},
+		Rule{Resource: "global", Threshold: 100, Global: true},
+		Rule{Resource: "global", Threshold: 0.5, StatInterval: 4 * time.Second, PerKey: true},
+		Rule{Resource: "never", Threshold: 5},
+		Rule{Resource: "never", Threshold: 1, PerKey: true},
+	)
+	refused := func(res string, opts ...EntryOption) Refusal {
+		t.Helper()
+		en, err := e.Entry(res, opts...)
+		require.ErrorIs(t, err, ErrBlocked, res)
+		return en.Refusal()
+	}
+
+	// The key took its 2 at 0; at 100 ms the resource's 10 are gone
+	// (8 more keys): the window refuses, waiting 900 ms, and the key's
+	// window 3.9 s.
+	for i := range 10 {
+		require.True(t, try(e, "keyed", WithKey(string(rune('a'+i/2)))))
+	}
+	clock.Set(100 * ms)
+	r := refused("keyed", WithKey("a"))
+	assert.Equal(t, "keyed", r.Err.Rule.Resource)
+	assert.False(t, r.Err.Rule.PerKey, "the policy is the refusing rule's")
+	assert.Equal(t, 3900*ms, r.RetryAfter, "the key's window holds it longest")
+	r = refused("keyed", WithKey("z"))
+	assert.Equal(t, 900*ms, r.RetryAfter, "a key the rule has not seen waits for the resource's window only")
+
+	// GCRA at 1/s, burst 3: 2 taken at 10 s leave 1 token; the window of
+	// 2/s refuses the third at 10.2 s, which GCRA alone would admit: the
+	// window's wait, 800 ms; a batch of 2 waits for GCRA's second token,
+	// back at 11 s.
+	clock.Set(10 * time.Second)
+	require.True(t, try(e, "gcra", WithCount(2)))
+	clock.Set(10*time.Second + 200*ms)
+	r = refused("gcra")
+	assert.Equal(t, 800*ms, r.RetryAfter, "GCRA has a token now: the window's wait")
+	assert.Equal(t, "gcra", r.Resource)
+	r = refused("gcra", WithCount(2))
+	assert.Equal(t, 800*ms, r.RetryAfter, "2 tokens are back at 11 s too")
+	clock.Set(11 * time.Second)
+	require.True(t, try(e, "gcra", WithCount(2)), "the bucket from 10 s has left")
+
+	// Throttle at 1/s, queue 500 ms: 2 admitted at 20 s took the slots at
+	// 20 s and 21 s; the window refuses the third at 20.2 s (800 ms), and
+	// its slot at 22 s is within the queue from 21.5 s: 1.3 s.
+	clock.Set(20 * time.Second)
+	en, err := e.Entry("paced")
+	require.NoError(t, err)
+	en.Exit(nil)
+	en, err = e.Entry("paced", WithWait(time.Second))
+	require.NoError(t, err)
+	en.Exit(nil)
+	clock.Set(20*time.Second + 200*ms)
+	r = refused("paced")
+	assert.Equal(t, 1300*ms, r.RetryAfter, "the throttle's slot, less its queue")
+
+	// A PerKey rule after a global one: the global rule admitted it, the
+	// key's window refuses: its wait (its bucket from 30 s leaves at 34 s).
+	clock.Set(30 * time.Second)
+	require.True(t, try(e, "global", WithKey("k")))
+	require.True(t, try(e, "global", WithKey("k")))
+	clock.Set(31 * time.Second)
+	r = refused("global", WithKey("k"))
+	assert.True(t, r.Err.Rule.PerKey)
+	assert.Equal(t, 3*time.Second, r.RetryAfter)
+
+	// A batch of 2 that the window refuses, and that the per-key limit of
+	// 1 never admits: no time to give.
+	clock.Set(40 * time.Second)
+	for i := range 5 {
+		require.True(t, try(e, "never", WithKey(string(rune('a'+i)))))
+	}
+	r = refused("never", WithCount(2), WithKey("q"))
+	assert.Negative(t, r.RetryAfter, "the PerKey rule never admits 2")
+	clock.Set(40*time.Second + 500*ms)
+	r = refused("never", WithCount(2), WithKey("q"))
+	assert.False(t, r.Err.Rule.PerKey)
+	assert.Negative(t, r.RetryAfter, "the PerKey rule never admits 2")
+	r = refused("never", WithKey("q"))
+	assert.False(t, r.Err.Rule.PerKey)
+	assert.Equal(t, 500*ms, r.RetryAfter, "one: the window's wait (its bucket from 40 s leaves at 41 s)")
 }

@@ -643,3 +643,32 @@ func TestCancelledThrottleWaitNeverOverAdmits(t *testing.T) {
 	l := int64(m) * int64(time.Second)
 	assert.LessOrEqual(t, mostInSpan(st, l), int64(m), "Throttle 1/s: stamps %v", st)
 }
+
+// TestWaitWithAnEndedContextAdmitsNothing: Wait with a context already
+// cancelled (or past its deadline) returns the context's error at once, as
+// x/time/rate's Wait does, on a resource with rules and one without,
+// through the engine and a handle, and counts nothing.
+func TestWaitWithAnEndedContextAdmitsNothing(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(0))
+	load(t, e, Rule{Resource: "r", Threshold: 100})
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	past, cancel2 := context.WithDeadline(context.Background(), time.Unix(1, 0))
+	defer cancel2()
+	h, err := e.Resource("r")
+	require.NoError(t, err)
+	for _, ctx := range []context.Context{cancelled, past} {
+		for _, res := range []string{"r", "free"} {
+			en, err := e.Wait(ctx, res)
+			assert.ErrorIs(t, err, ctx.Err(), res)
+			assert.Zero(t, en.Start(), res)
+		}
+		_, err := h.Wait(ctx)
+		assert.ErrorIs(t, err, ctx.Err())
+	}
+	s, _ := e.Snapshot("r")
+	assert.Zero(t, s.PassQPS+s.BlockQPS, "nothing counted")
+	en, err := e.Wait(context.Background(), "r")
+	require.NoError(t, err, "a live context is admitted")
+	en.Exit(nil)
+}

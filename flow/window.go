@@ -291,12 +291,9 @@ func (rr *resourceRules) takeWindows(h *held, p int, now int64, q *request, rf *
 				continue
 			}
 		}
-		rm := unknownRoom
-		if len(g.warm) == 0 && rr.rules == 1 {
-			// Only a resource's one rule says when to retry (see block).
-			rm = roomOf(g.w.RoomIn(now, n, limit))
-		}
-		*rf = refusal{be, float64(r.Seen()), rm}
+		// A warm-up group's limit rises as it warms: the wait at today's
+		// limit is the longest.
+		*rf = refusal{be, float64(r.Seen()), roomOf(g.w.RoomIn(now, n, limit)), i}
 		return now, wait, false
 	}
 	return now, wait, true
@@ -330,7 +327,7 @@ func (rr *resourceRules) alignWindows(h *held, p int, now, t, n int64, rf *refus
 		r, s, borrowed, ok := g.w.AdmitAt(p, now, t, n, limit)
 		switch {
 		case !ok:
-			*rf = refusal{be, float64(r.Seen()), unknownRoom}
+			*rf = refusal{be, float64(r.Seen()), unknownRoom, i}
 			return t, false
 		case borrowed:
 			h.addBorrow(borrowedAt{g.w, s})

@@ -56,7 +56,10 @@ func TestGlobalRefusalSaysWhenToRetry(t *testing.T) {
 	}
 	en, err := eng.Entry("two")
 	require.ErrorIs(t, err, flow.ErrBlocked)
-	assert.Negative(t, en.Refusal().RetryAfter, "with two rules, the one that blocked cannot speak for the other")
+	d := en.Refusal().RetryAfter
+	assert.Positive(t, d, "two rules: the global one's wait, the local one had room")
+	assert.LessOrEqual(t, d, time.Second)
+	assert.Equal(t, "g-retry-two", en.Refusal().Err.Rule.ID)
 }
 
 // TestFailedSourceCannotSay: a global rule whose source failed (Redis

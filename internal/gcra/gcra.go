@@ -70,6 +70,15 @@ func (l *Limiter) Take(now, n, maxWait int64) (wait, tok int64, ok bool, retry, 
 	}
 }
 
+// Room is how long from now until n tokens are there, taking none (Take's
+// retry with no wait allowed): 0 when they are there now, -1 when never.
+func (l *Limiter) Room(now, n int64) int64 {
+	if l.off || n > l.burst {
+		return -1
+	}
+	return max(max(l.c.tat.Load(), now)+n*l.interval-now-l.tolerance, 0)
+}
+
 // Give gives back n tokens that Take took, setting arrival time tok (the
 // request was not admitted in the end), if no request has taken tokens
 // since: the arrival time moves back by their cost. Once another request

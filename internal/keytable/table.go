@@ -230,6 +230,22 @@ func (t *Table) Get(key string) *State {
 	return t.add(ID{h, c}, a, b)
 }
 
+// Peek returns key's state, or nil if the table lacks it: nothing is
+// added or evicted (a key evicted to the memory of evicted keys reads as
+// absent).
+func (t *Table) Peek(key string) *State {
+	if n := t.next.Load(); n != nil {
+		return n.current().Peek(key)
+	}
+	h := t.hash(key)
+	a, b := t.setsOf(h)
+	var c uint64
+	if st := t.sets[a].find(h, &c, t, key); st != nil {
+		return st
+	}
+	return t.sets[b].find(h, &c, t, key)
+}
+
 // find returns the live state of key in s, or nil.
 func (s *set) find(h uint64, c *uint64, t *Table, key string) *State {
 	for i := range s.ways {

@@ -66,6 +66,25 @@ func Reserve(head *atomic.Int64, maxQueue, now, n int64, rate float64) (h Held, 
 	}
 }
 
+// Room is how long from now until a request of n at rate, queueing up to
+// maxQueue, would be admitted on the timeline whose head is head, taking
+// no slot (head nil: an idle timeline): 0 now, -1 never (rate 0, or a
+// cost beyond any queue).
+func Room(head *atomic.Int64, maxQueue, now, n int64, rate float64) int64 {
+	if rate <= 0 {
+		return -1
+	}
+	c := math.Ceil(float64(n) * float64(time.Second) / rate)
+	if c > float64(maxCost) {
+		return -1
+	}
+	last := int64(idle) // a nil head: an idle timeline
+	if head != nil {
+		last = head.Load()
+	}
+	return max(last+int64(c)-now-maxQueue, 0)
+}
+
 // GiveBack returns an abandoned slot to the timeline whose head is head,
 // if it is still the last one taken: the next request takes it. Once a
 // request queued behind it, the slot stays spent: moving the head back
@@ -94,6 +113,11 @@ func New() *Pacer {
 // or 0 for a slot at now itself.
 func (p *Pacer) Reserve(now, n int64, rate float64, maxQueue int64) (h Held, wait int64, ok bool) {
 	return Reserve(&p.head, maxQueue, now, n, rate)
+}
+
+// Room is Room on the pacer's timeline.
+func (p *Pacer) Room(now, n int64, rate float64, maxQueue int64) int64 {
+	return Room(&p.head, maxQueue, now, n, rate)
 }
 
 // GiveBack returns an abandoned slot (see GiveBack).

@@ -56,6 +56,10 @@ type Node struct {
 	// in-flight figure; written by its hand-over (see window.WithHandover).
 	retiredPass    atomic.Int64
 	retiredSuccess atomic.Int64
+	// allowed counts, by stripe, the requests Allow admitted: they never
+	// exit, so the in-flight figure takes them off as it does completions.
+	// Made on the first (most resources never see Allow).
+	allowed atomic.Pointer[[]paddedCount]
 
 	// concurrency is the exact in-flight count of requests admitted by
 	// concurrency rules; unlike Inflight it is one shared word, because
@@ -189,8 +193,44 @@ func (n *Node) Second() *window.Window { return n.second }
 // hand-over of retiring buckets loses and repeats nothing).
 func (n *Node) Inflight() int64 {
 	pass := n.second.SumRange(math.MinInt64, math.MaxInt64, metric.Pass) + n.retiredPass.Load()
-	done := n.second.SumRange(math.MinInt64, math.MaxInt64, metric.Success) + n.retiredSuccess.Load()
+	done := n.second.SumRange(math.MinInt64, math.MaxInt64, metric.Success) + n.retiredSuccess.Load() + n.allowedTotal()
 	return max(0, pass-done)
+}
+
+// paddedCount is a counter alone on its cache line.
+type paddedCount struct {
+	n atomic.Int64
+	_ [cpu.CacheLine - 8]byte
+}
+
+// AddAllowed counts k requests that Allow admitted (their passes counted
+// already) as ended without a completion, on the stripe hinted by p: the
+// in-flight figure no longer counts them, and no Success or RT is
+// counted. The stripes cost a resource nothing until its first.
+func (n *Node) AddAllowed(p int, k int64) {
+	s := n.allowed.Load()
+	if s == nil {
+		made := make([]paddedCount, cpu.Stripes())
+		if !n.allowed.CompareAndSwap(nil, &made) {
+			s = n.allowed.Load()
+		} else {
+			s = &made
+		}
+	}
+	(*s)[p&(len(*s)-1)].n.Add(k)
+}
+
+// allowedTotal is every request AddAllowed counted.
+func (n *Node) allowedTotal() int64 {
+	s := n.allowed.Load()
+	if s == nil {
+		return 0
+	}
+	var t int64
+	for i := range *s {
+		t += (*s)[i].n.Load()
+	}
+	return t
 }
 
 // Concurrency returns the exact in-flight count that concurrency rules
@@ -255,7 +295,7 @@ func (n *Node) adopt() (added int64, first bool) {
 	n.second.Locked(func() {
 		pass := n.second.SumRange(math.MinInt64, math.MaxInt64, metric.Pass) + n.retiredPass.Load()
 		conc := n.concurrency.Load()
-		done := n.second.SumRange(math.MinInt64, math.MaxInt64, metric.Success) + n.retiredSuccess.Load()
+		done := n.second.SumRange(math.MinInt64, math.MaxInt64, metric.Success) + n.retiredSuccess.Load() + n.allowedTotal()
 		added = pass - conc - done
 		if added <= 0 {
 			added = 0
