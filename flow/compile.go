@@ -21,6 +21,9 @@ import (
 type ruleSet struct {
 	rules      []Rule
 	byResource map[string]*resourceRules
+	// since is when each resource came under rules, kept across reloads
+	// that keep rules on it (see Engine.Unreached).
+	since map[string]int64
 	// The state of rules, by rule, so that a reload that keeps a rule (see
 	// ruleKey) keeps its counts: warm-up tokens, throttle timelines, a
 	// Global rule's local fallback window, per-key tables, dry-run windows
@@ -208,9 +211,18 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stats.Node, bounds []Boun
 		tables:     map[ruleKey]kept[*keytable.Table]{},
 		shadows:    map[ruleKey]kept[*shadow]{},
 		gcras:      map[ruleKey]kept[*gcra.Cell]{},
+		since:      map[string]int64{},
 	}
 	copies := map[ruleKey]int{}
 	now := e.now()
+	for i := range norm {
+		res := norm[i].Resource
+		if t, ok := old.since[res]; ok {
+			next.since[res] = t
+		} else {
+			next.since[res] = now
+		}
+	}
 	for i := range norm {
 		r := &norm[i]
 		k := ruleKey{resource: r.Resource, id: r.ID, metric: r.Metric, perKey: r.PerKey, class: stateClass(r)}

@@ -469,3 +469,24 @@ func TestBlockStatusDetails(t *testing.T) {
 	assert.False(t, ok, "no RetryInfo when the rule cannot say")
 	assert.Len(t, st.Details(), 1)
 }
+
+// TestEveryRefusalCarriesRetryInfo: on a method with a rule for all
+// callers and one per caller, the per-caller refusal carries RetryInfo
+// (the key's wait) and names its own rule.
+func TestEveryRefusalCarriesRetryInfo(t *testing.T) {
+	clock := stattest.NewClock(0)
+	eng := engine(t, clock,
+		flow.Rule{ID: "all", Resource: grpcflowtest.Say, Threshold: 100},
+		flow.Rule{ID: "each", Resource: grpcflowtest.Say, Threshold: 0.5, StatInterval: 2 * time.Second, PerKey: true})
+	conn := serve(t, New(eng, WithKey(MetadataKey("X-API-Key"))), nil)
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "x-api-key", "alice")
+	clock.Set(100 * ms)
+	require.NoError(t, say(ctx, conn, "1"))
+	clock.Set(600 * ms)
+	err := say(ctx, conn, "2")
+	require.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
+	d, ok := RetryDelay(err)
+	require.True(t, ok, "a resource with two rules still says when")
+	assert.Equal(t, 1400*ms, d, "alice's pass at 100 ms leaves her 2 s window (of 200 ms buckets) at 2 s")
+	assert.Equal(t, "each", detailInfo(t, err).Metadata["rule"])
+}

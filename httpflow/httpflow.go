@@ -10,15 +10,31 @@
 //
 // # Naming
 //
-// ServeMux sets Request.Pattern inside its ServeHTTP, so a middleware
-// around the whole mux sees it empty. Two ways:
+// A request's resource is the pattern of the route that serves it, as
+// registered ("GET /items/{id}", or "/items/{id}" for a route of any
+// method), however the muxes nest:
+//   - Wrap a mux: Middleware(mux) asks the mux for the pattern
+//     (mux.Handler(r)) before it runs, which matches the route a second
+//     time (a few hundred nanoseconds for a small mux); where its pattern
+//     leads to another ServeMux (top.Handle("/api/", api)), that mux's
+//     pattern, and so on. WithMux(mux) does the same for a middleware that
+//     wraps something else in front of mux. An outer mux's pattern
+//     (Request.Pattern, "/" for top.Handle("/", mw(mux))) never names the
+//     request when the inner mux is known.
 //   - Wrap each route: mux.Handle("GET /items/{id}", mw(items)); the
-//     middleware then runs after the match and reads Request.Pattern.
-//   - Wrap the mux and pass WithMux(mux): the middleware asks the mux for
-//     the pattern (mux.Handler(r)) before it runs, which matches the route
-//     a second time (a few hundred nanoseconds for a small mux).
+//     middleware then runs after the match and reads Request.Pattern, the
+//     innermost mux's.
 //
-// A request no pattern matches enters the resource Unmatched. WithResource
+// A mux behind http.StripPrefix cannot be seen into: register the inner
+// routes with their full paths (ServeMux patterns can), or wrap the inner
+// mux itself. chi, gin, echo and fiber have adapters of their own (see
+// docs/routers.md), which name requests the same way: the method, a
+// space, and the route's pattern.
+//
+// A request no pattern matches enters the resource Unmatched. While
+// requests go there, a rule whose resource sees none cannot take effect
+// as named (flow.Engine.Unreached): the Limiter logs each such rule once
+// (WithLogger), checking at most every 10 s. WithResource
 // names requests by any function; MethodPath names them by method and
 // path, which is only safe where paths are few: every distinct name is a
 // resource, and the registry refuses new ones past its cap. A request whose
@@ -61,6 +77,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
@@ -90,6 +107,7 @@ type config struct {
 	onAdmit     bool
 	failClosed  bool
 	isException func(status int) bool
+	logger      *slog.Logger
 }
 
 // Option configures a Middleware.
@@ -130,6 +148,10 @@ func WithExceptions(fn func(status int) bool) Option {
 	return func(c *config) { c.isException = fn }
 }
 
+// WithLogger sets where the Limiter logs rules that cannot take effect
+// (see the package doc; default slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+
 // MethodPath names a request by its method and path: for few, known
 // paths only (see the package doc).
 func MethodPath(r *http.Request) string { return r.Method + " " + r.URL.Path }
@@ -143,6 +165,11 @@ type Limiter struct {
 	cfg config
 	// failedOpen and failedClosed back Stats.
 	failedOpen, failedClosed atomic.Int64
+	// checked is when unmatched traffic last made the Limiter look for
+	// unreached rules (unix ns); reported are the rules it logged.
+	checked  atomic.Int64
+	mu       sync.Mutex
+	reported map[string]bool
 }
 
 // New returns a Limiter on eng.
@@ -159,13 +186,20 @@ func New(eng *flow.Engine, opts ...Option) *Limiter {
 	if m.cfg.isException == nil {
 		m.cfg.isException = func(status int) bool { return status >= 500 }
 	}
+	if m.cfg.logger == nil {
+		m.cfg.logger = slog.Default()
+	}
 	return m
 }
 
 // Middleware wraps next so that each request enters the engine first,
 // under the resource WithResource (or the request's pattern) names.
 func (m *Limiter) Middleware(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, next, "") })
+	mux := m.cfg.mux
+	if inner, ok := next.(*http.ServeMux); ok && mux == nil {
+		mux = inner
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, next, m.name(r, mux)) })
 }
 
 // Handler wraps h under the resource named resource.
@@ -185,20 +219,62 @@ func (m *Limiter) Stats() Stats {
 	return Stats{FailedOpen: m.failedOpen.Load(), FailedClosed: m.failedClosed.Load()}
 }
 
-// name is the resource of r.
-func (m *Limiter) name(r *http.Request) string {
+// name is the resource of r, a request mux (nil: none known) will serve.
+func (m *Limiter) name(r *http.Request, mux *http.ServeMux) string {
 	if m.cfg.resource != nil {
 		return m.cfg.resource(r)
+	}
+	if mux != nil {
+		return routePattern(mux, r)
 	}
 	if r.Pattern != "" {
 		return r.Pattern
 	}
-	if m.cfg.mux != nil {
-		if _, pattern := m.cfg.mux.Handler(r); pattern != "" {
+	return Unmatched
+}
+
+// routePattern returns the pattern of the route mux serves r by, looking
+// into each ServeMux a pattern leads to (at most 8 deep), or Unmatched
+// when none matches.
+func routePattern(mux *http.ServeMux, r *http.Request) string {
+	for range 8 {
+		h, pattern := mux.Handler(r)
+		if pattern == "" {
+			return Unmatched
+		}
+		inner, ok := h.(*http.ServeMux)
+		if !ok {
 			return pattern
 		}
+		mux = inner
 	}
 	return Unmatched
+}
+
+// checkUnreached logs, at most every 10 s while requests go unmatched,
+// each rule that cannot take effect (flow.Engine.Unreached), once.
+func (m *Limiter) checkUnreached() {
+	now := time.Now().UnixNano()
+	last := m.checked.Load()
+	if now-last < int64(10*time.Second) || !m.checked.CompareAndSwap(last, now) {
+		return
+	}
+	for _, r := range m.eng.Unreached() {
+		key := r.Resource + "\x00" + r.Name()
+		m.mu.Lock()
+		seen := m.reported[key]
+		if !seen {
+			if m.reported == nil {
+				m.reported = map[string]bool{}
+			}
+			m.reported[key] = true
+		}
+		m.mu.Unlock()
+		if !seen {
+			m.cfg.logger.Warn("httpflow: a rule cannot take effect: its resource has seen no request while requests went unmatched; check the names the router gives (see httpflow's Naming)",
+				"rule", r.Name(), "resource", r.Resource, "unmatched", Unmatched)
+		}
+	}
 }
 
 // errStatus is the exception of a response with a status counted as one.
@@ -210,8 +286,8 @@ func (e errStatus) Error() string { return "httpflow: response status " + strcon
 var errPanic = errors.New("httpflow: handler panicked")
 
 func (m *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handler, resource string) {
-	if resource == "" {
-		resource = m.name(r)
+	if resource == Unmatched {
+		m.checkUnreached()
 	}
 	opts := [2]flow.EntryOption{flow.WithContext(r.Context())}
 	n := 1

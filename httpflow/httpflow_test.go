@@ -578,3 +578,31 @@ func TestPaddedForwardedForCostsNothing(t *testing.T) {
 	allocs := testing.AllocsPerRun(10, func() { key(r) })
 	assert.Less(t, allocs, 10.0, "allocations grow with the hops a client sent")
 }
+
+// TestEveryRefusalSaysWhenToRetry: on a route with a rule for all callers
+// and one per caller, a 429 from either carries Retry-After and the
+// RateLimit fields of the rule that refused.
+func TestEveryRefusalSaysWhenToRetry(t *testing.T) {
+	clock := stattest.NewClock(0)
+	eng := engine(t, clock,
+		flow.Rule{ID: "all", Resource: "GET /x", Threshold: 3},
+		flow.Rule{ID: "each", Resource: "GET /x", Threshold: 0.5, StatInterval: 2 * time.Second, PerKey: true})
+	mux := http.NewServeMux()
+	mux.Handle("GET /x", ok)
+	srv := httptest.NewServer(New(eng, WithKey(Header("X-User"))).Middleware(mux))
+	defer srv.Close()
+	c := srv.Client()
+	assert.Equal(t, http.StatusOK, get(t, c, srv.URL+"/x", "X-User", "a").StatusCode)
+	resp := get(t, c, srv.URL+"/x", "X-User", "a")
+	require.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+	assert.Equal(t, "2", resp.Header.Get("Retry-After"), "the key's 2 s window")
+	assert.Equal(t, `"each";q=1;w=2`, resp.Header.Get("RateLimit-Policy"))
+	assert.Equal(t, `"each";r=0;t=2`, resp.Header.Get("RateLimit"))
+	get(t, c, srv.URL+"/x", "X-User", "b")
+	get(t, c, srv.URL+"/x", "X-User", "c")
+	clock.Set(300 * time.Millisecond)
+	resp = get(t, c, srv.URL+"/x", "X-User", "a")
+	require.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+	assert.Equal(t, `"all";q=3;w=1`, resp.Header.Get("RateLimit-Policy"), "the route's rule refused first")
+	assert.Equal(t, "2", resp.Header.Get("Retry-After"), "and a's key waits longer: 1.7 s")
+}

@@ -417,6 +417,15 @@ func (n *Node) PreviousSecond(now int64, e metric.Event) int64 {
 	return n.span(hi-second, hi, e)
 }
 
+// CountedSince returns the requests counted (passed or blocked) from the
+// second holding lo to now, at most the last 60 whole seconds.
+func (n *Node) CountedSince(lo, now int64) int64 {
+	now = n.second.Clamp(now)
+	hi := now - now%second + second
+	lo = max(lo-lo%second, hi-minute)
+	return n.span(lo, hi, metric.Pass) + n.span(lo, hi, metric.Block)
+}
+
 // Minute returns event e's count over the last 60 whole seconds, including
 // the current one.
 func (n *Node) Minute(now int64, e metric.Event) int64 {
