@@ -53,7 +53,8 @@ func browser(t *testing.T) (context.Context, func()) {
 func TestPageInABrowser(t *testing.T) {
 	eng, err := flow.New()
 	require.NoError(t, err)
-	require.NoError(t, eng.LoadRules([]flow.Rule{{ID: "api-limit", Resource: "api", Threshold: 1000}}))
+	require.NoError(t, eng.LoadRules([]flow.Rule{{ID: "api-limit", Resource: "api", Threshold: 1000},
+		{ID: "typo", Resource: "GET /itemz", Threshold: 10}}))
 	t.Cleanup(eng.Feed().Close)
 	h, err := New(eng, WithToken("t0ken"))
 	require.NoError(t, err)
@@ -72,7 +73,7 @@ func TestPageInABrowser(t *testing.T) {
 				return
 			case <-time.After(100 * time.Millisecond):
 			}
-			for _, res := range []string{"api", hostile} {
+			for _, res := range []string{"api", hostile, "http" + flow.CatchAllSuffix} {
 				for range i {
 					if en, err := eng.Entry(res); err == nil {
 						en.Exit(nil)
@@ -119,4 +120,13 @@ func TestPageInABrowser(t *testing.T) {
 	assert.Equal(t, hostile, hostileText, "the name shows as text")
 	assert.Equal(t, 1, scripts, "no script but the page's own")
 	assert.Zero(t, pwned)
+
+	// A rule whose resource sees nothing while requests go unmatched gets
+	// a badge once it has been in force 10 s (real time: a real server).
+	badge := func(res string) string { return `document.querySelector('tr[data-resource="` + res + `"] .badge.unreached')` }
+	_, err = chromedp.Run(ctx, chromedp.Poll[bool](badge("GET /itemz")+` !== null`, chromedp.WithPollingTimeout(20*time.Second)))
+	require.NoError(t, err, "the unreached rule's row has its badge")
+	apiBadge, err := chromedp.Run(ctx, chromedp.Evaluate[bool](badge("api")+` !== null`))
+	require.NoError(t, err)
+	assert.False(t, apiBadge, "a rule with traffic has none")
 }

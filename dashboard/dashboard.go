@@ -139,6 +139,11 @@ type Row struct {
 	Point
 	Inflight int64  `json:"inflight"`
 	Rules    string `json:"rules"`
+	// Unreached is set when a rule of the resource cannot take effect as
+	// named: the resource sees no request while a catch-all resource
+	// (http:unmatched) does (flow.Engine.Unreached). The page shows a
+	// badge.
+	Unreached bool `json:"unreached,omitempty"`
 }
 
 // Tick is what the page gets every second.
@@ -290,6 +295,10 @@ func (s *server) buildTick(now int64) []byte {
 		rules[d.Rule.Resource] = append(rules[d.Rule.Resource],
 			d.Rule.String()+": "+strconv.FormatInt(d.WouldBlock, 10)+" would block")
 	}
+	unreached := map[string]bool{}
+	for _, r := range s.eng.Unreached() {
+		unreached[r.Resource] = true
+	}
 	s.mu.Lock()
 	rows := make([]Row, 0, len(s.latest)+len(rules))
 	for res, p := range s.latest {
@@ -319,6 +328,7 @@ func (s *server) buildTick(now int64) []byte {
 	rows = rows[:min(len(rows), s.opts.maxRows)]
 	for i := range rows {
 		rows[i].Rules = strings.Join(rules[rows[i].Resource], "; ")
+		rows[i].Unreached = unreached[rows[i].Resource]
 		if snap, ok := s.eng.Snapshot(rows[i].Resource); ok {
 			rows[i].Inflight = snap.Inflight
 		}

@@ -72,6 +72,7 @@ type Collector struct {
 	forgotten                                    *prometheus.Desc
 	threshold                                    *prometheus.Desc
 	reloads, reloadFailed, wouldBlock            *prometheus.Desc
+	unreached                                    *prometheus.Desc
 	reloader                                     Reloader
 }
 
@@ -111,6 +112,7 @@ func New(eng *flow.Engine, opts ...Option) *Collector {
 		forgotten:  desc("keys_forgotten_total", "Evicted keys a per-key rule forgot while their window held admissions: seen again, they start afresh."),
 		threshold:  desc("rule_threshold", "A rule's threshold: requests per second (metric qps) or in flight (metric concurrency).", "rule", "metric"),
 		wouldBlock: desc("rule_would_block_total", "Requests a dry-run rule would have blocked (it blocks nothing).", "rule"),
+		unreached:  desc("rule_unreached", "1 for a rule that cannot take effect as named: its resource saw no request while requests went to a catch-all resource such as http:unmatched (flow.Engine.Unreached).", "rule"),
 		reloads:    prometheus.NewDesc("leapflow_rule_reloads_total", "Rule sets a rule source applied.", nil, nil),
 		reloadFailed: prometheus.NewDesc("leapflow_rule_reload_failed",
 			"1 while the rule source's latest update failed (the rules in force stay), else 0.", nil, nil),
@@ -152,7 +154,7 @@ func (c *Collector) add(batch []stat.Second) {
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.passed, c.blocked, c.occupied, c.completed, c.failed,
-		c.duration, c.inflight, c.fallbacks, c.evictions, c.forgotten, c.threshold, c.wouldBlock} {
+		c.duration, c.inflight, c.fallbacks, c.evictions, c.forgotten, c.threshold, c.wouldBlock, c.unreached} {
 		ch <- d
 	}
 	if c.reloader != nil {
@@ -244,6 +246,20 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			if snap, ok := c.eng.Snapshot(rule.resource); ok {
 				c.live(ch, snap)
 			}
+		}
+	}
+	c.unreachedRules(ch)
+}
+
+// unreachedRules sends a 1 for each rule that cannot take effect as
+// named (rules without IDs on one resource share a name: one each).
+func (c *Collector) unreachedRules(ch chan<- prometheus.Metric) {
+	sent := map[[2]string]bool{}
+	for _, r := range c.eng.Unreached() {
+		k := [2]string{r.Resource, r.Name()}
+		if !sent[k] {
+			sent[k] = true
+			ch <- prometheus.MustNewConstMetric(c.unreached, prometheus.GaugeValue, 1, label(k[0]), label(k[1]))
 		}
 	}
 }

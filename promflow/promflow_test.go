@@ -285,3 +285,27 @@ func TestInvalidUTF8ResourceNameIsExported(t *testing.T) {
 	_, err := reg.Gather()
 	require.NoError(t, err, "one hostile name must not fail the whole scrape")
 }
+
+// TestUnreachedRules: a rule whose resource sees no request while
+// requests go to http:unmatched is exported as unreached; once its
+// resource counts one, it is not.
+func TestUnreachedRules(t *testing.T) {
+	clock := stattest.NewClock(0)
+	eng := engine(t, clock, flow.Rule{ID: "items", Resource: "GET /items/{id}", Threshold: 10})
+	c := New(eng)
+	defer c.Close()
+	en, err := eng.Entry("http" + flow.CatchAllSuffix)
+	require.NoError(t, err)
+	en.Exit(nil)
+	clock.Set(11 * time.Second)
+	want := `
+# HELP leapflow_rule_unreached 1 for a rule that cannot take effect as named: its resource saw no request while requests went to a catch-all resource such as http:unmatched (flow.Engine.Unreached).
+# TYPE leapflow_rule_unreached gauge
+leapflow_rule_unreached{resource="GET /items/{id}",rule="items"} 1
+`
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want), "leapflow_rule_unreached"))
+	en, err = eng.Entry("GET /items/{id}")
+	require.NoError(t, err)
+	en.Exit(nil)
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(""), "leapflow_rule_unreached"))
+}

@@ -35,7 +35,14 @@
       const tr = document.createElement("tr");
       tr.dataset.resource = r.resource;
       if (r.resource === selected) tr.className = "selected";
-      cell(tr, r.resource, "name");
+      const name = cell(tr, r.resource, "name");
+      if (r.unreached) {
+        const badge = document.createElement("span");
+        badge.className = "badge unreached";
+        badge.textContent = "no traffic";
+        badge.title = "This resource's rules cannot take effect as named: it sees no request while requests go unmatched. Check the names your router gives.";
+        name.appendChild(badge);
+      }
       cell(tr, String(r.pass), "pass");
       cell(tr, String(r.block), "block" + (r.block > 0 ? " hot" : ""));
       cell(tr, String(r.success), "success");
