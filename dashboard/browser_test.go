@@ -123,7 +123,9 @@ func TestPageInABrowser(t *testing.T) {
 
 	// A rule whose resource sees nothing while requests go unmatched gets
 	// a badge once it has been in force 10 s (real time: a real server).
-	badge := func(res string) string { return `document.querySelector('tr[data-resource="` + res + `"] .badge.unreached')` }
+	badge := func(res string) string {
+		return `document.querySelector('tr[data-resource="` + res + `"] .badge.unreached')`
+	}
 	_, err = chromedp.Run(ctx, chromedp.Poll[bool](badge("GET /itemz")+` !== null`, chromedp.WithPollingTimeout(20*time.Second)))
 	require.NoError(t, err, "the unreached rule's row has its badge")
 	apiBadge, err := chromedp.Run(ctx, chromedp.Evaluate[bool](badge("api")+` !== null`))
