@@ -277,3 +277,35 @@ func TestHistoryFileWithACrashRemnantStarts(t *testing.T) {
 	_, err := New(eng, WithHistoryFile(path))
 	require.NoError(t, err)
 }
+
+// TestEveryPassReachesTheHistory: a dashboard made in the middle of a
+// second, on a resource a rule made before it, has every pass from the
+// first request to the feed's Close in its history.
+func TestEveryPassReachesTheHistory(t *testing.T) {
+	clock := stattest.NewClock(5*time.Second + 300*time.Millisecond)
+	eng := engine(t, clock, flow.Rule{Resource: "api", Threshold: 1000})
+	h, err := New(eng)
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	want := int64(0)
+	for i, at := range []time.Duration{300, 700, 1200, 2600, 3900} {
+		clock.Set(5*time.Second + at*time.Millisecond)
+		for range i + 1 {
+			en, err := eng.Entry("api")
+			require.NoError(t, err)
+			en.Exit(nil)
+			want++
+		}
+		eng.Feed().Poll()
+	}
+	eng.Feed().Close()
+	_, body := get(t, srv.URL+"/api/history?resource=api")
+	var pts []Point
+	require.NoError(t, json.Unmarshal([]byte(body), &pts))
+	var got int64
+	for _, p := range pts {
+		got += p.Pass
+	}
+	assert.Equal(t, want, got)
+}

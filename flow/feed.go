@@ -60,9 +60,10 @@ func everySecond() (<-chan time.Time, func()) {
 	return t.C, t.Stop
 }
 
-// Feed returns the engine's feed, made on the first call: from the next
-// whole second on, every second of every resource is kept for it (at most
-// 64 between polls). Nothing runs until Start or Poll.
+// Feed returns the engine's feed, made on the first call: from the
+// second it is made in on, every second of every resource is kept for it
+// (at most 64 between polls), that second whole (the engine still holds
+// all of it). Nothing runs until Start or Poll.
 func (e *Engine) Feed() *Feed {
 	e.ruleSet()
 	e.feedOnce.Do(func() {

@@ -339,3 +339,37 @@ func TestFeedDeliversARecountedPass(t *testing.T) {
 	assert.Equal(t, int64(2), success)
 	assert.Equal(t, int64(2), pass, "every pass is delivered once")
 }
+
+// TestFeedLosesNothingFromItsFirstSecond: a feed made in the middle of a
+// second, on resources made before it (a rule's) and after it, delivers
+// every request counted from that second to Close: the second it was made
+// in goes out whole, counts from before the feed included.
+func TestFeedLosesNothingFromItsFirstSecond(t *testing.T) {
+	clock := stattest.NewClock(10*time.Second + 100*time.Millisecond)
+	e, _ := newEngine(t, clock)
+	load(t, e, Rule{Resource: "api", Threshold: 1000})
+	require.True(t, try(e, "api"), "before the feed, in its second")
+	clock.Set(10*time.Second + 400*time.Millisecond)
+	f := e.Feed()
+	totals := map[string]int64{}
+	f.Subscribe(func(b []stat.Second) {
+		for _, s := range b {
+			totals[s.Resource] += s.Pass + s.Block
+		}
+	})
+	want := map[string]int64{"api": 1}
+	for i, at := range []time.Duration{450, 900, 1300, 2100, 2950, 4000} {
+		clock.Set(10*time.Second + at*time.Millisecond)
+		for _, res := range []string{"api", "later"} {
+			for range i + 1 {
+				try(e, res)
+				want[res]++
+			}
+		}
+		if i%2 == 1 {
+			f.Poll()
+		}
+	}
+	f.Close()
+	assert.Equal(t, want, totals)
+}

@@ -266,3 +266,28 @@ func TestNewWriterRejectsBadOptions(t *testing.T) {
 	_, err = os.Stat(path)
 	assert.True(t, os.IsNotExist(err), "nothing written")
 }
+
+// TestEveryPassReachesTheLog: a writer made in the middle of a second, on
+// a resource a rule made before it, writes every pass from the first
+// request to Close: the lines' passes sum to the requests'.
+func TestEveryPassReachesTheLog(t *testing.T) {
+	clock := stattest.NewClock(5*time.Second + 300*time.Millisecond)
+	eng := engine(t, clock, 16)
+	require.NoError(t, eng.LoadRules([]flow.Rule{{Resource: "api", Threshold: 1000}}))
+	path := filepath.Join(t.TempDir(), "metrics.log")
+	w, err := NewWriter(eng, path)
+	require.NoError(t, err)
+	want := int64(0)
+	for i, at := range []time.Duration{300, 700, 1200, 2600, 3900} {
+		clock.Set(5*time.Second + at*time.Millisecond)
+		enter(t, eng, "api", i+1, nil)
+		want += int64(i + 1)
+		eng.Feed().Poll()
+	}
+	require.NoError(t, w.Close())
+	var got int64
+	for _, l := range readAll(t, path) {
+		got += l.Pass
+	}
+	assert.Equal(t, want, got)
+}

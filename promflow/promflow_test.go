@@ -309,3 +309,28 @@ leapflow_rule_unreached{resource="GET /items/{id}",rule="items"} 1
 	en.Exit(nil)
 	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(""), "leapflow_rule_unreached"))
 }
+
+// TestEveryPassReachesTheCollector: a collector made in the middle of a
+// second, on a resource a rule made before it, counts every pass from the
+// first request to the feed's Close.
+func TestEveryPassReachesTheCollector(t *testing.T) {
+	clock := stattest.NewClock(5*time.Second + 300*time.Millisecond)
+	eng := engine(t, clock, flow.Rule{Resource: "api", Threshold: 1000})
+	c := New(eng)
+	defer c.Close()
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(c))
+	want := 0.0
+	for i, at := range []time.Duration{300, 700, 1200, 2600, 3900} {
+		clock.Set(5*time.Second + at*time.Millisecond)
+		for range i + 1 {
+			en, err := eng.Entry("api")
+			require.NoError(t, err)
+			en.Exit(nil)
+			want++
+		}
+		eng.Feed().Poll()
+	}
+	eng.Feed().Close()
+	assert.Equal(t, want, passedOf(t, reg, "api"))
+}

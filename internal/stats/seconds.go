@@ -114,10 +114,12 @@ func (n *Node) deliverLocked(now int64, partial bool, fn func(stat.Second)) {
 	defer n.feedMu.Unlock()
 	f := &n.feed
 	if !f.started {
-		// From the next whole second on, every bucket is handed over
-		// after this: those seconds are whole.
+		// From the current second on, every bucket is handed over after
+		// this: the second window still holds all of the current second
+		// (a bucket leaves it a window after it ends), so those seconds
+		// are whole, this one too.
 		f.started = true
-		f.since = now - now%second + second
+		f.since = now - now%second
 		f.fed = f.since
 		f.fallbacks = n.fallbacks.Load()
 		if !partial {
