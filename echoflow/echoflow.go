@@ -1,0 +1,215 @@
+// Package echoflow puts leapflow in front of echo routes
+// (github.com/labstack/echo/v4): each request enters the resource named
+// after the route that serves it, its method and echo's path ("GET
+// /api/v1/items/:id"), however deeply its groups nest; a request no route
+// matches (404, 405) enters httpflow.Unmatched. A refused request gets
+// httpflow's answer (429 with Retry-After and the RateLimit fields, see
+// httpflow.RefusalFields) and the handler does not run; a 5xx status and
+// a panic count as exceptions.
+//
+//	lim := echoflow.New(eng, echoflow.WithKey(echoflow.FromRequest(httpflow.ClientIP())))
+//	e := echo.New()
+//	e.Use(middleware.Recover(), lim.Middleware)
+//	e.GET("/items/:id", getItem) // resource "GET /items/:id"
+//
+// # Naming
+//
+// echo routes a request before the middlewares of Use run (those of Pre
+// run before routing: there the middleware would see no route, and names
+// every request httpflow.Unmatched), so the middleware reads the route
+// from Context.Path wherever it is registered: with Use, on a group, or
+// on one route. Context.Path alone does not tell a route from a miss: a
+// request echo could not route has the path of the node it got furthest
+// to (405), or of a RouteNotFound route, such as the "/api/*" each group
+// with middlewares registers. So a request is named after its route only
+// when its method and path are a route of the router that served it (its
+// Routes, read once and again when their number changes); any other is
+// httpflow.Unmatched. Naming a request of a route allocates nothing.
+//
+// # Status
+//
+// echo writes the answer to an error a handler returns after the whole
+// chain has returned. So that its status counts, the middleware hands a
+// returned error to the error handler itself (Context.Error, unless the
+// response is already committed) and then returns it, as echo's
+// RequestLogger does with HandleError: echo's default error handler does
+// nothing for a committed response, and a custom one should do the same.
+// A wait that ended with the request's context, and WithFailClosed, are
+// answered as httpflow answers them; a request whose resource cannot be
+// made (a full registry) goes through, counted in Stats.
+package echoflow
+
+import (
+	"errors"
+	"net/http"
+	"strconv"
+	"sync"
+
+	"github.com/labstack/echo/v4"
+	"go.uber.org/atomic"
+
+	"github.com/leapflow/leapflow/flow"
+	"github.com/leapflow/leapflow/httpflow"
+	"github.com/leapflow/leapflow/internal/callerkey"
+)
+
+type config struct {
+	resource    func(echo.Context) string
+	key         func(echo.Context) string
+	block       func(echo.Context, httpflow.Blocked) error
+	conc503     bool
+	failClosed  bool
+	isException func(status int) bool
+}
+
+// Option configures a Limiter.
+type Option func(*config)
+
+// WithResource names each request's resource (default: its route, see the
+// package doc).
+func WithResource(fn func(echo.Context) string) Option {
+	return func(c *config) { c.resource = fn }
+}
+
+// WithKey names each request's caller for PerKey rules ("" for none);
+// FromRequest adapts httpflow's ClientIP and Header.
+func WithKey(fn func(echo.Context) string) Option { return func(c *config) { c.key = fn } }
+
+// FromRequest returns fn as a key function of echo's: FromRequest(httpflow.Header("X-API-Key")).
+func FromRequest(fn func(*http.Request) string) func(echo.Context) string {
+	return func(c echo.Context) string { return fn(c.Request()) }
+}
+
+// WithBlockHandler replaces the answer to a refused request; what it
+// returns is the middleware's return.
+func WithBlockHandler(fn func(echo.Context, httpflow.Blocked) error) Option {
+	return func(c *config) { c.block = fn }
+}
+
+// WithConcurrency503 answers requests a Concurrency rule refused with 503
+// Service Unavailable instead of 429.
+func WithConcurrency503() Option { return func(c *config) { c.conc503 = true } }
+
+// WithFailClosed answers 503 to a request whose resource cannot be made
+// (a full registry) instead of letting it through.
+func WithFailClosed() Option { return func(c *config) { c.failClosed = true } }
+
+// WithExceptions decides which response statuses count as exceptions
+// (default: 500 and above).
+func WithExceptions(fn func(status int) bool) Option {
+	return func(c *config) { c.isException = fn }
+}
+
+// Limiter admits echo requests through an engine: its Middleware enters
+// each request before the handler runs. It is safe for simultaneous use;
+// one Limiter may serve any number of routes and Echo instances.
+type Limiter struct {
+	eng *flow.Engine
+	cfg config
+	// routes holds a routeSet per echo Router it named requests of.
+	routes sync.Map // *echo.Router -> *routeSet
+	// failedOpen and failedClosed back Stats.
+	failedOpen, failedClosed atomic.Int64
+}
+
+// New returns a Limiter on eng.
+func New(eng *flow.Engine, opts ...Option) *Limiter {
+	l := &Limiter{eng: eng}
+	l.cfg.resource = l.route
+	for _, o := range opts {
+		if o != nil {
+			o(&l.cfg)
+		}
+	}
+	if l.cfg.block == nil {
+		l.cfg.block = l.defaultBlock
+	}
+	if l.cfg.isException == nil {
+		l.cfg.isException = func(status int) bool { return status >= 500 }
+	}
+	return l
+}
+
+// Stats returns the Limiter's counts so far.
+func (l *Limiter) Stats() httpflow.Stats {
+	return httpflow.Stats{FailedOpen: l.failedOpen.Load(), FailedClosed: l.failedClosed.Load()}
+}
+
+// errStatus is the exception of a response with a status counted as one.
+type errStatus int
+
+func (e errStatus) Error() string { return "echoflow: response status " + strconv.Itoa(int(e)) }
+
+// errPanic is the exception of a handler that panicked.
+var errPanic = errors.New("echoflow: handler panicked")
+
+// Middleware is an echo middleware: register it with Use, on a group, or
+// on one route; not with Pre (see the package doc).
+func (l *Limiter) Middleware(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		opts := [2]flow.EntryOption{flow.WithContext(c.Request().Context())}
+		n := 1
+		if l.cfg.key != nil {
+			if key := l.cfg.key(c); key != "" {
+				opts[1] = flow.WithKey(callerkey.Bound(key))
+				n = 2
+			}
+		}
+		en, err := l.eng.Entry(l.cfg.resource(c), opts[:n]...)
+		if err != nil {
+			if answered, err := l.refuse(c, &en, err); answered {
+				return err
+			}
+			return next(c)
+		}
+		defer func() {
+			if v := recover(); v != nil {
+				en.Exit(errPanic)
+				panic(v)
+			}
+		}()
+		res := c.Response()
+		err = next(c)
+		if err != nil && !res.Committed {
+			c.Error(err)
+		}
+		if l.cfg.isException(res.Status) {
+			en.Exit(errStatus(res.Status))
+		} else {
+			en.Exit(nil)
+		}
+		return err
+	}
+}
+
+// refuse answers a request Entry did not admit, or reports that it is to
+// go through (a resource that could not be made).
+func (l *Limiter) refuse(c echo.Context, en *flow.Entry, err error) (answered bool, _ error) {
+	var be *flow.BlockError
+	switch {
+	case errors.As(err, &be):
+		return true, l.cfg.block(c, en.Refusal())
+	case c.Request().Context().Err() != nil:
+		// The wait ended with the request's context: never an empty 200.
+		l.failedClosed.Inc()
+		http.Error(c.Response(), "request ended while queued", http.StatusServiceUnavailable)
+	case l.cfg.failClosed:
+		l.failedClosed.Inc()
+		http.Error(c.Response(), "rate limiter unavailable", http.StatusServiceUnavailable)
+	default:
+		l.failedOpen.Inc()
+		return false, nil
+	}
+	return true, nil
+}
+
+// defaultBlock answers as httpflow's default block handler does.
+func (l *Limiter) defaultBlock(c echo.Context, b httpflow.Blocked) error {
+	status, fields := httpflow.RefusalFields(b, l.cfg.conc503)
+	h := c.Response().Header()
+	for _, f := range fields {
+		h.Set(f[0], f[1])
+	}
+	http.Error(c.Response(), http.StatusText(status), status)
+	return nil
+}

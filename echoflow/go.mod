@@ -1,0 +1,27 @@
+module github.com/leapflow/leapflow/echoflow
+
+go 1.26.0
+
+replace github.com/leapflow/leapflow => ../
+
+require (
+	github.com/labstack/echo/v4 v4.16.5
+	github.com/leapflow/leapflow v0.0.0-00010101000000-000000000000
+	github.com/stretchr/testify v1.12.1
+	go.uber.org/atomic v1.12.0
+)
+
+require (
+	github.com/felixge/httpsnoop v1.1.0 // indirect
+	github.com/labstack/gommon v0.5.0 // indirect
+	github.com/mattn/go-colorable v0.1.15 // indirect
+	github.com/mattn/go-isatty v0.0.22 // indirect
+	github.com/valyala/bytebufferpool v1.0.0 // indirect
+	github.com/valyala/fasttemplate v1.2.2 // indirect
+	go.yaml.in/yaml/v3 v3.0.5 // indirect
+	golang.org/x/crypto v0.57.0 // indirect
+	golang.org/x/net v0.60.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+	golang.org/x/text v0.42.0 // indirect
+	golang.org/x/time v0.16.0 // indirect
+)
