@@ -1,10 +1,13 @@
 package echoflow
 
 import (
+	"bytes"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -303,4 +306,25 @@ func TestFailOpenAndClosed(t *testing.T) {
 	srv, _, _ = server(t, closed.Middleware, global)
 	assert.Equal(t, http.StatusServiceUnavailable, do(t, srv.Client(), "GET", srv.URL+"/items/1").StatusCode)
 	assert.Equal(t, httpflow.Stats{FailedClosed: 1}, closed.Stats())
+}
+
+// TestUnreachedRuleIsLogged: while requests go unmatched, a rule whose
+// resource sees none is logged once.
+func TestUnreachedRuleIsLogged(t *testing.T) {
+	clock := stattest.NewClock(0)
+	eng, err := flow.New(flow.WithClock(clock))
+	require.NoError(t, err)
+	require.NoError(t, eng.LoadRules([]flow.Rule{{ID: "typo", Resource: "GET /itemz/:id", Threshold: 5}}))
+	var buf bytes.Buffer
+	e := echo.New()
+	e.Use(New(eng, WithLogger(slog.New(slog.NewTextHandler(&buf, nil)))).Middleware)
+	e.GET("/items/:id", func(c echo.Context) error { return c.NoContent(http.StatusOK) })
+	clock.Set(11 * time.Second)
+	for range 2 {
+		rec := httptest.NewRecorder()
+		e.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/nowhere", nil))
+		assert.Equal(t, http.StatusNotFound, rec.Code)
+	}
+	assert.Equal(t, 1, strings.Count(buf.String(), "cannot take effect"), buf.String())
+	assert.Contains(t, buf.String(), "rule=typo")
 }

@@ -50,6 +50,7 @@ package fiberflow
 
 import (
 	"errors"
+	"log/slog"
 	"net/http"
 	"net/netip"
 	"strconv"
@@ -70,6 +71,7 @@ type config struct {
 	conc503     bool
 	failClosed  bool
 	isException func(status int) bool
+	logger      *slog.Logger
 }
 
 // Option configures a Limiter.
@@ -118,6 +120,11 @@ func WithBlockHandler(fn func(*fiber.Ctx, httpflow.Blocked) error) Option {
 // Service Unavailable instead of 429.
 func WithConcurrency503() Option { return func(c *config) { c.conc503 = true } }
 
+// WithLogger sets where the Limiter logs rules that cannot take effect:
+// while requests go unmatched, a rule whose resource sees none
+// (httpflow.Unreached; default slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+
 // WithFailClosed answers 503 to a request whose resource cannot be made
 // (a full registry) instead of letting it through.
 func WithFailClosed() Option { return func(c *config) { c.failClosed = true } }
@@ -138,6 +145,7 @@ type Limiter struct {
 	apps sync.Map // *fiber.App -> *routes
 	// failedOpen and failedClosed back Stats.
 	failedOpen, failedClosed atomic.Int64
+	unreached                *httpflow.Unreached
 }
 
 // New returns a Limiter on eng.
@@ -155,6 +163,7 @@ func New(eng *flow.Engine, opts ...Option) *Limiter {
 	if l.cfg.isException == nil {
 		l.cfg.isException = func(status int) bool { return status >= 500 }
 	}
+	l.unreached = httpflow.NewUnreached(eng, l.cfg.logger)
 	return l
 }
 
@@ -183,7 +192,12 @@ func (l *Limiter) Middleware(c *fiber.Ctx) error {
 			n = 2
 		}
 	}
-	en, err := l.eng.Entry(l.cfg.resource(c), opts[:n]...)
+	resource := l.cfg.resource(c)
+	en, err := l.eng.Entry(resource, opts[:n]...)
+	if resource == httpflow.Unmatched {
+		// Counted: the engine sees the unmatched traffic it reports on.
+		l.unreached.Check()
+	}
 	if err != nil {
 		var be *flow.BlockError
 		switch {

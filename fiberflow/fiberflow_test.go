@@ -1,14 +1,17 @@
 package fiberflow
 
 import (
+	"bytes"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/stretchr/testify/assert"
@@ -331,4 +334,23 @@ func TestFailOpenAndClosed(t *testing.T) {
 	closed := New(eng, WithFailClosed())
 	assert.Equal(t, http.StatusServiceUnavailable, do(t, newApp(closed.Middleware, global, newServed(), &panics), "GET", "/items/1").StatusCode)
 	assert.Equal(t, httpflow.Stats{FailedClosed: 1}, closed.Stats())
+}
+
+// TestUnreachedRuleIsLogged: while requests go unmatched, a rule whose
+// resource sees none is logged once.
+func TestUnreachedRuleIsLogged(t *testing.T) {
+	clock := stattest.NewClock(0)
+	eng, err := flow.New(flow.WithClock(clock))
+	require.NoError(t, err)
+	require.NoError(t, eng.LoadRules([]flow.Rule{{ID: "typo", Resource: "GET /itemz/:id", Threshold: 5}}))
+	var buf bytes.Buffer
+	app := fiber.New()
+	app.Use(New(eng, WithLogger(slog.New(slog.NewTextHandler(&buf, nil)))).Middleware)
+	app.Get("/items/:id", func(c *fiber.Ctx) error { return c.SendStatus(fiber.StatusOK) })
+	clock.Set(11 * time.Second)
+	for range 2 {
+		do(t, app, http.MethodGet, "/nowhere")
+	}
+	assert.Equal(t, 1, strings.Count(buf.String(), "cannot take effect"), buf.String())
+	assert.Contains(t, buf.String(), "rule=typo")
 }

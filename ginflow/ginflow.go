@@ -36,6 +36,7 @@ package ginflow
 
 import (
 	"errors"
+	"log/slog"
 	"net/http"
 	"strconv"
 
@@ -54,6 +55,7 @@ type config struct {
 	conc503     bool
 	failClosed  bool
 	isException func(status int) bool
+	logger      *slog.Logger
 }
 
 // Option configures a Limiter.
@@ -82,6 +84,11 @@ func WithBlockHandler(fn func(*gin.Context, httpflow.Blocked)) Option {
 // WithConcurrency503 answers requests a Concurrency rule refused with 503
 // Service Unavailable instead of 429.
 func WithConcurrency503() Option { return func(c *config) { c.conc503 = true } }
+
+// WithLogger sets where the Limiter logs rules that cannot take effect:
+// while requests go unmatched, a rule whose resource sees none
+// (httpflow.Unreached; default slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
 // WithFailClosed answers 503 to a request whose resource cannot be made
 // (a full registry) instead of letting it through.
@@ -113,6 +120,7 @@ type Limiter struct {
 	cfg config
 	// failedOpen and failedClosed back Stats.
 	failedOpen, failedClosed atomic.Int64
+	unreached                *httpflow.Unreached
 }
 
 // New returns a Limiter on eng.
@@ -129,6 +137,7 @@ func New(eng *flow.Engine, opts ...Option) *Limiter {
 	if l.cfg.isException == nil {
 		l.cfg.isException = func(status int) bool { return status >= 500 }
 	}
+	l.unreached = httpflow.NewUnreached(eng, l.cfg.logger)
 	return l
 }
 
@@ -156,7 +165,12 @@ func (l *Limiter) Middleware(c *gin.Context) {
 			n = 2
 		}
 	}
-	en, err := l.eng.Entry(l.cfg.resource(c), opts[:n]...)
+	resource := l.cfg.resource(c)
+	en, err := l.eng.Entry(resource, opts[:n]...)
+	if resource == httpflow.Unmatched {
+		// Counted: the engine sees the unmatched traffic it reports on.
+		l.unreached.Check()
+	}
 	if err != nil {
 		if l.refuse(c, &en, err) {
 			c.Abort()

@@ -2,8 +2,10 @@ package ginflow
 
 import (
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -268,3 +270,37 @@ func TestFailOpenAndClosed(t *testing.T) {
 	assert.Equal(t, http.StatusServiceUnavailable, do(t, srv.Client(), "GET", srv.URL+"/items/1").StatusCode)
 	assert.Equal(t, httpflow.Stats{FailedClosed: 1}, closed.Stats())
 }
+
+// TestUnreachedRuleIsLogged: while requests go unmatched, a rule whose
+// resource sees none is logged once.
+func TestUnreachedRuleIsLogged(t *testing.T) {
+	clock := stattest.NewClock(0)
+	eng, err := flow.New(flow.WithClock(clock))
+	require.NoError(t, err)
+	require.NoError(t, eng.LoadRules([]flow.Rule{{ID: "typo", Resource: "GET /itemz/:id", Threshold: 5}}))
+	var buf strings.Builder
+	var mu sync.Mutex
+	logger := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return buf.Write(p)
+	}), nil))
+	r := gin.New()
+	r.Use(New(eng, WithLogger(logger)).Middleware)
+	r.GET("/items/:id", func(c *gin.Context) { c.Status(http.StatusOK) })
+	srv := httptest.NewServer(r)
+	defer srv.Close()
+	clock.Set(11 * time.Second)
+	for range 2 {
+		do(t, srv.Client(), http.MethodGet, srv.URL+"/nowhere")
+	}
+	mu.Lock()
+	out := buf.String()
+	mu.Unlock()
+	assert.Equal(t, 1, strings.Count(out, "cannot take effect"), out)
+	assert.Contains(t, out, "rule=typo")
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

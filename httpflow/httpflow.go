@@ -75,7 +75,6 @@ package httpflow
 
 import (
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -165,11 +164,7 @@ type Limiter struct {
 	cfg config
 	// failedOpen and failedClosed back Stats.
 	failedOpen, failedClosed atomic.Int64
-	// checked is when unmatched traffic last made the Limiter look for
-	// unreached rules (unix ns); reported are the rules it logged.
-	checked  atomic.Int64
-	mu       sync.Mutex
-	reported map[string]bool
+	unreached                *Unreached
 }
 
 // New returns a Limiter on eng.
@@ -186,9 +181,7 @@ func New(eng *flow.Engine, opts ...Option) *Limiter {
 	if m.cfg.isException == nil {
 		m.cfg.isException = func(status int) bool { return status >= 500 }
 	}
-	if m.cfg.logger == nil {
-		m.cfg.logger = slog.Default()
-	}
+	m.unreached = NewUnreached(eng, m.cfg.logger)
 	return m
 }
 
@@ -251,27 +244,50 @@ func routePattern(mux *http.ServeMux, r *http.Request) string {
 	return Unmatched
 }
 
-// checkUnreached logs, at most every 10 s while requests go unmatched,
-// each rule that cannot take effect (flow.Engine.Unreached), once.
-func (m *Limiter) checkUnreached() {
+// Unreached logs each rule of an engine that cannot take effect as named
+// (flow.Engine.Unreached), once, looking at most every 10 s: an adapter
+// calls Check as it names a request Unmatched. A Limiter has one; so do
+// the gin, echo and fiber adapters. It is safe for simultaneous use.
+type Unreached struct {
+	eng    *flow.Engine
+	logger *slog.Logger
+	// checked is when Check last looked (unix ns); reported are the rules
+	// it logged.
+	checked  atomic.Int64
+	mu       sync.Mutex
+	reported map[string]bool
+}
+
+// NewUnreached returns the Unreached of eng, logging to logger (nil:
+// slog.Default()).
+func NewUnreached(eng *flow.Engine, logger *slog.Logger) *Unreached {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	return &Unreached{eng: eng, logger: logger}
+}
+
+// Check logs each rule that cannot take effect and was not logged yet,
+// unless it looked less than 10 s ago.
+func (u *Unreached) Check() {
 	now := time.Now().UnixNano()
-	last := m.checked.Load()
-	if now-last < int64(10*time.Second) || !m.checked.CompareAndSwap(last, now) {
+	last := u.checked.Load()
+	if now-last < int64(10*time.Second) || !u.checked.CompareAndSwap(last, now) {
 		return
 	}
-	for _, r := range m.eng.Unreached() {
+	for _, r := range u.eng.Unreached() {
 		key := r.Resource + "\x00" + r.Name()
-		m.mu.Lock()
-		seen := m.reported[key]
+		u.mu.Lock()
+		seen := u.reported[key]
 		if !seen {
-			if m.reported == nil {
-				m.reported = map[string]bool{}
+			if u.reported == nil {
+				u.reported = map[string]bool{}
 			}
-			m.reported[key] = true
+			u.reported[key] = true
 		}
-		m.mu.Unlock()
+		u.mu.Unlock()
 		if !seen {
-			m.cfg.logger.Warn("httpflow: a rule cannot take effect: its resource has seen no request while requests went unmatched; check the names the router gives (see httpflow's Naming)",
+			u.logger.Warn("leapflow: a rule cannot take effect: its resource has seen no request while requests went unmatched; check the names the router gives (see docs/routers.md)",
 				"rule", r.Name(), "resource", r.Resource, "unmatched", Unmatched)
 		}
 	}
@@ -286,9 +302,6 @@ func (e errStatus) Error() string { return "httpflow: response status " + strcon
 var errPanic = errors.New("httpflow: handler panicked")
 
 func (m *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handler, resource string) {
-	if resource == Unmatched {
-		m.checkUnreached()
-	}
 	opts := [2]flow.EntryOption{flow.WithContext(r.Context())}
 	n := 1
 	if m.cfg.key != nil {
@@ -300,6 +313,10 @@ func (m *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 		}
 	}
 	en, err := m.eng.Entry(resource, opts[:n]...)
+	if resource == Unmatched {
+		// Counted: the engine sees the unmatched traffic it reports on.
+		m.unreached.Check()
+	}
 	if err != nil {
 		var be *flow.BlockError
 		switch {
@@ -425,25 +442,10 @@ func (tr *tracker) snoopHooks() *httpsnoop.Hooks {
 // defaultBlock answers 429 (or 503) with Retry-After and the RateLimit
 // fields.
 func (m *Limiter) defaultBlock(w http.ResponseWriter, _ *http.Request, b Blocked) {
+	status, fields := RefusalFields(b, m.cfg.conc503)
 	h := w.Header()
-	if b.RetryAfter >= 0 {
-		// At least a second: the field has no smaller unit, and 0 would
-		// send the client straight back into the same window.
-		h.Set("Retry-After", strconv.FormatInt(max(ceilSeconds(b.RetryAfter), 1), 10))
-	}
-	if quota, window := b.Err.Quota(); window > 0 {
-		name := policyName(b.Err)
-		q, win := policyQuota(quota, window)
-		h.Set("RateLimit-Policy", policyField(name, q, win))
-		field := fmt.Sprintf("%s;r=%d", name, min(b.Remaining, q))
-		if b.Reset >= 0 {
-			field += ";t=" + strconv.FormatInt(ceilSeconds(b.Reset), 10)
-		}
-		h.Set("RateLimit", field)
-	}
-	status := http.StatusTooManyRequests
-	if m.cfg.conc503 && b.Err.Reason == flow.ReasonConcurrency {
-		status = http.StatusServiceUnavailable
+	for _, f := range fields {
+		h.Set(f[0], f[1])
 	}
 	http.Error(w, http.StatusText(status), status)
 }
