@@ -488,7 +488,7 @@ func (e *Engine) finish(rr *resourceRules, h *held, p int, now, wait int64, earl
 	if len(rr.shadows) > 0 {
 		// Dry-run rules see the request once it is admitted for good
 		// (after any wait), as one that may wait if it may.
-		shade(rr, p, ran, n, time.Duration(q.wait))
+		e.shade(rr, p, ran, q, rr.countsNode)
 	}
 	if !rr.countsNode {
 		node = e.count(node, p, ran, metric.Pass, n)

@@ -8,6 +8,7 @@ import (
 	"github.com/leapflow/leapflow/stat/stattest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/atomic"
 )
 
 // TestDryRunCountsWithoutBlocking: a dry-run rule blocks nothing and
@@ -58,20 +59,74 @@ func TestDryRunCountsWithoutBlocking(t *testing.T) {
 	assert.True(t, ok)
 }
 
-// TestDryRunIsForQPSRejectRules: other kinds are refused, naming DryRun.
-func TestDryRunIsForQPSRejectRules(t *testing.T) {
-	e, _ := newEngine(t, stattest.NewClock(0))
-	for _, r := range []Rule{
-		{Resource: "a", Metric: Concurrency, Threshold: 1, DryRun: true},
-		{Resource: "a", Threshold: 1, Behavior: Throttle, DryRun: true},
-		{Resource: "a", Threshold: 1, PerKey: true, DryRun: true},
-		{Resource: "a", Threshold: 1, RelatedResource: "b", DryRun: true},
-	} {
-		err := e.LoadRules([]Rule{r})
-		var re *RuleError
-		require.ErrorAs(t, err, &re, "%+v", r)
-		assert.Equal(t, "DryRun", re.Field)
+// TestDryRunCoversEveryKind: a dry-run rule of every kind blocks nothing
+// and counts what it would have blocked, as that kind in force would have
+// (a fake clock, one resource per kind, a real rule admitting everything);
+// a PerKey Concurrency rule cannot be dry-run, naming DryRun.
+func TestDryRunCoversEveryKind(t *testing.T) {
+	clock := stattest.NewClock(0)
+	refuseOver2 := atomic.Int64{}
+	src := sourceFunc(func(_ context.Context, req GlobalRequest) (bool, error) {
+		return refuseOver2.Add(req.Count) <= 2, nil
+	})
+	e, _ := newEngine(t, clock, WithTokenSource(src))
+	dry := []Rule{
+		{ID: "per-key", Resource: "per-key", Threshold: 2, PerKey: true},
+		{ID: "global", Resource: "global", Threshold: 2, Global: true},
+		{ID: "concurrency", Resource: "concurrency", Metric: Concurrency, Threshold: 2},
+		{ID: "gcra", Resource: "gcra", Threshold: 1, Behavior: GCRA, Burst: 2},
+		{ID: "throttle", Resource: "throttle", Threshold: 10, Behavior: Throttle, MaxQueueing: 100 * ms},
+		{ID: "warm-up", Resource: "warm-up", Threshold: 30, Behavior: WarmUp, WarmUpPeriod: 10 * time.Second, ColdFactor: 3},
+		{ID: "span-exact", Resource: "span-exact", Threshold: 2, SpanExact: true},
+		{ID: "related", Resource: "related", Threshold: 2, RelatedResource: "per-key"},
 	}
+	var rules []Rule
+	for _, r := range dry {
+		r.DryRun = true
+		rules = append(rules, r, Rule{Resource: r.Resource, Threshold: 1e6})
+	}
+	load(t, e, rules...)
+	clock.Set(100 * ms)
+	var held []Entry
+	for _, r := range dry {
+		for i := range 5 {
+			var opts []EntryOption
+			if r.PerKey {
+				opts = append(opts, WithKey([]string{"a", "a", "a", "a", "b"}[i]))
+			}
+			en, err := e.Entry(r.Resource, opts...)
+			require.NoError(t, err, "%s: a dry-run rule blocks nothing", r.ID)
+			if r.Metric == Concurrency {
+				held = append(held, en) // all 5 in flight
+				continue
+			}
+			en.Exit(nil)
+		}
+	}
+	want := map[string]int64{
+		"per-key":     2, // a's third and fourth; b's one fits
+		"global":      3, // the source admits 2
+		"concurrency": 3, // the 3rd, 4th and 5th find 2 in flight
+		"gcra":        3, // a burst of 2
+		"throttle":    3, // slots 100 ms apart, 100 ms of queue: 2 fit
+		"warm-up":     0, // cold, a third of 30/s: 10 fit
+		"span-exact":  3,
+		"related":     5, // per-key passed 5 this second, over 2
+	}
+	got := map[string]int64{}
+	for _, d := range e.DryRuns() {
+		got[d.Rule.ID] = d.WouldBlock
+	}
+	assert.Equal(t, want, got)
+	for _, en := range held {
+		en.Exit(nil)
+	}
+	assert.Equal(t, "concurrency: Concurrency 2 in flight (dry run)", Rule{ID: "concurrency", Metric: Concurrency, Threshold: 2, DryRun: true}.String())
+
+	err := e.LoadRules([]Rule{{Resource: "a", Metric: Concurrency, Threshold: 1, PerKey: true, DryRun: true}})
+	var re *RuleError
+	require.ErrorAs(t, err, &re)
+	assert.Equal(t, "DryRun", re.Field)
 }
 
 // A Throttle wait that is cancelled was never admitted: the dry-run rule
@@ -120,4 +175,30 @@ func TestDryRunTwinOfARealRuleAgreesOnPriorityBorrows(t *testing.T) {
 		en.Exit(nil)
 	}
 	assert.Equal(t, int64(0), e.DryRuns()[0].WouldBlock, "its twin in force would have admitted them too")
+}
+
+// TestDryRunsAllocateNothing: Entry and Exit on a resource with a dry-run
+// rule of every kind allocate nothing, once their state exists.
+func TestDryRunsAllocateNothing(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(time.Second), WithTokenSource(stubSource))
+	var rules []Rule
+	for _, r := range everyKind() {
+		if r.PerKey && r.Metric == Concurrency || r.DryRun {
+			continue
+		}
+		r.Resource, r.DryRun = "dry", true
+		rules = append(rules, r)
+	}
+	load(t, e, append(rules, Rule{Resource: "dry", Threshold: 1e12})...)
+	for range 3 {
+		en, err := e.Entry("dry", WithKey("k"))
+		require.NoError(t, err)
+		en.Exit(nil)
+	}
+	assert.Zero(t, testing.AllocsPerRun(100, func() {
+		en, err := e.Entry("dry", WithKey("k"))
+		if err == nil {
+			en.Exit(nil)
+		}
+	}))
 }

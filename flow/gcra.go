@@ -68,8 +68,8 @@ func validateGCRA(r *Rule, i int) error {
 	switch {
 	case r.Burst < 1 || r.Burst > maxBurst:
 		return bad("Burst", r.Burst, fmt.Sprintf("must be in [1, %d]", maxBurst))
-	case r.PerKey || r.RelatedResource != "" || r.DryRun:
-		return bad("Behavior", r.Behavior, "GCRA is for plain local or Global rules (not PerKey, related or DryRun)")
+	case r.PerKey || r.RelatedResource != "":
+		return bad("Behavior", r.Behavior, "GCRA is for plain local or Global rules (not PerKey or related)")
 	case r.Threshold > 0 && r.Threshold < minPacedRate:
 		return bad("Threshold", r.Threshold, "must be 0 or at least 0.001 (one request per 1000 s) for GCRA")
 	case r.StatInterval != defaultStatInterval:

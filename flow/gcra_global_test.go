@@ -123,7 +123,7 @@ func TestGlobalGCRAValidation(t *testing.T) {
 		rule Rule
 		want string
 	}{
-		{Rule{Resource: "a", Threshold: 1, Behavior: GCRA, Global: true, PerKey: true}, "Behavior GCRA is for plain local or Global rules (not PerKey, related or DryRun), got GCRA"},
+		{Rule{Resource: "a", Threshold: 1, Behavior: GCRA, Global: true, PerKey: true}, "Behavior GCRA is for plain local or Global rules (not PerKey or related), got GCRA"},
 		{Rule{Resource: "a", Threshold: 1, Behavior: GCRA, Global: true, Burst: -1}, "Burst must be in [1, 1073741824], got -1"},
 		{Rule{Resource: "a", Threshold: 0.001, Behavior: GCRA, Global: true, Burst: 10_000}, "Burst takes 1e+07 s to refill at Threshold 0.001, more than a GCRA rule allows (720h0m0s), got 10000"},
 		{Rule{Resource: "a", Threshold: 0.001, Behavior: GCRA, Global: true, LocalShare: 0.5}, "LocalShare leaves a local rate of 0.0005/s, below 0.001 (one request per 1000 s), for a GCRA rule of Threshold 0.001, got 0.5"},

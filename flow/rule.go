@@ -85,10 +85,13 @@ type Rule struct {
 	Burst int
 	// DryRun makes the rule count what it would block without blocking
 	// anything (a shadow mode, to roll a new limit out safely): it checks
-	// each request the resource's other rules admitted, in a window of its
-	// own, as if it were in force, and counts those it would have blocked
-	// (Engine.DryRuns). QPS rules with Behavior Reject on their own
-	// resource's rate only (not PerKey, Global or related).
+	// each request the resource's other rules admitted as if it were in
+	// force, on state of its own (its window, key table, GCRA cell, queue;
+	// a Global rule asks its token source under its own ID), and counts
+	// those it would have blocked (Engine.DryRuns). A Concurrency rule
+	// checks the resource's in-flight count; a Throttle rule queues up to
+	// its MaxQueueing, no further, and nothing waits. Every kind but
+	// PerKey Concurrency (a key's count needs each request's Exit).
 	DryRun bool
 	// SpanExact holds the threshold in every continuous span of
 	// StatInterval, not only in each window of whole buckets: a plain
@@ -99,7 +102,7 @@ type Rule struct {
 	// costs 1/(n+1) of the steady rate (n is the engine's WithSpanBuckets,
 	// 10 by default: a steady 91% of Threshold);
 	// see the package doc for the proof. QPS rules with Behavior Reject on
-	// their own resource's rate (not PerKey, related or DryRun).
+	// their own resource's rate (not PerKey or related).
 	// Span-exact rules of one resource and StatInterval admit together,
 	// in a window of their own, beside the resource's plain rules. A
 	// Global rule may be span-exact: the Redis source counts the extra

@@ -75,7 +75,6 @@ func TestSpanExactValidation(t *testing.T) {
 		{Resource: "a", Threshold: 1, Behavior: GCRA, Burst: 1, SpanExact: true},
 		{Resource: "a", Threshold: 1, PerKey: true, SpanExact: true},
 		{Resource: "a", Threshold: 1, RelatedResource: "b", SpanExact: true},
-		{Resource: "a", Threshold: 1, DryRun: true, SpanExact: true},
 	} {
 		err := e.LoadRules([]Rule{{Resource: "ok", Threshold: 5, SpanExact: true}, r})
 		require.Error(t, err, "%+v", r)

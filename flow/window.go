@@ -342,8 +342,8 @@ func (rr *resourceRules) alignWindows(h *held, p int, now, t, n int64, rf *refus
 // validateSpanExact checks that a span-exact rule is one the span-exact
 // window can run.
 func validateSpanExact(r *Rule, i int) error {
-	if r.SpanExact && (r.Metric != QPS || r.Behavior != Reject || r.PerKey || r.RelatedResource != "" || r.DryRun) {
-		return r.errorf(i, "SpanExact", r.SpanExact, "is for QPS rules with Behavior Reject on their own resource's rate (not PerKey, related or DryRun)")
+	if r.SpanExact && (r.Metric != QPS || r.Behavior != Reject || r.PerKey || r.RelatedResource != "") {
+		return r.errorf(i, "SpanExact", r.SpanExact, "is for QPS rules with Behavior Reject on their own resource's rate (not PerKey or related)")
 	}
 	return nil
 }
