@@ -368,7 +368,7 @@ func TestGCRARulesAreChecked(t *testing.T) {
 		rule flow.Rule
 		want string
 	}{
-		{flow.Rule{ID: "r", Resource: "a", Threshold: 1, Behavior: flow.GCRA, Global: true, PerKey: true}, `rule "r" (#0): Behavior GCRA is for plain local or Global rules (not PerKey, related or DryRun), got GCRA`},
+		{flow.Rule{ID: "r", Resource: "a", Threshold: 1, Behavior: flow.GCRA, Global: true, PerKey: true}, `rule "r" (#0): Behavior GCRA is for plain local or Global rules (not PerKey or related), got GCRA`},
 		{flow.Rule{ID: "r", Resource: "a", Threshold: 1, Behavior: flow.GCRA, Global: true, Burst: 1<<30 + 1}, `rule "r" (#0): Burst must be in [1, 1073741824], got 1073741825`},
 		{flow.Rule{ID: "r", Resource: "a", Threshold: 0.01, Behavior: flow.GCRA, Global: true, Burst: 1 << 20}, `rule "r" (#0): Burst takes 1.049e+08 s to refill at Threshold 0.01`},
 		{flow.Rule{ID: "r", Resource: "a", Threshold: 0.001, Behavior: flow.GCRA, Global: true, LocalShare: 0.1}, `rule "r" (#0): LocalShare leaves a local rate of 0.0001/s`},

@@ -77,14 +77,20 @@ func callerKey(rule, caller string) string {
 	return prefix + "c:" + caller
 }
 
-func (s *Source) newKeyLimit(parent *limit, req *flow.GlobalRequest, caller string) *limit {
+// callerKeys are the Redis keys of the caller's limit of PerKey rule
+// req, whose limit in this instance is parent.
+func (s *Source) callerKeys(parent *limit, req *flow.GlobalRequest, caller string) keys {
 	shape := keySchema + "/" + strconv.FormatInt(req.Interval.Milliseconds(), 10) + "ms"
 	if parent.exact {
 		shape += "/log"
 	} else {
 		shape += "/" + strconv.Itoa(s.opts.Buckets)
 	}
-	keys := keysFor(s.opts.Prefix, callerKey(req.Key, caller), shape)
+	return keysFor(s.opts.Prefix, callerKey(req.Key, caller), shape)
+}
+
+func (s *Source) newKeyLimit(parent *limit, req *flow.GlobalRequest, caller string) *limit {
+	keys := s.callerKeys(parent, req, caller)
 	l := &limit{
 		keys:   keys,
 		window: parent.window,
@@ -154,6 +160,20 @@ func (b *keyedBound) RetryInKey(caller string, n int64) (time.Duration, bool) {
 		return 0, false
 	}
 	return b.s.retryIn(l, n)
+}
+
+// ResetKey implements flow.KeyResetter: it deletes the caller's limit in
+// Redis (its window, or its log in exact mode), within the CallTimeout,
+// and forgets its state in this instance (a lease it held is dropped).
+// Other instances use up what they leased (at most a lease each) before
+// they ask Redis again.
+func (b *keyedBound) ResetKey(ctx context.Context, caller string) error {
+	caller = callerkey.Bound(caller)
+	b.s.keyed.Invalidate(keyLimitID{parent: b.parent, caller: caller})
+	k := b.s.callerKeys(b.parent, &b.req, caller)
+	ctx, cancel := context.WithTimeout(ctx, b.s.opts.CallTimeout)
+	defer cancel()
+	return b.s.client.Del(ctx, k.window, k.log, k.meta).Err()
 }
 
 // callCount counts a caller's limit's calls to Redis in its current window.

@@ -816,3 +816,29 @@ func TestPerKeyGlobalFloodOfDistinctKeysRefusesNone(t *testing.T) {
 	}
 	assert.Zero(t, refused, "of 20,000 distinct keys")
 }
+
+// TestPerKeyGlobalResetKey: Engine.ResetKey empties one caller's shared
+// limit in Redis: another instance admits the key afresh; other keys keep
+// their counts.
+func TestPerKeyGlobalResetKey(t *testing.T) {
+	srv := redistest.Start(t)
+	rule := flow.Rule{ID: "reset", Resource: "api", Threshold: 1, StatInterval: 10 * time.Second, Global: true, PerKey: true,
+		Fallback: flow.FallbackClosed}
+	engs, _ := perKeyEngines(t, func() redis.UniversalClient { return srv.Client() }, 2, rule)
+	use := func(eng *flow.Engine, key string, n int) int {
+		got := 0
+		for range n {
+			if en, err := eng.Entry("api", flow.WithKey(key)); err == nil {
+				got++
+				en.Exit(nil)
+			}
+		}
+		return got
+	}
+	require.Equal(t, 10, use(engs[0], "alice", 15))
+	require.Equal(t, 10, use(engs[0], "bob", 15))
+	require.NoError(t, engs[0].ResetKey(context.Background(), "api", "alice"))
+	assert.Equal(t, 10, use(engs[1], "alice", 15), "alice afresh, from the other instance")
+	assert.Equal(t, 0, use(engs[0], "alice", 5), "the reset limit is shared: 10 in all")
+	assert.Equal(t, 0, use(engs[1], "bob", 1), "bob keeps his counts")
+}

@@ -39,6 +39,20 @@ func (t *Table) newState(id ID) *State {
 	return st
 }
 
+// reset empties a state of a table of kind k: a Window state's buckets
+// (its head stays: the emptied buckets count nothing), a Pace state's
+// timeline, back to idle.
+func (st *State) reset(k Kind) {
+	switch k {
+	case Window:
+		for i := range st.words {
+			st.words[i].Store(0)
+		}
+	case Pace:
+		st.head.Store(noBucket)
+	}
+}
+
 // Dead reports whether the state left its table: a request that took
 // from it since gives back and looks its key up again.
 func (st *State) Dead() bool { return st.dead.Load() }

@@ -246,6 +246,37 @@ func (t *Table) Peek(key string) *State {
 	return t.sets[b].find(h, &c, t, key)
 }
 
+// Reset empties what key counted: its state's buckets (Window) or
+// timeline (Pace), in the sets or remembered among the evicted, and
+// those of listed, a listed key's state, when not nil. A Conc table is
+// left alone: its counts are requests in flight. Requests racing it count
+// before or after it.
+func (t *Table) Reset(key string, listed *State) {
+	if t.kind == Conc {
+		return
+	}
+	if listed != nil {
+		listed.reset(t.kind)
+	}
+	for ; t != nil; t = t.next.Load() {
+		id := ID{t.hash(key), t.check(key)}
+		if from := t.from.Load(); from != nil {
+			from.takeGhost(id)
+		}
+		// The ghost first: a request that brings the key back after it
+		// finds nothing; one that brought it back before, its state,
+		// emptied next.
+		t.takeGhost(id)
+		a, b := t.setsOf(id.h)
+		var c uint64
+		for _, s := range [2]int{a, b} {
+			if st := t.sets[s].find(id.h, &c, t, key); st != nil {
+				st.reset(t.kind)
+			}
+		}
+	}
+}
+
 // find returns the live state of key in s, or nil.
 func (s *set) find(h uint64, c *uint64, t *Table, key string) *State {
 	for i := range s.ways {
