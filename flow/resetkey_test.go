@@ -101,3 +101,47 @@ func TestResetKeyStartsTheKeyAfresh(t *testing.T) {
 	assert.ErrorIs(t, e.ResetKey(context.Background(), "win", ""), ErrInvalidOption)
 	assert.ErrorIs(t, e.ResetKey(context.Background(), "win", strings.Repeat("x", 1025)), ErrInvalidOption)
 }
+
+// TestResetKeyRacingRequests: resets racing requests of the key, under
+// the race detector, leave a key that, reset once more when they stop,
+// admits exactly its threshold.
+func TestResetKeyRacingRequests(t *testing.T) {
+	clock := stattest.NewClock(time.Second)
+	e, _ := newEngine(t, clock)
+	load(t, e, Rule{Resource: "win", Threshold: 5, PerKey: true}, Rule{Resource: "paced", Threshold: 5, Behavior: Throttle, PerKey: true})
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	for range 4 {
+		go func() {
+			defer func() { stopped <- struct{}{} }()
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				for _, res := range []string{"win", "paced"} {
+					if en, err := e.Entry(res, WithKey("a")); err == nil {
+						en.Exit(nil)
+					}
+				}
+			}
+		}()
+	}
+	for range 200 {
+		require.NoError(t, e.ResetKey(context.Background(), "win", "a"))
+		require.NoError(t, e.ResetKey(context.Background(), "paced", "a"))
+	}
+	close(done)
+	for range 4 {
+		<-stopped
+	}
+	require.NoError(t, e.ResetKey(context.Background(), "win", "a"))
+	admitted := 0
+	for range 10 {
+		if try(e, "win", WithKey("a")) {
+			admitted++
+		}
+	}
+	assert.Equal(t, 5, admitted)
+}
