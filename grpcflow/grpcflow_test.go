@@ -487,6 +487,6 @@ func TestEveryRefusalCarriesRetryInfo(t *testing.T) {
 	require.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
 	d, ok := RetryDelay(err)
 	require.True(t, ok, "a resource with two rules still says when")
-	assert.Equal(t, 1400*ms, d, "alice's pass at 100 ms leaves her 2 s window (of 200 ms buckets) at 2 s")
+	assert.Equal(t, 1400*ms, d, "alice's pass at 100 ms leaves her 2 s window (of 500 ms buckets) at 2 s")
 	assert.Equal(t, "each", detailInfo(t, err).Metadata["rule"])
 }

@@ -56,10 +56,12 @@
 //     is given as its quota per second, rounded down, over w=1, and t is
 //     rounded up.
 //
-// WithHeadersOnAdmit sets the RateLimit fields on admitted responses too
-// (RateLimit-Policy of the strictest QPS rule, Engine.Policy; the
-// remaining count of an admitted request is not computed, so RateLimit is
-// left out). WithBlockHandler replaces the whole answer.
+// WithHeadersOnAdmit sets the RateLimit fields on admitted responses too:
+// RateLimit-Policy and RateLimit (r and t) of the rule with the least left
+// for the caller after the request (flow.Engine.Left: window, PerKey
+// window and GCRA rules; it costs about another admission), or, on a
+// resource where none of those is, RateLimit-Policy of its strictest QPS
+// rule (Engine.Policy). WithBlockHandler replaces the whole answer.
 //
 // # Cost
 //
@@ -134,7 +136,8 @@ func WithBlockHandler(fn func(http.ResponseWriter, *http.Request, Blocked)) Opti
 // Service Unavailable instead of 429.
 func WithConcurrency503() Option { return func(c *config) { c.conc503 = true } }
 
-// WithHeadersOnAdmit sets RateLimit-Policy on admitted responses too.
+// WithHeadersOnAdmit sets the RateLimit fields on admitted responses too
+// (see the package doc).
 func WithHeadersOnAdmit() Option { return func(c *config) { c.onAdmit = true } }
 
 // WithFailClosed answers 503 to a request whose resource cannot be made
@@ -341,7 +344,7 @@ func (m *Limiter) serve(w http.ResponseWriter, r *http.Request, next http.Handle
 		return
 	}
 	if m.cfg.onAdmit {
-		m.policyHeader(w.Header(), resource)
+		m.admitHeaders(w.Header(), resource, opts[:n])
 	}
 	tr := trackers.Get().(*tracker)
 	tr.status, tr.sent = http.StatusOK, false
@@ -448,6 +451,23 @@ func (m *Limiter) defaultBlock(w http.ResponseWriter, _ *http.Request, b Blocked
 		h.Set(f[0], f[1])
 	}
 	http.Error(w, http.StatusText(status), status)
+}
+
+// admitHeaders sets the RateLimit fields of an admitted request of
+// resource with opts: RateLimit-Policy and RateLimit of the rule with the
+// least left for it (flow.Engine.Left), or, when none is read, the
+// RateLimit-Policy of the strictest QPS rule.
+func (m *Limiter) admitHeaders(h http.Header, resource string, opts []flow.EntryOption) {
+	l, ok := m.eng.Left(resource, opts...)
+	if !ok {
+		m.policyHeader(h, resource)
+		return
+	}
+	quota, window := l.Rule.Quota()
+	name := policyName(l.Rule)
+	q, win := policyQuota(quota, window)
+	h.Set("RateLimit-Policy", policyField(name, q, win))
+	h.Set("RateLimit", name+";r="+strconv.FormatInt(min(l.Remaining, q), 10)+";t="+strconv.FormatInt(ceilSeconds(l.Reset), 10))
 }
 
 // policyHeader sets RateLimit-Policy for an admitted request of resource,

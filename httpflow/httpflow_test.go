@@ -449,16 +449,18 @@ func TestHeadersOnAdmit(t *testing.T) {
 	}
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
-	for path, want := range map[string]string{
-		"/a": `"strict";q=3;w=1`,
-		"/b": `"GET /b";q=20;w=1`,
-		"/c": "",
+	for path, want := range map[string][2]string{
+		"/a": {`"strict";q=3;w=1`, `"strict";r=2;t=1`},
+		"/b": {`"GET /b";q=20;w=1`, `"GET /b";r=9;t=1`},
+		"/c": {"", ""},
 	} {
 		resp := get(t, srv.Client(), srv.URL+path)
 		assert.Equal(t, http.StatusOK, resp.StatusCode, path)
-		assert.Equal(t, want, resp.Header.Get("RateLimit-Policy"), path)
-		assert.Empty(t, resp.Header.Get("RateLimit"), path)
+		assert.Equal(t, want[0], resp.Header.Get("RateLimit-Policy"), path)
+		assert.Equal(t, want[1], resp.Header.Get("RateLimit"), path+": what is left after it")
 	}
+	resp := get(t, srv.Client(), srv.URL+"/a")
+	assert.Equal(t, `"strict";r=1;t=1`, resp.Header.Get("RateLimit"))
 }
 
 // TestFlushSendsTheStatus: a Flush before any WriteHeader sends 200;

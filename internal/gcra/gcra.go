@@ -79,6 +79,16 @@ func (l *Limiter) Room(now, n int64) int64 {
 	return max(max(l.c.tat.Load(), now)+n*l.interval-now-l.tolerance, 0)
 }
 
+// Left returns how many tokens are there at now, and how long (ns) until
+// the bucket is full again.
+func (l *Limiter) Left(now int64) (tokens, reset int64) {
+	if l.off {
+		return 0, -1
+	}
+	owed := max(l.c.tat.Load()-now, 0)
+	return max((l.tolerance-owed)/l.interval, 0), owed
+}
+
 // Give gives back n tokens that Take took, setting arrival time tok (the
 // request was not admitted in the end), if no request has taken tokens
 // since: the arrival time moves back by their cost. Once another request

@@ -50,6 +50,27 @@ func (st *State) carry(now int64) (carry, bool) {
 	return c, any
 }
 
+// Held returns what a Window state's window holds at now and how long
+// (ns) until all of it has left.
+func (t *Table) Held(st *State, now int64) (held, reset int64) {
+	head := st.head.Load()
+	if head == noBucket {
+		return 0, 0
+	}
+	b := max(now, 0) / t.bucketLen
+	head = max(head, b)
+	for j := range int64(Buckets) {
+		x := head - j
+		if w := st.words[slotOf(x)].Load(); epochIs(w, x) && w&countMask != 0 {
+			if held == 0 {
+				reset = max((x+Buckets)*t.bucketLen-now, 0)
+			}
+			held += int64(w & countMask)
+		}
+	}
+	return held, reset
+}
+
 // sum is the count of the window whose newest bucket is head.
 func (st *State) sum(head int64) uint64 {
 	var c uint64

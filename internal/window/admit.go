@@ -1,6 +1,7 @@
 package window
 
 import (
+	"math"
 	"time"
 
 	"github.com/leapflow/leapflow/internal/cpu"
@@ -57,15 +58,37 @@ func (r Reservation) Seen() int64 {
 	return r.n
 }
 
-// Cancel gives the admission back to the lease it came from (a later check
-// refused the request) and clears r; cancelling the zero Reservation does
-// nothing. A copy cancelled again would give the admission back twice:
-// flow never copies one, and package metric's Reservation has no Cancel.
+// Cancel gives the admission back (a later check refused the request) and
+// clears r; cancelling the zero Reservation does nothing. A copy cancelled
+// again would give the admission back twice: flow never copies one, and
+// package metric's Reservation has no Cancel. The admission goes back to
+// its bucket, for any stripe to admit against, unless a request on its
+// stripe took it meanwhile: left in the stripe's lease, only that
+// stripe's requests could use it, and a window of a small threshold would
+// refuse callers within it.
 func (r *Reservation) Cancel() {
 	if r.b != nil {
-		r.w.backOut(r.b, r.s.c[stripeUsed].Add(-r.n), r.n)
+		u := r.s.c[stripeUsed].Add(-r.n)
+		r.w.backOut(r.b, u, r.n)
+		if !sealed(u) {
+			unlease(r.b, r.s, r.n)
+		}
 		*r = Reservation{}
 	}
+}
+
+// unlease gives n unused tokens of stripe s's lease back to bucket b,
+// unless requests on s use them meanwhile: the stripe's lease shrinks
+// first, and if what its requests used no longer fits (or the bucket
+// froze: its used word is sealed), it grows back and keeps them. A request
+// on s that finds the lease short in between takes a lease of its own.
+func unlease(b *ring.WindowWrap[bucket], s *stripe, n int64) {
+	taken, used := &s.c[stripeTaken], &s.c[stripeUsed]
+	if t := taken.Add(-n); used.Load() <= t {
+		b.Value.granted.Add(-n)
+		return
+	}
+	taken.Add(n)
 }
 
 // Admit is Reserve returning the admission: the bucket it was counted in,
@@ -346,6 +369,32 @@ func (w *Window) RoomIn(now, n, threshold int64) (wait, reset time.Duration, ok 
 		wait = time.Duration(starts[i] + span - real)
 	}
 	return max(wait, 0), max(reset, 0), true
+}
+
+// Held returns what the window holds at now, as its admissions count it
+// (what each bucket committed, leases included, and what waiting requests
+// borrowed), and how long until all of it has left the window. It reads
+// the buckets once and allocates nothing.
+func (w *Window) Held(now int64) (held int64, reset time.Duration) {
+	a := &w.arr
+	real := max(now, 0)
+	now = a.Clamp(real)
+	span := a.Interval()
+	newest := int64(math.MinInt64)
+	for x := range a.Within(now, span) {
+		c := x.Value.committed()
+		if x.Value.frozen.Load() {
+			c = max(x.Value.passes(), c)
+		}
+		held += c
+		if c > 0 {
+			newest = max(newest, x.Start())
+		}
+	}
+	if newest != math.MinInt64 {
+		reset = time.Duration(max(newest+span-real, 0))
+	}
+	return held + a.Pending(), reset
 }
 
 // maxRoomBuckets bounds the buckets RoomIn sorts on the stack; a window of

@@ -253,3 +253,49 @@ func TestCancelClearsTheReservation(t *testing.T) {
 	_, ok = w.Admit(0, 1, 3)
 	assert.False(t, ok, "once, not twice")
 }
+
+// TestCancelledAdmissionsGoBackToTheBucket: an admission cancelled (a
+// later rule refused its request) can be taken again from any stripe, so a
+// window of a small threshold admits its threshold whichever stripes its
+// requests land on (left in its stripe's lease, it was lost to the
+// others); and under the race detector, cancels racing admissions on the
+// same stripes never let the window admit past its threshold.
+func TestCancelledAdmissionsGoBackToTheBucket(t *testing.T) {
+	w := newWindow(t, 4, time.Second, WithStripes(4))
+	r, ok := w.AdmitOn(0, 0, 1, 3)
+	require.True(t, ok)
+	r.Cancel()
+	for p := 1; p <= 3; p++ {
+		_, ok := w.AdmitOn(p, 0, 1, 3)
+		require.True(t, ok, "stripe %d: the cancelled admission is the bucket's again", p)
+	}
+	_, ok = w.AdmitOn(0, 0, 1, 3)
+	assert.False(t, ok, "and the threshold holds")
+
+	for round := range 50 {
+		const threshold = 40
+		w := newWindow(t, 4, time.Second, WithStripes(4))
+		var kept atomic.Int64
+		var wg sync.WaitGroup
+		for g := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for k := range 400 {
+					r, ok := w.AdmitOn(g+k, 0, 1, threshold)
+					if !ok {
+						continue
+					}
+					if k%3 == 0 {
+						r.Cancel()
+						continue
+					}
+					kept.Inc()
+				}
+			}()
+		}
+		wg.Wait()
+		require.LessOrEqual(t, kept.Load(), int64(threshold), "round %d", round)
+		assert.Equal(t, kept.Load(), w.Sum(0, Pass), "round %d: passes are the admissions kept", round)
+	}
+}
