@@ -49,6 +49,7 @@ import (
 
 	"github.com/leapflow/leapflow/flow"
 	"github.com/leapflow/leapflow/httpflow"
+	"github.com/leapflow/leapflow/internal/routename"
 )
 
 // New returns an httpflow Limiter on eng that names each request by
@@ -97,5 +98,8 @@ func Resource(r *http.Request) string {
 	if pattern == "" {
 		return httpflow.Unmatched
 	}
-	return names.get(method, pattern)
+	return names.Of(method, pattern)
 }
+
+// names interns the resource names of the routes.
+var names routename.Table

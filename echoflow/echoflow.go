@@ -52,6 +52,7 @@ import (
 	"github.com/leapflow/leapflow/flow"
 	"github.com/leapflow/leapflow/httpflow"
 	"github.com/leapflow/leapflow/internal/callerkey"
+	"github.com/leapflow/leapflow/internal/unreached"
 )
 
 type config struct {
@@ -94,7 +95,7 @@ func WithConcurrency503() Option { return func(c *config) { c.conc503 = true } }
 
 // WithLogger sets where the Limiter logs rules that cannot take effect:
 // while requests go unmatched, a rule whose resource sees none
-// (httpflow.Unreached; default slog.Default()).
+// (flow.Engine.Unreached; default slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
 // WithFailClosed answers 503 to a request whose resource cannot be made
@@ -117,7 +118,7 @@ type Limiter struct {
 	routes sync.Map // *echo.Router -> *routeSet
 	// failedOpen and failedClosed back Stats.
 	failedOpen, failedClosed atomic.Int64
-	unreached                *httpflow.Unreached
+	unreached                *unreached.Reporter
 }
 
 // New returns a Limiter on eng.
@@ -135,7 +136,7 @@ func New(eng *flow.Engine, opts ...Option) *Limiter {
 	if l.cfg.isException == nil {
 		l.cfg.isException = func(status int) bool { return status >= 500 }
 	}
-	l.unreached = httpflow.NewUnreached(eng, l.cfg.logger)
+	l.unreached = unreached.New(eng, l.cfg.logger, httpflow.Unmatched)
 	return l
 }
 

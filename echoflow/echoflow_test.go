@@ -3,6 +3,7 @@ package echoflow
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -327,4 +328,21 @@ func TestUnreachedRuleIsLogged(t *testing.T) {
 	}
 	assert.Equal(t, 1, strings.Count(buf.String(), "cannot take effect"), buf.String())
 	assert.Contains(t, buf.String(), "rule=typo")
+}
+
+// TestNotFoundCostsNoRouteReading: a 404 that echo routes to a
+// RouteNotFound route (a group's) is named unmatched without reading the
+// router's routes again: no allocation, however many come.
+func TestNotFoundCostsNoRouteReading(t *testing.T) {
+	e := echo.New()
+	lim := New(engine(t))
+	g := e.Group("/api")
+	for i := range 50 {
+		g.GET(fmt.Sprintf("/r%d/:id", i), func(c echo.Context) error { return c.NoContent(http.StatusOK) })
+	}
+	g.RouteNotFound("/*", func(c echo.Context) error { return c.NoContent(http.StatusNotFound) })
+	c := e.NewContext(httptest.NewRequest(http.MethodGet, "/api/nowhere", nil), httptest.NewRecorder())
+	e.Router().Find(http.MethodGet, "/api/nowhere", c)
+	require.Equal(t, httpflow.Unmatched, lim.route(c))
+	assert.Zero(t, testing.AllocsPerRun(100, func() { _ = lim.route(c) }))
 }

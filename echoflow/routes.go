@@ -12,10 +12,12 @@ import (
 type route struct{ method, path string }
 
 // routeSet is the resource names of a router's routes, as its Routes were
-// when it was made.
+// when it was made, and the paths of its RouteNotFound routes: requests
+// of those are unmatched without reading the routes.
 type routeSet struct {
-	names map[route]string
-	n     int // len(Routes())
+	names    map[route]string
+	notFound map[string]bool
+	n        int // len(Routes())
 }
 
 // routes is a router's current routeSet.
@@ -57,14 +59,22 @@ func (rs *routes) name(rt *echo.Router, k route) string {
 		if name, ok := s.names[k]; ok {
 			return name
 		}
+		if s.notFound[k.path] {
+			// A RouteNotFound route's: a 404, however many come, costs
+			// no reading of the routes. (Echo gives only its routes'
+			// paths: any other miss is a route added since.)
+			return httpflow.Unmatched
+		}
 	}
 	all := rt.Routes()
 	if s == nil || s.n != len(all) {
-		s = &routeSet{names: make(map[route]string, len(all)), n: len(all)}
+		s = &routeSet{names: make(map[route]string, len(all)), notFound: map[string]bool{}, n: len(all)}
 		for _, r := range all {
-			if r.Method != echo.RouteNotFound {
-				s.names[route{r.Method, r.Path}] = r.Method + " " + r.Path
+			if r.Method == echo.RouteNotFound {
+				s.notFound[r.Path] = true
+				continue
 			}
+			s.names[route{r.Method, r.Path}] = r.Method + " " + r.Path
 		}
 		rs.set.Store(s)
 	}

@@ -354,3 +354,15 @@ func TestUnreachedRuleIsLogged(t *testing.T) {
 	assert.Equal(t, 1, strings.Count(buf.String(), "cannot take effect"), buf.String())
 	assert.Contains(t, buf.String(), "rule=typo")
 }
+
+// TestHeadCountsAsGet: fiber's Get serves HEAD too; a HEAD request counts
+// under the GET route's name, so it cannot go around its limit.
+func TestHeadCountsAsGet(t *testing.T) {
+	eng := engine(t, flow.Rule{Resource: "GET /items/:id", Threshold: 1})
+	app := fiber.New()
+	app.Use(New(eng).Middleware)
+	app.Get("/items/:id", func(c *fiber.Ctx) error { return c.SendStatus(fiber.StatusOK) })
+	assert.Equal(t, http.StatusOK, do(t, app, http.MethodHead, "/items/1").StatusCode)
+	assert.Equal(t, http.StatusTooManyRequests, do(t, app, http.MethodGet, "/items/2").StatusCode, "the HEAD took the GET route's one")
+	assert.Equal(t, int64(1), passes(eng, "GET /items/:id"))
+}

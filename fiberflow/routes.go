@@ -52,10 +52,23 @@ func copyRoutes(app *fiber.App, handlers uint32) *routes {
 		cp.Add(r.Method, r.Path, found)
 	}
 	cp.Handler() // builds its routing tree
+	// app.Get registers HEAD too: a HEAD request of a GET route counts as
+	// GET, as under a ServeMux "GET" pattern, so that HEAD requests do not
+	// go around the GET route's limits.
+	gets := map[string]bool{}
+	for _, r := range app.GetRoutes(true) {
+		if r.Method == fiber.MethodGet {
+			gets[r.Path] = true
+		}
+	}
 	names := map[*fiber.Route]string{}
 	for _, stack := range cp.Stack() {
 		for _, r := range stack {
-			names[r] = r.Method + " " + r.Path
+			method := r.Method
+			if method == fiber.MethodHead && gets[r.Path] {
+				method = fiber.MethodGet
+			}
+			names[r] = method + " " + r.Path
 		}
 	}
 	return &routes{app: cp, handlers: handlers, names: names}

@@ -21,9 +21,10 @@ import (
 type ruleSet struct {
 	rules      []Rule
 	byResource map[string]*resourceRules
-	// since is when each resource came under rules, kept across reloads
-	// that keep rules on it (see Engine.Unreached).
-	since map[string]int64
+	// since is when each resource came under rules, and what it had
+	// counted then, kept across reloads that keep rules on it (see
+	// Engine.Unreached).
+	since map[string]ruledSince
 	// The state of rules, by rule, so that a reload that keeps a rule (see
 	// ruleKey) keeps its counts: warm-up tokens, throttle timelines, a
 	// Global rule's local fallback window, per-key tables, dry-run windows
@@ -211,7 +212,7 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stats.Node, bounds []Boun
 		tables:     map[ruleKey]kept[*keytable.Table]{},
 		shadows:    map[ruleKey]kept[*shadow]{},
 		gcras:      map[ruleKey]kept[*gcra.Cell]{},
-		since:      map[string]int64{},
+		since:      map[string]ruledSince{},
 	}
 	copies := map[ruleKey]int{}
 	now := e.now()
@@ -219,8 +220,8 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stats.Node, bounds []Boun
 		res := norm[i].Resource
 		if t, ok := old.since[res]; ok {
 			next.since[res] = t
-		} else {
-			next.since[res] = now
+		} else if _, ok := next.since[res]; !ok {
+			next.since[res] = ruledSince{at: now, counted: nodes[res].Counted()}
 		}
 	}
 	for i := range norm {

@@ -37,7 +37,10 @@
 // that holds a concurrency count exits once whichever copy exits; any
 // other Entry counts a completion for each copy that exits: exit an Entry
 // once. When a later rule blocks a request, what earlier rules granted is
-// given back. With n buckets of a window W, any span shorter than W - W/n
+// given back (to the window, for any core's requests). A window's cores
+// take its room in leases, so a window may refuse while up to 1/16 of its
+// threshold sits unused in other cores' leases of the current bucket: it
+// errs towards refusing, never past its threshold. With n buckets of a window W, any span shorter than W - W/n
 // admits at most the threshold; a span of W can admit up to twice it (see
 // metric). docs/guarantees.md has the details.
 //

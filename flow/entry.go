@@ -359,8 +359,8 @@ func (e *Engine) Wait(ctx context.Context, resource string, opts ...EntryOption)
 // admits it only if its slot is now. It takes Entry's options but refuses
 // a wait (ErrInvalidOption): waiting is Wait's. On a resource with a
 // Concurrency or PerKey Concurrency rule it returns an error matching
-// ErrNeedsExit, counting nothing: those rules count the request until its
-// Exit. Like Entry it allocates nothing.
+// ErrNeedsExit, counting the request as blocked: those rules count a
+// request until its Exit. Like Entry it allocates nothing.
 func (e *Engine) Allow(resource string, opts ...EntryOption) (Refusal, error) {
 	var buf [8]EntryOption
 	o, err := allowOptions(buf[:0], opts)
@@ -373,7 +373,7 @@ func (e *Engine) Allow(resource string, opts ...EntryOption) (Refusal, error) {
 		return allowed(&en, err)
 	}
 	if rr.needsExit != nil {
-		return Refusal{}, rr.needsExit
+		return Refusal{}, e.needsExit(rr, o)
 	}
 	en, err := e.enter(rr, rr.node, o)
 	return allowed(&en, err)
@@ -393,13 +393,27 @@ func (r *Resource) Allow(opts ...EntryOption) (Refusal, error) {
 	}
 	if rr := c.rr; rr != nil {
 		if rr.needsExit != nil {
-			return Refusal{}, rr.needsExit
+			return Refusal{}, e.needsExit(rr, o)
 		}
 		en, err := e.enter(rr, rr.node, o)
 		return allowed(&en, err)
 	}
 	en, err := r.enterPlain(o)
 	return allowed(&en, err)
+}
+
+// needsExit counts Allow's request of opts on rr, whose rules need Exit,
+// as blocked (a rule reload that gave an Allow resource a Concurrency rule
+// shows in its statistics, not as an absence of traffic) and returns the
+// error.
+func (e *Engine) needsExit(rr *resourceRules, opts []EntryOption) error {
+	q := request{n: 1}
+	if err := parseOptions(&q, opts); err != nil {
+		return err
+	}
+	p, now := e.pinNow()
+	e.count(rr.node, p, now, metric.Block, q.n)
+	return rr.needsExit
 }
 
 // ErrNeedsExit matches the error of Allow on a resource whose rules count

@@ -616,7 +616,8 @@ func TestAllowNeedsNoExit(t *testing.T) {
 		if r.Metric == Concurrency {
 			require.ErrorIs(t, err, ErrNeedsExit, r.Resource)
 			s, _ := e2.Snapshot(r.Resource)
-			assert.Zero(t, s.PassQPS+s.BlockQPS, "%s: nothing counted", r.Resource)
+			assert.Zero(t, s.PassQPS, "%s: nothing admitted", r.Resource)
+			assert.Equal(t, 1.0, s.BlockQPS, "%s: counted blocked, so that it shows", r.Resource)
 			continue
 		}
 		if r.DryRun {

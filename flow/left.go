@@ -10,11 +10,14 @@ import (
 // Left is what a resource's rate rules have left for a caller, read by
 // Engine.Left: that of the rule with the least left.
 type Left struct {
-	// Rule is that rule's error, as a refusal by it would carry: its Rule,
-	// and its Quota (the policy a RateLimit header names).
-	Rule *BlockError
+	// Err is that rule's error, as a refusal by it would carry (see
+	// Refusal.Err): its Rule, and its Quota (the policy a RateLimit header
+	// names).
+	Err *BlockError
 	// Remaining is how many more requests its window (or GCRA bucket)
-	// admits now.
+	// admits now: its threshold less what it holds (for a window, up to
+	// 1/16 of its threshold held by cores' unused leases may still refuse;
+	// see the package doc's Exactness).
 	Remaining int64
 	// Reset is how long until everything its window holds has left it
 	// (until its GCRA bucket is full), rounded up to the millisecond.
@@ -44,7 +47,7 @@ func (e *Engine) Left(resource string, opts ...EntryOption) (Left, bool) {
 	best := Left{Remaining: math.MaxInt64}
 	take := func(be *BlockError, left, reset int64) {
 		if left < best.Remaining {
-			best = Left{Rule: be, Remaining: max(left, 0), Reset: time.Duration(roundUpMs(reset))}
+			best = Left{Err: be, Remaining: max(left, 0), Reset: time.Duration(roundUpMs(reset))}
 		}
 	}
 	for i := range rr.groups {
@@ -58,19 +61,7 @@ func (e *Engine) Left(resource string, opts ...EntryOption) (Left, bool) {
 		if kr.t.Kind() != keytable.Window {
 			continue
 		}
-		st, limit := kr.t.NoKey(), kr.limit
-		if q.hasKey {
-			st = nil
-			if s, ok := kr.spec[q.key]; ok {
-				limit = s.limit
-				if !s.st.Dead() {
-					st = s.st
-				}
-			}
-			if st == nil {
-				st = kr.t.Peek(q.key)
-			}
-		}
+		st, limit, _ := kr.peek(&q)
 		var held, reset int64
 		if st != nil {
 			held, reset = kr.t.Held(st, now)
@@ -82,7 +73,7 @@ func (e *Engine) Left(resource string, opts ...EntryOption) (Left, bool) {
 		tokens, reset := gr.l.Left(now)
 		take(gr.be, tokens, max(reset, 0))
 	}
-	return best, best.Rule != nil
+	return best, best.Err != nil
 }
 
 // roundUpMs rounds d (ns) up to the millisecond.

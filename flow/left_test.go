@@ -29,13 +29,13 @@ func TestLeftReadsTheStrictestRule(t *testing.T) {
 	}
 	l, ok := e.Left("api", WithKey("a"))
 	require.True(t, ok)
-	assert.Equal(t, "each", l.Rule.Rule.ID, "a has 1 left, the resource 3")
+	assert.Equal(t, "each", l.Err.Rule.ID, "a has 1 left, the resource 3")
 	assert.Equal(t, int64(1), l.Remaining)
 	assert.Equal(t, 900*ms, l.Reset, "a's bucket of 0-250 ms leaves at 1 s")
 
 	l, ok = e.Left("api", WithKey("new"))
 	require.True(t, ok)
-	assert.Equal(t, "all", l.Rule.Rule.ID, "a new key has 3 left, as the resource: the first rule")
+	assert.Equal(t, "all", l.Err.Rule.ID, "a new key has 3 left, as the resource: the first rule")
 	assert.Equal(t, int64(3), l.Remaining)
 	assert.Equal(t, 900*ms, l.Reset, "the bucket of 0-250 ms leaves at 1 s")
 
@@ -53,7 +53,7 @@ func TestLeftReadsTheStrictestRule(t *testing.T) {
 	}
 	l, ok = e.Left("gcra")
 	require.True(t, ok)
-	assert.Equal(t, "bucket", l.Rule.Rule.ID)
+	assert.Equal(t, "bucket", l.Err.Rule.ID)
 	assert.Equal(t, int64(1), l.Remaining)
 	assert.Equal(t, 3*time.Second, l.Reset, "3 tokens at 1/s")
 

@@ -236,19 +236,7 @@ func (kr *keyRule) state(key string, hasKey bool) (*keytable.State, int64, float
 // its key, taking nothing and adding no key (a key the table lacks has
 // room now); -1 when it never would.
 func (kr *keyRule) room(q *request, now int64) int64 {
-	st, limit, rate := kr.t.NoKey(), kr.limit, kr.rate
-	if q.hasKey {
-		st = nil
-		if s, ok := kr.spec[q.key]; ok {
-			limit, rate = s.limit, s.rate
-			if !s.st.Dead() {
-				st = s.st
-			}
-		}
-		if st == nil {
-			st = kr.t.Peek(q.key)
-		}
-	}
+	st, limit, rate := kr.peek(q)
 	if kr.t.Kind() == keytable.Pace {
 		queue := kr.maxQueue
 		if q.noQueue {
@@ -267,6 +255,21 @@ func (kr *keyRule) room(q *request, now int64) int64 {
 	}
 	retry, _ := kr.t.RoomIn(st, now, q.n, limit)
 	return retry
+}
+
+// peek is state for a reader: the state and limits of the request's key,
+// the state nil when the table lacks the key (nothing is added).
+func (kr *keyRule) peek(q *request) (*keytable.State, int64, float64) {
+	if !q.hasKey {
+		return kr.t.NoKey(), kr.limit, kr.rate
+	}
+	if s, ok := kr.spec[q.key]; ok {
+		if !s.st.Dead() {
+			return s.st, s.limit, s.rate
+		}
+		return kr.t.Peek(q.key), s.limit, s.rate
+	}
+	return kr.t.Peek(q.key), kr.limit, kr.rate
 }
 
 // blockError is the error a request of key is blocked with: the rule's,

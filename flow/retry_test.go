@@ -493,8 +493,9 @@ func TestRefusalWaitsForEveryRateRule(t *testing.T) {
 	r = refused("paced")
 	assert.Equal(t, 1300*ms, r.RetryAfter, "the throttle's slot, less its queue")
 
-	// A PerKey rule after a global one: the global rule admitted it, the
-	// key's window refuses: its wait (its bucket from 30 s leaves at 34 s).
+	// A PerKey rule beside a Global one: the key's window refuses before
+	// the Global rule is asked: its wait (its bucket from 30 s leaves at
+	// 34 s).
 	clock.Set(30 * time.Second)
 	require.True(t, try(e, "global", WithKey("k")))
 	require.True(t, try(e, "global", WithKey("k")))
@@ -518,4 +519,33 @@ func TestRefusalWaitsForEveryRateRule(t *testing.T) {
 	r = refused("never", WithKey("q"))
 	assert.False(t, r.Err.Rule.PerKey)
 	assert.Equal(t, 500*ms, r.RetryAfter, "one: the window's wait (its bucket from 40 s leaves at 41 s)")
+}
+
+// TestLocalRefusalAsksNoSource: a resource's Global rules are asked after
+// every local rule, so a request a local rule refuses makes no call to the
+// token source and takes nothing from the shared limit (a window and a
+// Global rule; a PerKey rule and a Global rule, on its short path).
+func TestLocalRefusalAsksNoSource(t *testing.T) {
+	var calls atomic.Int64
+	src := sourceFunc(func(context.Context, GlobalRequest) (bool, error) {
+		calls.Inc()
+		return true, nil
+	})
+	e, _ := newEngine(t, stattest.NewClock(time.Second), WithTokenSource(src))
+	load(t, e,
+		Rule{Resource: "window", Threshold: 1}, Rule{Resource: "window", Threshold: 100, Global: true},
+		Rule{Resource: "keyed", Threshold: 1, PerKey: true}, Rule{Resource: "keyed", Threshold: 100, Global: true},
+	)
+	for _, tc := range []struct {
+		res  string
+		opts []EntryOption
+	}{{"window", nil}, {"keyed", []EntryOption{WithKey("a")}}} {
+		before := calls.Load()
+		require.True(t, try(e, tc.res, tc.opts...))
+		assert.Equal(t, before+1, calls.Load(), "%s: admitted locally, then asked", tc.res)
+		for range 3 {
+			require.False(t, try(e, tc.res, tc.opts...))
+		}
+		assert.Equal(t, before+1, calls.Load(), "%s: refused locally, never asked", tc.res)
+	}
 }

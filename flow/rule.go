@@ -87,7 +87,8 @@ type Rule struct {
 	// anything (a shadow mode, to roll a new limit out safely): it checks
 	// each request the resource's other rules admitted as if it were in
 	// force, on state of its own (its window, key table, GCRA cell, queue;
-	// a Global rule asks its token source under its own ID), and counts
+	// a Global rule asks its token source under its own ID, a call out per
+	// request the resource admits, on that request's path), and counts
 	// those it would have blocked (Engine.DryRuns). A Concurrency rule
 	// checks the resource's in-flight count; a Throttle rule queues up to
 	// its MaxQueueing, no further, and nothing waits. Every kind but

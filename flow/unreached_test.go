@@ -47,4 +47,20 @@ func TestUnreachedRulesAreReported(t *testing.T) {
 
 	clock.Advance(2 * time.Minute)
 	assert.Nil(t, e.Unreached(), "the catch-all's traffic is over a minute old")
+
+	// Two quiet minutes after "GET /items/{id}" and "GET /other" were
+	// reached: they still were, whatever the catch-all sees now.
+	require.True(t, try(e, "http"+CatchAllSuffix))
+	got = e.Unreached()
+	require.Len(t, got, 1)
+	assert.Equal(t, "GET /dry", got[0].Resource)
+
+	// A rule that refuses everything it sees is reached.
+	load(t, e, append(rules, Rule{Resource: "GET /closed", Threshold: 0})...)
+	clock.Advance(11 * time.Second)
+	try(e, "GET /closed")
+	require.True(t, try(e, "http"+CatchAllSuffix))
+	for _, r := range e.Unreached() {
+		assert.NotEqual(t, "GET /closed", r.Resource)
+	}
 }

@@ -46,6 +46,8 @@ import (
 	"github.com/leapflow/leapflow/flow"
 	"github.com/leapflow/leapflow/httpflow"
 	"github.com/leapflow/leapflow/internal/callerkey"
+	"github.com/leapflow/leapflow/internal/routename"
+	"github.com/leapflow/leapflow/internal/unreached"
 )
 
 type config struct {
@@ -87,7 +89,7 @@ func WithConcurrency503() Option { return func(c *config) { c.conc503 = true } }
 
 // WithLogger sets where the Limiter logs rules that cannot take effect:
 // while requests go unmatched, a rule whose resource sees none
-// (httpflow.Unreached; default slog.Default()).
+// (flow.Engine.Unreached; default slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
 // WithFailClosed answers 503 to a request whose resource cannot be made
@@ -108,7 +110,7 @@ func Resource(c *gin.Context) string {
 	if path == "" {
 		return httpflow.Unmatched
 	}
-	return names.get(c.Request.Method, path)
+	return names.Of(c.Request.Method, path)
 }
 
 // Limiter admits gin requests through an engine: its Middleware enters
@@ -120,7 +122,7 @@ type Limiter struct {
 	cfg config
 	// failedOpen and failedClosed back Stats.
 	failedOpen, failedClosed atomic.Int64
-	unreached                *httpflow.Unreached
+	unreached                *unreached.Reporter
 }
 
 // New returns a Limiter on eng.
@@ -137,7 +139,7 @@ func New(eng *flow.Engine, opts ...Option) *Limiter {
 	if l.cfg.isException == nil {
 		l.cfg.isException = func(status int) bool { return status >= 500 }
 	}
-	l.unreached = httpflow.NewUnreached(eng, l.cfg.logger)
+	l.unreached = unreached.New(eng, l.cfg.logger, httpflow.Unmatched)
 	return l
 }
 
@@ -223,3 +225,6 @@ func (l *Limiter) defaultBlock(c *gin.Context, b httpflow.Blocked) {
 	}
 	http.Error(c.Writer, http.StatusText(status), status)
 }
+
+// names interns the resource names of the routes.
+var names routename.Table

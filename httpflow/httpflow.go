@@ -90,6 +90,7 @@ import (
 
 	"github.com/leapflow/leapflow/flow"
 	"github.com/leapflow/leapflow/internal/callerkey"
+	"github.com/leapflow/leapflow/internal/unreached"
 )
 
 // Unmatched is the resource of requests no ServeMux pattern matched.
@@ -167,7 +168,7 @@ type Limiter struct {
 	cfg config
 	// failedOpen and failedClosed back Stats.
 	failedOpen, failedClosed atomic.Int64
-	unreached                *Unreached
+	unreached                *unreached.Reporter
 }
 
 // New returns a Limiter on eng.
@@ -184,7 +185,7 @@ func New(eng *flow.Engine, opts ...Option) *Limiter {
 	if m.cfg.isException == nil {
 		m.cfg.isException = func(status int) bool { return status >= 500 }
 	}
-	m.unreached = NewUnreached(eng, m.cfg.logger)
+	m.unreached = unreached.New(eng, m.cfg.logger, Unmatched)
 	return m
 }
 
@@ -245,55 +246,6 @@ func routePattern(mux *http.ServeMux, r *http.Request) string {
 		mux = inner
 	}
 	return Unmatched
-}
-
-// Unreached logs each rule of an engine that cannot take effect as named
-// (flow.Engine.Unreached), once, looking at most every 10 s: an adapter
-// calls Check as it names a request Unmatched. A Limiter has one; so do
-// the gin, echo and fiber adapters. It is safe for simultaneous use.
-type Unreached struct {
-	eng    *flow.Engine
-	logger *slog.Logger
-	// checked is when Check last looked (unix ns); reported are the rules
-	// it logged.
-	checked  atomic.Int64
-	mu       sync.Mutex
-	reported map[string]bool
-}
-
-// NewUnreached returns the Unreached of eng, logging to logger (nil:
-// slog.Default()).
-func NewUnreached(eng *flow.Engine, logger *slog.Logger) *Unreached {
-	if logger == nil {
-		logger = slog.Default()
-	}
-	return &Unreached{eng: eng, logger: logger}
-}
-
-// Check logs each rule that cannot take effect and was not logged yet,
-// unless it looked less than 10 s ago.
-func (u *Unreached) Check() {
-	now := time.Now().UnixNano()
-	last := u.checked.Load()
-	if now-last < int64(10*time.Second) || !u.checked.CompareAndSwap(last, now) {
-		return
-	}
-	for _, r := range u.eng.Unreached() {
-		key := r.Resource + "\x00" + r.Name()
-		u.mu.Lock()
-		seen := u.reported[key]
-		if !seen {
-			if u.reported == nil {
-				u.reported = map[string]bool{}
-			}
-			u.reported[key] = true
-		}
-		u.mu.Unlock()
-		if !seen {
-			u.logger.Warn("leapflow: a rule cannot take effect: its resource has seen no request while requests went unmatched; check the names the router gives (see docs/routers.md)",
-				"rule", r.Name(), "resource", r.Resource, "unmatched", Unmatched)
-		}
-	}
 }
 
 // errStatus is the exception of a response with a status counted as one.
@@ -463,8 +415,8 @@ func (m *Limiter) admitHeaders(h http.Header, resource string, opts []flow.Entry
 		m.policyHeader(h, resource)
 		return
 	}
-	quota, window := l.Rule.Quota()
-	name := policyName(l.Rule)
+	quota, window := l.Err.Quota()
+	name := policyName(l.Err)
 	q, win := policyQuota(quota, window)
 	h.Set("RateLimit-Policy", policyField(name, q, win))
 	h.Set("RateLimit", name+";r="+strconv.FormatInt(min(l.Remaining, q), 10)+";t="+strconv.FormatInt(ceilSeconds(l.Reset), 10))

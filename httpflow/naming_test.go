@@ -101,9 +101,9 @@ func TestUnreachedRuleIsLoggedOnce(t *testing.T) {
 	get(t, c, srv.URL+"/items/1")
 	assert.Empty(t, buf.String(), "the rules are new: too soon to say")
 	clock.Set(11 * time.Second)
-	lim.unreached.checked.Store(0) // as if 10 s had passed on the wall clock too
+	lim.unreached.Recheck() // as if 10 s had passed on the wall clock too
 	get(t, c, srv.URL+"/items/1")
-	lim.unreached.checked.Store(0)
+	lim.unreached.Recheck()
 	get(t, c, srv.URL+"/items/1")
 	out := buf.String()
 	require.Equal(t, 1, strings.Count(out, "cannot take effect"), out)

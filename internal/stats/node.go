@@ -56,6 +56,7 @@ type Node struct {
 	// in-flight figure; written by its hand-over (see window.WithHandover).
 	retiredPass    atomic.Int64
 	retiredSuccess atomic.Int64
+	retiredBlock   atomic.Int64
 	// allowed counts, by stripe, the requests Allow admitted: they never
 	// exit, so the in-flight figure takes them off as it does completions.
 	// Made on the first (most resources never see Allow).
@@ -415,6 +416,13 @@ func (n *Node) PreviousSecond(now int64, e metric.Event) int64 {
 	now = n.second.Clamp(now)
 	hi := now - now%second
 	return n.span(hi-second, hi, e)
+}
+
+// Counted returns every request the node counted, passed or blocked, since
+// it was made. It reads the second window's buckets: not for a hot path.
+func (n *Node) Counted() int64 {
+	return n.second.SumRange(math.MinInt64, math.MaxInt64, metric.Pass) + n.retiredPass.Load() +
+		n.second.SumRange(math.MinInt64, math.MaxInt64, metric.Block) + n.retiredBlock.Load()
 }
 
 // CountedSince returns the requests counted (passed or blocked) from the

@@ -83,6 +83,7 @@ func (n *Node) handOver(start int64, c window.Counts) {
 	n.feedMu.Unlock()
 	n.retiredPass.Add(c.Pass)
 	n.retiredSuccess.Add(c.Success)
+	n.retiredBlock.Add(c.Block)
 }
 
 // deliver hands fn each second of the node that completed by now (see

@@ -8,8 +8,10 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/leapflow/leapflow/internal/clocks"
+	"github.com/leapflow/leapflow/internal/cpu"
 	"github.com/leapflow/leapflow/internal/pins"
 	"github.com/leapflow/leapflow/stat"
 
@@ -231,4 +233,10 @@ func TestRegistryProtocolIsRegisteredForFlow(t *testing.T) {
 	assert.Same(t, nodes[0], p.Replace(r, nodes[0]), "a live node stands for itself")
 	p.Unpin(r, []string{"a", "b"})
 	assert.Same(t, nodes[1], r.Lookup("b"), "unpinned, kept until it idles")
+}
+
+// TestAllowedStripesArePadded: each stripe of Allow's total is alone on
+// its cache line.
+func TestAllowedStripesArePadded(t *testing.T) {
+	assert.Equal(t, uintptr(cpu.CacheLine), unsafe.Sizeof(paddedCount{}))
 }

@@ -371,10 +371,12 @@ func (w *Window) RoomIn(now, n, threshold int64) (wait, reset time.Duration, ok 
 	return max(wait, 0), max(reset, 0), true
 }
 
-// Held returns what the window holds at now, as its admissions count it
-// (what each bucket committed, leases included, and what waiting requests
-// borrowed), and how long until all of it has left the window. It reads
-// the buckets once and allocates nothing.
+// Held returns what the window holds at now (the passes in it and what
+// waiting requests borrowed), and how long until all of it has left the
+// window. Leases a stripe took and has not used are not held: admissions
+// count them, so up to 1/16 of the threshold (see lease) may be refused
+// that Held leaves out. It reads the buckets and their stripes once and
+// allocates nothing.
 func (w *Window) Held(now int64) (held int64, reset time.Duration) {
 	a := &w.arr
 	real := max(now, 0)
@@ -382,10 +384,7 @@ func (w *Window) Held(now int64) (held int64, reset time.Duration) {
 	span := a.Interval()
 	newest := int64(math.MinInt64)
 	for x := range a.Within(now, span) {
-		c := x.Value.committed()
-		if x.Value.frozen.Load() {
-			c = max(x.Value.passes(), c)
-		}
+		c := x.Value.passes()
 		held += c
 		if c > 0 {
 			newest = max(newest, x.Start())

@@ -1,4 +1,7 @@
-package chiflow
+// Package routename interns the resource names HTTP adapters give routes
+// ("GET /items/{id}"), so that naming a request of a route seen before
+// allocates nothing.
+package routename
 
 import (
 	"maps"
@@ -9,11 +12,10 @@ import (
 // route is a method and a route's pattern.
 type route struct{ method, pattern string }
 
-// nameTable interns resource names ("GET /items/{id}"), so that a request
-// of a route seen before is named without an allocation. A read is a
-// lookup in an immutable map; a new name copies the map (routes are few,
-// and each is added once).
-type nameTable struct {
+// Table interns resource names: a read is a lookup in an immutable map; a
+// new name copies the map (routes are few, and each is added once). The
+// zero Table is ready to use.
+type Table struct {
 	m  atomic.Pointer[map[route]string]
 	mu sync.Mutex // serialises the copies
 }
@@ -23,9 +25,8 @@ type nameTable struct {
 // per request.
 const maxNames = 4096
 
-var names nameTable
-
-func (t *nameTable) get(method, pattern string) string {
+// Of returns method, a space and pattern, interned.
+func (t *Table) Of(method, pattern string) string {
 	k := route{method, pattern}
 	if m := t.m.Load(); m != nil {
 		if s, ok := (*m)[k]; ok {
