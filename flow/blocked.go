@@ -22,9 +22,12 @@ type Refusal struct {
 	// rules (windows, PerKey, GCRA, Throttle) that had not admitted the
 	// request when it was refused (those that had, had room; Global rules
 	// are not asked again). It is negative when the rule cannot say
-	// (Concurrency and related-resource rules, a global rule whose source
+	// (Concurrency, related-resource, WarmUp and WarmUpThrottle rules,
+	// whose limits move while the caller waits, a global rule whose source
 	// failed or cannot say, a request larger than a threshold, a refusal
-	// while aligning the rules of a request that waits).
+	// while aligning the rules of a request that waits). A request that
+	// would queue under a Throttle rule may, retried, be refused by another
+	// window when its queued instant falls in that window's next bucket.
 	RetryAfter time.Duration
 	// Reset is how long until everything the rule holds now has left it
 	// (rounded up to the millisecond): a QPS Reject rule's window, a GCRA

@@ -262,7 +262,8 @@ const (
 
 // laterRetry is the longest of retry and the waits from now until each
 // rate rule after the one at at would admit the request, taking nothing;
-// -1 when one never would. Global rules are not asked (their source would
+// -1 when one never would or cannot say (a WarmUp or WarmUpThrottle rule:
+// its limit moves while the caller waits). Global rules are not asked (their source would
 // be; they come after every local rule), nor related-resource rules,
 // which cannot say. Reading costs at most what their admission would
 // have: a refusal costs no more than an admission.
@@ -279,6 +280,9 @@ func (rr *resourceRules) laterRetry(at int, now int64, q *request, retry int64) 
 	n := q.n
 	for i := from(stageWindows); i < len(rr.groups); i++ {
 		g := &rr.groups[i]
+		if len(g.warm) > 0 {
+			return -1 // its limit moves while the caller waits
+		}
 		limit, _ := g.limit(now, rr.node)
 		w, _, ok := g.w.RoomIn(now, n, limit)
 		if !ok {
@@ -302,6 +306,9 @@ func (rr *resourceRules) laterRetry(at int, now int64, q *request, retry int64) 
 	}
 	for i := from(stagePaced); i < len(rr.paced); i++ {
 		pr := &rr.paced[i]
+		if pr.warm != nil {
+			return -1 // its rate moves while the caller waits
+		}
 		queue := pr.maxQueue
 		if q.noQueue {
 			queue = 0
@@ -409,12 +416,6 @@ func (e *Engine) take(rr *resourceRules, h *held, p int, now int64, q *request) 
 		wait, ok = rr.takePaced(h, now, wait, q, &rf)
 		stage = stagePaced
 	}
-	if ok && len(rr.globals) > 0 {
-		// Last: a request a local rule refuses takes nothing from the
-		// shared limit (a source's admission is not given back), and
-		// costs no call out.
-		ok, stage = e.takeGlobals(rr, h, p, now, q, &rf), stageGlobal
-	}
 	if !ok {
 		rf.at |= stage
 		return blockTake(e, rr, h, p, now, q, rf)
@@ -428,6 +429,14 @@ func (e *Engine) take(rr *resourceRules, h *held, p int, now int64, q *request) 
 			return blockTake(e, rr, h, p, now, q, rf)
 		}
 		wait = t - now
+	}
+	if len(rr.globals) > 0 && !e.takeGlobals(rr, h, p, now, q, &rf) {
+		// Last, once every local rule admitted the request at its
+		// instant: one a local rule refuses takes nothing from the
+		// shared limit (a source's admission is not given back), and
+		// costs no call out.
+		rf.at |= stageGlobal
+		return blockTake(e, rr, h, p, now, q, rf)
 	}
 	return now, wait, Entry{}, nil
 }

@@ -5,6 +5,7 @@ import (
 
 	"github.com/leapflow/leapflow/internal/stats"
 	"github.com/leapflow/leapflow/internal/window"
+	"github.com/leapflow/leapflow/metric"
 
 	"go.uber.org/atomic"
 )
@@ -74,12 +75,14 @@ func addShadow(c *compiling) {
 	case r.Metric == Concurrency:
 		sr.conc = int64(r.Threshold)
 	default:
-		// The rule as if in force, on the shadow's node.
+		// The rule as if in force, on the shadow's node: compiled by its
+		// kind, the rule itself (a Global one's limit is then its own:
+		// see globalKey).
 		inner := *r
 		inner.DryRun = false
 		rr := &resourceRules{node: s.node, concLimit: -1}
 		ic := *c
-		ic.r, ic.rr = &inner, rr
+		ic.rr = rr
 		kindOf(&inner).compile(&ic)
 		rr.rules = 1
 		rr.rateRules = len(rr.groups) + len(rr.gcras) + len(rr.paced) + len(rr.keyed)
@@ -118,6 +121,10 @@ func (e *Engine) shade(rr *resourceRules, p int, ran int64, q *request, counted 
 			var h held
 			if _, _, _, err := e.take(sr.rr, &h, p, ran, &sq); err != nil {
 				sr.s.blocked.Add(n)
+			} else if !sr.rr.countsNode {
+				// Its pass on its node, as finish counts one: a warm-up
+				// model reads the node's passes.
+				second(sr.s.node).AddOn(p, ran, metric.Pass, n)
 			}
 		default:
 			if _, ok := sr.s.w.AdmitOn(p, ran, n, sr.limit); ok {

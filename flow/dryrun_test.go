@@ -2,6 +2,7 @@ package flow
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -201,4 +202,37 @@ func TestDryRunsAllocateNothing(t *testing.T) {
 			en.Exit(nil)
 		}
 	}))
+}
+
+// TestDryRunGlobalTakesNothingFromTheRealLimit: a dry-run Global rule asks
+// its source for a limit of its own, whatever its ID, so that the rule in
+// force beside it (no IDs, or the same one) admits its whole limit.
+func TestDryRunGlobalTakesNothingFromTheRealLimit(t *testing.T) {
+	for _, ids := range [][2]string{{"", ""}, {"g", "g"}, {"g", "g-dry"}} {
+		var mu sync.Mutex
+		taken := map[string]int64{}
+		src := sourceFunc(func(_ context.Context, req GlobalRequest) (bool, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if taken[req.Key]+req.Count > 10 {
+				return false, nil
+			}
+			taken[req.Key] += req.Count
+			return true, nil
+		})
+		e, _ := newEngine(t, stattest.NewClock(0), WithTokenSource(src))
+		load(t, e,
+			Rule{ID: ids[0], Resource: "r", Threshold: 10, Global: true, Fallback: FallbackClosed},
+			Rule{ID: ids[1], Resource: "r", Threshold: 5, Global: true, Fallback: FallbackClosed, DryRun: true},
+		)
+		admitted := 0
+		for range 20 {
+			if try(e, "r") {
+				admitted++
+			}
+		}
+		assert.Equal(t, 10, admitted, "IDs %q", ids)
+		assert.Equal(t, int64(0), e.DryRuns()[0].WouldBlock, "IDs %q: its own limit of 10 admitted the 10", ids)
+		assert.Len(t, taken, 2, "IDs %q: two limits", ids)
+	}
 }

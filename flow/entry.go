@@ -341,6 +341,7 @@ func (e *Engine) enterNew(resource string, opts []EntryOption) (Entry, error) {
 // error at once, admitting nothing (as x/time/rate's Wait). opts may add
 // WithCount or WithKey; a WithWait among them bounds the wait further.
 func (e *Engine) Wait(ctx context.Context, resource string, opts ...EntryOption) (Entry, error) {
+	e.ruleSet()
 	if err := ctx.Err(); err != nil {
 		return Entry{}, err
 	}

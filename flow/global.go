@@ -211,10 +211,16 @@ func localShare(r *Rule) *Rule {
 // its resource, each kind in its own name space, so that a rule with ID
 // "api" and the rules of resource "api" are different limits.
 func globalKey(r *Rule) string {
+	k := "resource:" + r.Resource
 	if r.ID != "" {
-		return "id:" + r.ID
+		k = "id:" + r.ID
 	}
-	return "resource:" + r.Resource
+	if r.DryRun {
+		// A limit of its own, never the rule in force's of the same
+		// name: a dry run takes nothing from the real limit.
+		return "dry:" + k
+	}
+	return k
 }
 
 // global asks the token source for rule g and applies its fallback when the

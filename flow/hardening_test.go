@@ -988,11 +988,14 @@ func TestCancelledBorrowEndsItsAdoptedCount(t *testing.T) {
 // TestNilAndZeroEnginesSaySo: every method of a nil or zero Engine panics
 // with a message that says to call New, not with a nil dereference.
 func TestNilAndZeroEnginesSaySo(t *testing.T) {
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
 	for name, e := range map[string]*Engine{"nil": nil, "zero": new(Engine)} {
 		calls := map[string]func(){
 			"Entry":      func() { _, _ = e.Entry("r") },
 			"Allow":      func() { _, _ = e.Allow("r") },
 			"Wait":       func() { _, _ = e.Wait(context.Background(), "r") },
+			"Wait ended": func() { _, _ = e.Wait(ended, "r") },
 			"Reserve":    func() { _, _ = e.Reserve("r") },
 			"Resource":   func() { _, _ = e.Resource("r") },
 			"LoadRules":  func() { _ = e.LoadRules(nil) },

@@ -59,7 +59,11 @@ func (rr *resourceRules) takePaced(h *held, now, wait int64, q *request, rf *ref
 		}
 		ph, d, ok := pr.p.Reserve(now, q.n, rate, queue)
 		if !ok {
-			*rf = refusal{pr.be, rate, paceRoom(d, queue), i}
+			rm := paceRoom(d, queue)
+			if pr.warm != nil {
+				rm = unknownRoom // its rate moves while the caller waits
+			}
+			*rf = refusal{pr.be, rate, rm, i}
 			return wait, false
 		}
 		h.paced[i] = ph

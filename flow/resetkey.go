@@ -40,16 +40,14 @@ func (e *Engine) ResetKey(ctx context.Context, resource, key string) error {
 		key = callerkey.Bound(key)
 	}
 	rr := e.ruleSet().byResource[resource]
-	if rr == nil || len(rr.keyed) == 0 && !rr.keyedGlobal {
+	if rr == nil || len(rr.keyed) == 0 && !rr.keyedGlobal && !hasDryKeyed(rr) {
 		return fmt.Errorf("%w on resource %s", ErrNoPerKeyRule, names.Abbrev(resource))
 	}
-	for i := range rr.keyed {
-		kr := &rr.keyed[i]
-		var listed *keytable.State
-		if s, ok := kr.spec[key]; ok {
-			listed = s.st
+	resetKeyed(rr, key)
+	for i := range rr.shadows {
+		if srr := rr.shadows[i].rr; srr != nil {
+			resetKeyed(srr, key) // a dry-run PerKey rule's, as if in force
 		}
-		kr.t.Reset(key, listed)
 	}
 	var errs []error
 	for i := range rr.globals {
@@ -71,4 +69,26 @@ func (e *Engine) ResetKey(ctx context.Context, resource, key string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// resetKeyed empties key's counts under rr's PerKey rate rules.
+func resetKeyed(rr *resourceRules, key string) {
+	for i := range rr.keyed {
+		kr := &rr.keyed[i]
+		var listed *keytable.State
+		if s, ok := kr.spec[key]; ok {
+			listed = s.st
+		}
+		kr.t.Reset(key, listed)
+	}
+}
+
+// hasDryKeyed reports whether rr has a dry-run PerKey rate rule.
+func hasDryKeyed(rr *resourceRules) bool {
+	for i := range rr.shadows {
+		if srr := rr.shadows[i].rr; srr != nil && len(srr.keyed) > 0 {
+			return true
+		}
+	}
+	return false
 }

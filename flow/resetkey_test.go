@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/atomic"
 
 	"github.com/leapflow/leapflow/stat/stattest"
 )
@@ -144,4 +145,70 @@ func TestResetKeyRacingRequests(t *testing.T) {
 		}
 	}
 	assert.Equal(t, 5, admitted)
+}
+
+// TestResetKeyIsNotUndone: a request its key admitted before a reset,
+// then refused by a later rule after it (a Global rule, asked last), gives
+// back nothing of what the key admits after the reset: the key admits
+// exactly its threshold afterwards.
+func TestResetKeyIsNotUndone(t *testing.T) {
+	const threshold = 3
+	var e *Engine
+	var inside atomic.Bool
+	after := 0
+	src := sourceFunc(func(context.Context, GlobalRequest) (bool, error) {
+		if !inside.CompareAndSwap(false, true) {
+			return true, nil
+		}
+		// The first request: its key admitted it; reset the key and use
+		// it up, then refuse the request (its key admission goes back).
+		if err := e.ResetKey(context.Background(), "r", "a"); err != nil {
+			return false, err
+		}
+		for range threshold {
+			if try(e, "r", WithKey("a")) {
+				after++
+			}
+		}
+		return false, nil
+	})
+	e, _ = newEngine(t, stattest.NewClock(time.Second), WithTokenSource(src))
+	load(t, e, Rule{Resource: "r", Threshold: threshold, PerKey: true}, Rule{Resource: "r", Threshold: 1e6, Global: true, Fallback: FallbackOpen})
+	require.False(t, try(e, "r", WithKey("a")), "the first request is refused by the Global rule")
+	for try(e, "r", WithKey("a")) {
+		after++
+	}
+	assert.Equal(t, threshold, after)
+}
+
+// TestResetKeyRacingEviction: a reset racing the eviction of its key (a
+// table of 4 keys, other keys arriving) is never lost: right after it
+// returns, the key admits again.
+func TestResetKeyRacingEviction(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(time.Second))
+	load(t, e, Rule{Resource: "r", Threshold: 1, PerKey: true, MaxKeys: 4})
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for i := 0; ; i++ {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			try(e, "r", WithKey(string(rune('b'+i%8))))
+		}
+	}()
+	lost := 0
+	for range 3000 {
+		try(e, "r", WithKey("a"))
+		require.NoError(t, e.ResetKey(context.Background(), "r", "a"))
+		if !try(e, "r", WithKey("a")) {
+			lost++
+		}
+	}
+	close(done)
+	<-stopped
+	assert.Zero(t, lost)
 }

@@ -291,9 +291,13 @@ func (rr *resourceRules) takeWindows(h *held, p int, now int64, q *request, rf *
 				continue
 			}
 		}
-		// A warm-up group's limit rises as it warms: the wait at today's
-		// limit is the longest.
-		*rf = refusal{be, float64(r.Seen()), roomOf(g.w.RoomIn(now, n, limit)), i}
+		// A warm-up group cannot say: its limit moves while the caller
+		// waits (it cools down when traffic stops).
+		rm := unknownRoom
+		if len(g.warm) == 0 {
+			rm = roomOf(g.w.RoomIn(now, n, limit))
+		}
+		*rf = refusal{be, float64(r.Seen()), rm, i}
 		return now, wait, false
 	}
 	return now, wait, true

@@ -236,7 +236,10 @@ func (m *Limiter) name(r *http.Request, mux *http.ServeMux) string {
 func routePattern(mux *http.ServeMux, r *http.Request) string {
 	for range 8 {
 		h, pattern := mux.Handler(r)
-		if pattern == "" {
+		if pattern == "" || r.Method == http.MethodConnect && !strings.HasPrefix(pattern, http.MethodConnect+" ") {
+			// A CONNECT request that no CONNECT pattern matches: for one
+			// that would be redirected, ServeMux gives the path itself as
+			// the pattern, a name per request.
 			return Unmatched
 		}
 		inner, ok := h.(*http.ServeMux)

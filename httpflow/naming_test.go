@@ -129,3 +129,26 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// TestConnectRequestsShareTheUnmatchedResource: CONNECT requests that no
+// CONNECT pattern matches (ServeMux would name one it redirects by its
+// own path) are all unmatched: a flood of them makes no resources.
+func TestConnectRequestsShareTheUnmatchedResource(t *testing.T) {
+	eng := engine(t, stattest.NewClock(0))
+	mux := http.NewServeMux()
+	mux.Handle("/{tenant}/", ok)
+	h := New(eng).Middleware(mux)
+	for i := range 20 {
+		r := httptest.NewRequest(http.MethodConnect, "/", nil)
+		r.URL.Path = "/t" + strings.Repeat("x", i)
+		h.ServeHTTP(httptest.NewRecorder(), r)
+	}
+	_, found := eng.Snapshot(Unmatched)
+	assert.True(t, found)
+	_, found = eng.Snapshot("/{tenant}/")
+	assert.False(t, found, "a pattern without a method names no CONNECT")
+	for i := range 20 {
+		_, found := eng.Snapshot("/t" + strings.Repeat("x", i) + "/")
+		assert.False(t, found, "no resource per path")
+	}
+}

@@ -246,11 +246,13 @@ func (t *Table) Peek(key string) *State {
 	return t.sets[b].find(h, &c, t, key)
 }
 
-// Reset empties what key counted: its state's buckets (Window) or
-// timeline (Pace), in the sets or remembered among the evicted, and
-// those of listed, a listed key's state, when not nil. A Conc table is
-// left alone: its counts are requests in flight. Requests racing it count
-// before or after it.
+// Reset empties what key counted: its state leaves the sets (marked dead:
+// a request that counted in it since looks the key up again and finds it
+// afresh; one that gives back gives back to it, not to the new state), and
+// its memory among the evicted goes, both under the sets' locks, so that
+// no eviction between puts its counts back; a listed key's state, listed,
+// is emptied in place (its buckets or timeline). A Conc table is left
+// alone: its counts are requests in flight.
 func (t *Table) Reset(key string, listed *State) {
 	if t.kind == Conc {
 		return
@@ -260,21 +262,32 @@ func (t *Table) Reset(key string, listed *State) {
 	}
 	for ; t != nil; t = t.next.Load() {
 		id := ID{t.hash(key), t.check(key)}
-		if from := t.from.Load(); from != nil {
-			from.takeGhost(id)
-		}
-		// The ghost first: a request that brings the key back after it
-		// finds nothing; one that brought it back before, its state,
-		// emptied next.
-		t.takeGhost(id)
 		a, b := t.setsOf(id.h)
-		var c uint64
-		for _, s := range [2]int{a, b} {
-			if st := t.sets[s].find(id.h, &c, t, key); st != nil {
-				st.reset(t.kind)
-			}
+		// The order add locks in: a table moving into this one first.
+		unlockFrom := func() {}
+		from := t.from.Load()
+		var fa, fb int
+		if from != nil {
+			fa, fb = from.setsOf(id.h)
+			unlockFrom = from.lock(fa, fb)
 		}
+		unlock := t.lock(a, b)
+		if from != nil {
+			forget(from, id, fa, fb)
+		}
+		forget(t, id, a, b)
+		unlock()
+		unlockFrom()
 	}
+}
+
+// forget takes id's state out of t's sets a and b, ending it, and its
+// ghost out of t's memory (the sets' locks held).
+func forget(t *Table, id ID, a, b int) {
+	if st := t.removeLocked(id, a, b); st != nil {
+		st.dead.Store(true)
+	}
+	t.takeGhost(id)
 }
 
 // find returns the live state of key in s, or nil.

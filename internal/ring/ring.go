@@ -298,6 +298,24 @@ func (a *LeapArray[T]) Within(now, span int64) iter.Seq[*WindowWrap[T]] {
 	}
 }
 
+// WithinOldestFirst is Within in order of start, oldest first, over a
+// span of the whole ring (Interval): slots hold consecutive starts, the
+// oldest in the slot after now's.
+func (a *LeapArray[T]) WithinOldestFirst(now int64) iter.Seq[*WindowWrap[T]] {
+	return func(yield func(*WindowWrap[T]) bool) {
+		n := len(a.slots)
+		i := a.indexOf(max(now, 0))
+		for range n {
+			if i++; i == n {
+				i = 0
+			}
+			if w := a.slots[i].Load(); valid(w, now, a.interval) && !yield(w) {
+				return
+			}
+		}
+	}
+}
+
 // Previous returns the bucket just before the one holding now, if it is
 // still valid, else nil. It never creates a bucket.
 func (a *LeapArray[T]) Previous(now int64) *WindowWrap[T] {

@@ -327,11 +327,11 @@ func (w *Window) RoomIn(now, n, threshold int64) (wait, reset time.Duration, ok 
 	real := max(now, 0) // waits run from here, even behind the newest bucket
 	now = a.Clamp(real)
 	span := a.Interval()
-	// The buckets in the window, by start: at most the sample count.
+	// The buckets in the window, oldest first: at most the sample count.
 	var starts, counts [maxRoomBuckets]int64
 	k := 0
 	var total int64
-	for x := range a.Within(now, span) {
+	for x := range a.WithinOldestFirst(now) {
 		if k == len(starts) {
 			// More buckets than this reads: the wait until all of them
 			// have left is an upper bound.
@@ -352,13 +352,6 @@ func (w *Window) RoomIn(now, n, threshold int64) (wait, reset time.Duration, ok 
 	pending := a.Pending()
 	if n > threshold || pending+n > threshold {
 		return 0, 0, false
-	}
-	// Oldest first.
-	for i := 1; i < k; i++ {
-		for j := i; j > 0 && starts[j] < starts[j-1]; j-- {
-			starts[j], starts[j-1] = starts[j-1], starts[j]
-			counts[j], counts[j-1] = counts[j-1], counts[j]
-		}
 	}
 	if k > 0 {
 		reset = time.Duration(starts[k-1] + span - real)
