@@ -240,6 +240,12 @@ func (e *Engine) block(rr *resourceRules, h *held, p int, now int64, q *request,
 	n := q.n
 	e.release(rr, h, n)
 	rm := rf.rm
+	if rm == roomWhenRead {
+		// Told when read: the group's refusal, its time.
+		e.count(rr.node, p, now, metric.Block, n)
+		g := &rr.groups[rf.at&0xff]
+		return Entry{slot: g.refusal, start: int64(math.Float64bits(rf.seen)), meta: uint64(max(now, 0))}, rf.be
+	}
 	if rr.rateRules > 0 && rm.retry >= 0 && rr.rules > 1 {
 		rm.retry = rr.laterRetry(rf.at, now, q, rm.retry)
 	}

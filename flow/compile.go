@@ -111,6 +111,9 @@ type site struct {
 	rr *resourceRules
 	// be is the rule a refusal leads back to (see Entry.Refusal).
 	be *BlockError
+	// group is, for a refusal by one of rr's window groups whose retry
+	// time is computed when read, the group's index + 1 (0: rr.single's).
+	group int
 }
 
 // resourceRules is everything Entry needs for one resource with rules.
@@ -244,6 +247,12 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stats.Node, bounds []Boun
 	}
 	for name, rr := range next.byResource {
 		rr.rateRules = len(rr.groups) + len(rr.gcras) + len(rr.paced) + len(rr.keyed)
+		for i := range rr.groups {
+			if g := &rr.groups[i]; len(g.warm) == 0 {
+				g.site = site{e: e, rr: rr, be: g.staticBE, group: i + 1}
+				g.refusal = slots.Sentinel(&g.site)
+			}
+		}
 		if rr.concLimit >= 0 || rr.keyConc.t != nil {
 			rr.needsExit = fmt.Errorf("%w: Allow on %s, which has a Concurrency rule: use Entry and Exit", ErrNeedsExit, names.Abbrev(name))
 		}

@@ -119,6 +119,10 @@ type room struct{ retry, reset int64 }
 // global refusals).
 var unknownRoom = room{-1, -1}
 
+// roomWhenRead marks a window group's refusal whose room is computed when
+// read (see windowGroup.refusal).
+var roomWhenRead = room{-2, -2}
+
 // roomOf turns what a window's RoomIn says into a room.
 func roomOf(wait, reset time.Duration, ok bool) room {
 	if !ok {
@@ -190,13 +194,35 @@ func (en *Entry) room() room {
 		return unknownRoom
 	}
 	if sl := en.slot; sl != nil {
-		if rr := sl.Owner().rr; rr != nil {
-			// Refused by rr's single window at en.meta, a request of 1.
-			wait, reset, ok := rr.single.RoomSince(int64(en.meta), 1, rr.singleLimit)
-			return unpackRoom(packRoom(roomOf(wait, reset, ok)))
+		if s := sl.Owner(); s.rr != nil {
+			if s.group == 0 {
+				// Refused by rr's single window at en.meta, a request of 1.
+				wait, reset, ok := s.rr.single.RoomSince(int64(en.meta), 1, s.rr.singleLimit)
+				return unpackRoom(packRoom(roomOf(wait, reset, ok)))
+			}
+			return s.groupRoom(int64(en.meta))
 		}
 	}
 	return unpackRoom(en.meta)
+}
+
+// groupRoom is the room of a request of 1 that window group s.group-1 of
+// s.rr refused at t: its own wait from t, and the waits of the rate rules
+// after it, read now and counted from t.
+func (s *site) groupRoom(t int64) room {
+	rr, i := s.rr, s.group-1
+	g := &rr.groups[i]
+	wait, reset, ok := g.w.RoomSince(t, 1, g.static)
+	rm := roomOf(wait, reset, ok)
+	if rm.retry >= 0 {
+		now := max(s.e.now(), t)
+		if later := rr.laterRetry(stageWindows|i, now, &request{n: 1}, 0); later < 0 {
+			rm.retry = -1
+		} else {
+			rm.retry = max(rm.retry, later+now-t)
+		}
+	}
+	return unpackRoom(packRoom(rm))
 }
 
 // retryAfter returns, for a blocked request, how long until the rule that

@@ -1,6 +1,7 @@
 package flow
 
 import (
+	"github.com/leapflow/leapflow/internal/slots"
 	"math"
 	"time"
 
@@ -19,6 +20,12 @@ type windowGroup struct {
 	staticBE   *BlockError
 	borrowable bool // only Reject rules: priority requests may borrow
 	warm       []warmRule
+	// refusal is what the Entry of a request of 1 this group refused, on
+	// a resource of several rules but no PerKey rate rule, carries: its
+	// retry time is computed when read (see Entry.room); site leads back
+	// to the resource's rules and the group. Nil for a warm-up group.
+	refusal *slots.Slot[site]
+	site    site
 }
 
 // maxWindows bounds the distinct windows (StatInterval and SpanExact) the
@@ -292,9 +299,13 @@ func (rr *resourceRules) takeWindows(h *held, p int, now int64, q *request, rf *
 			}
 		}
 		// A warm-up group cannot say: its limit moves while the caller
-		// waits (it cools down when traffic stops).
+		// waits (it cools down when traffic stops). A request of 1 on a
+		// resource without PerKey rate rules is told when read.
 		rm := unknownRoom
-		if len(g.warm) == 0 {
+		switch {
+		case g.refusal != nil && n == 1 && len(rr.keyed) == 0:
+			rm = roomWhenRead
+		case len(g.warm) == 0:
 			rm = roomOf(g.w.RoomIn(now, n, limit))
 		}
 		*rf = refusal{be, float64(r.Seen()), rm, i}
