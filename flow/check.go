@@ -241,10 +241,24 @@ func (e *Engine) block(rr *resourceRules, h *held, p int, now int64, q *request,
 	e.release(rr, h, n)
 	rm := rf.rm
 	if rm == roomWhenRead {
-		// Told when read: the group's refusal, its time.
+		// Told when read: the group's refusal, its time; the PerKey rules'
+		// waits now, as the key is not kept (a refusal of 1 by a window
+		// leaves nothing remaining: what the window saw is not needed).
 		e.count(rr.node, p, now, metric.Block, n)
 		g := &rr.groups[rf.at&0xff]
-		return Entry{slot: g.refusal, start: int64(math.Float64bits(rf.seen)), meta: uint64(max(now, 0))}, rf.be
+		if len(rr.keyed) == 0 {
+			return Entry{slot: g.refusal, start: int64(math.Float64bits(rf.seen)), meta: uint64(max(now, 0))}, rf.be
+		}
+		var keyed int64
+		for i := range rr.keyed {
+			w := rr.keyed[i].room(q, now)
+			if w < 0 {
+				keyed = -1
+				break
+			}
+			keyed = max(keyed, w)
+		}
+		return Entry{slot: g.refusalKeyed, start: keyed, meta: uint64(max(now, 0))}, rf.be
 	}
 	if rr.rateRules > 0 && rm.retry >= 0 && rr.rules > 1 {
 		rm.retry = rr.laterRetry(rf.at, now, q, rm.retry)
@@ -274,6 +288,11 @@ const (
 // which cannot say. Reading costs at most what their admission would
 // have: a refusal costs no more than an admission.
 func (rr *resourceRules) laterRetry(at int, now int64, q *request, retry int64) int64 {
+	return rr.laterRetryOf(at, now, q, retry, true)
+}
+
+// laterRetryOf is laterRetry, asking the PerKey rules only if keys.
+func (rr *resourceRules) laterRetryOf(at int, now int64, q *request, retry int64, keys bool) int64 {
 	from := func(stage int) int {
 		switch {
 		case at&^0xff == stage:
@@ -296,7 +315,7 @@ func (rr *resourceRules) laterRetry(at int, now int64, q *request, retry int64) 
 		}
 		retry = max(retry, int64(w))
 	}
-	for i := from(stageKeyed); i < len(rr.keyed); i++ {
+	for i := from(stageKeyed); keys && i < len(rr.keyed); i++ {
 		w := rr.keyed[i].room(q, now)
 		if w < 0 {
 			return -1

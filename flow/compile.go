@@ -112,8 +112,11 @@ type site struct {
 	// be is the rule a refusal leads back to (see Entry.Refusal).
 	be *BlockError
 	// group is, for a refusal by one of rr's window groups whose retry
-	// time is computed when read, the group's index + 1 (0: rr.single's).
+	// time is computed when read, the group's index + 1 (0: rr.single's);
+	// keyed says the refusal's Entry carries the PerKey rules' wait (see
+	// windowGroup.refusalKeyed).
 	group int
+	keyed bool
 }
 
 // resourceRules is everything Entry needs for one resource with rules.
@@ -251,6 +254,8 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stats.Node, bounds []Boun
 			if g := &rr.groups[i]; len(g.warm) == 0 {
 				g.site = site{e: e, rr: rr, be: g.staticBE, group: i + 1}
 				g.refusal = slots.Sentinel(&g.site)
+				g.siteKeyed = site{e: e, rr: rr, be: g.staticBE, group: i + 1, keyed: true}
+				g.refusalKeyed = slots.Sentinel(&g.siteKeyed)
 			}
 		}
 		if rr.concLimit >= 0 || rr.keyConc.t != nil {

@@ -200,7 +200,7 @@ func (en *Entry) room() room {
 				wait, reset, ok := s.rr.single.RoomSince(int64(en.meta), 1, s.rr.singleLimit)
 				return unpackRoom(packRoom(roomOf(wait, reset, ok)))
 			}
-			return s.groupRoom(int64(en.meta))
+			return s.groupRoom(int64(en.meta), en.start)
 		}
 	}
 	return unpackRoom(en.meta)
@@ -208,15 +208,22 @@ func (en *Entry) room() room {
 
 // groupRoom is the room of a request of 1 that window group s.group-1 of
 // s.rr refused at t: its own wait from t, and the waits of the rate rules
-// after it, read now and counted from t.
-func (s *site) groupRoom(t int64) room {
+// after it, read now and counted from t, but the PerKey rules', keyed
+// (from t, computed then: -1 never) when s.keyed.
+func (s *site) groupRoom(t, keyed int64) room {
 	rr, i := s.rr, s.group-1
 	g := &rr.groups[i]
 	wait, reset, ok := g.w.RoomSince(t, 1, g.static)
 	rm := roomOf(wait, reset, ok)
+	if rm.retry >= 0 && s.keyed {
+		rm.retry = max(rm.retry, keyed)
+		if keyed < 0 {
+			rm.retry = -1
+		}
+	}
 	if rm.retry >= 0 {
 		now := max(s.e.now(), t)
-		if later := rr.laterRetry(stageWindows|i, now, &request{n: 1}, 0); later < 0 {
+		if later := rr.laterRetryOf(stageWindows|i, now, &request{n: 1}, 0, false); later < 0 {
 			rm.retry = -1
 		} else {
 			rm.retry = max(rm.retry, later+now-t)
@@ -258,6 +265,12 @@ func (en *Entry) Start() int64 {
 func (en *Entry) seen() float64 {
 	if en.node != nil {
 		return 0
+	}
+	if sl := en.slot; sl != nil && sl.Owner().keyed {
+		// A window's refusal of 1 whose Entry carries another figure:
+		// the window had nothing left.
+		quota, _ := sl.Owner().be.Quota()
+		return float64(quota)
 	}
 	return math.Float64frombits(uint64(en.start))
 }

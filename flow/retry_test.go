@@ -461,6 +461,8 @@ func TestRefusalWaitsForEveryRateRule(t *testing.T) {
 	assert.Equal(t, "keyed", r.Err.Rule.Resource)
 	assert.False(t, r.Err.Rule.PerKey, "the policy is the refusing rule's")
 	assert.Equal(t, 3900*ms, r.RetryAfter, "the key's window holds it longest")
+	assert.Zero(t, r.Remaining, "the resource's window had nothing left")
+	assert.Equal(t, 900*ms, r.Reset, "the resource's window empties at 1 s")
 	r = refused("keyed", WithKey("z"))
 	assert.Equal(t, 900*ms, r.RetryAfter, "a key the rule has not seen waits for the resource's window only")
 

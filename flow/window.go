@@ -26,6 +26,11 @@ type windowGroup struct {
 	// to the resource's rules and the group. Nil for a warm-up group.
 	refusal *slots.Slot[site]
 	site    site
+	// refusalKeyed is refusal on a resource with PerKey rate rules: the
+	// Entry carries their wait, computed at the refusal, instead of what
+	// the window saw.
+	refusalKeyed *slots.Slot[site]
+	siteKeyed    site
 }
 
 // maxWindows bounds the distinct windows (StatInterval and SpanExact) the
@@ -299,11 +304,11 @@ func (rr *resourceRules) takeWindows(h *held, p int, now int64, q *request, rf *
 			}
 		}
 		// A warm-up group cannot say: its limit moves while the caller
-		// waits (it cools down when traffic stops). A request of 1 on a
-		// resource without PerKey rate rules is told when read.
+		// waits (it cools down when traffic stops). A request of 1 is
+		// told when read.
 		rm := unknownRoom
 		switch {
-		case g.refusal != nil && n == 1 && len(rr.keyed) == 0:
+		case g.refusal != nil && n == 1:
 			rm = roomWhenRead
 		case len(g.warm) == 0:
 			rm = roomOf(g.w.RoomIn(now, n, limit))
