@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"fmt"
 	"math"
+	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -285,8 +287,28 @@ func (d *decoder) num(n ast.Node, key, rule string) (float64, error) {
 		return v.Value, nil
 	case *ast.NanNode:
 		return math.NaN(), nil
+	case *ast.StringNode:
+		if x, ok := exponent(v); ok {
+			return x, nil
+		}
 	}
 	return 0, d.errAt(n, rule, "%s: %s is not a number", key, text(n))
+}
+
+// exponentForm is a decimal number with an exponent, as JSON writes one
+// (1e6, 2.5E-3): YAML's core schema reads it as a string when it has no
+// dot (1e6), so num and integer read it here.
+var exponentForm = regexp.MustCompile(`^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$`)
+
+// exponent reads an unquoted scalar in exponent form; a quoted one stays
+// a string.
+func exponent(v *ast.StringNode) (float64, bool) {
+	tok := v.GetToken()
+	if tok == nil || tok.Type != token.StringType || !exponentForm.MatchString(v.Value) {
+		return 0, false
+	}
+	x, err := strconv.ParseFloat(v.Value, 64)
+	return x, err == nil
 }
 
 func (d *decoder) integer(n ast.Node, key, rule string) (int, error) {
@@ -300,6 +322,21 @@ func (d *decoder) integer(n ast.Node, key, rule string) (int, error) {
 			if x <= math.MaxInt32 {
 				return int(x), nil
 			}
+		}
+		return 0, d.errAt(n, rule, "%s: %s is out of range", key, text(n))
+	}
+	// A whole number written with an exponent or a fraction: 1e3, 1.0e3,
+	// 1000.0.
+	x, read := 0.0, false
+	switch v := n.(type) {
+	case *ast.StringNode:
+		x, read = exponent(v)
+	case *ast.FloatNode:
+		x, read = v.Value, true
+	}
+	if read && x == math.Trunc(x) {
+		if x >= math.MinInt32 && x <= math.MaxInt32 {
+			return int(x), nil
 		}
 		return 0, d.errAt(n, rule, "%s: %s is out of range", key, text(n))
 	}

@@ -14,7 +14,10 @@
 // relatedResource, global, fallback (Local, Open, Closed), localShare,
 // perKey, maxKeys, keys (a list of key and threshold), dryRun and
 // spanExact. Durations are Go
-// duration strings ("500ms", "1m30s"). threshold is required: a rule
+// duration strings ("500ms", "1m30s"). Numbers may be written with an
+// exponent, as JSON allows (1e6, 2.5E-3), in YAML too; a whole-number
+// field (maxKeys, burst) takes one only when it is whole (1e3, 1.0e3).
+// threshold is required: a rule
 // without one is an error, never a threshold of 0 (which blocks
 // everything).
 //

@@ -313,3 +313,32 @@ func TestMergeKeysAreBounded(t *testing.T) {
 	_, _ = Check("f", []byte(b.String()))
 	assert.Less(t, time.Since(start), 500*time.Millisecond, "%d bytes", b.Len())
 }
+
+// TestNumbersInExponentForm: a number written with an exponent (valid
+// JSON, and YAML) reads as that number in every numeric field, in JSON
+// and YAML alike; a whole-number field takes one only when it is whole; a
+// quoted one is still a string, not a number.
+func TestNumbersInExponentForm(t *testing.T) {
+	for _, src := range []string{
+		`{"rules": [{"resource": "a", "threshold": 1e6, "perKey": true, "maxKeys": 1E3}, {"resource": "b", "threshold": 2.5e1, "behavior": "WarmUp", "warmUpPeriod": "10s", "coldFactor": 4e0}]}`,
+		"rules:\n  - resource: a\n    threshold: 1e6\n    perKey: true\n    maxKeys: 1E3\n  - resource: b\n    threshold: 2.5e1\n    behavior: WarmUp\n    warmUpPeriod: 10s\n    coldFactor: 4e0\n",
+		"rules:\n  - resource: a\n    threshold: 1.0e+6\n    perKey: true\n    maxKeys: 1.0e3\n  - resource: b\n    threshold: .25e2\n    behavior: WarmUp\n    warmUpPeriod: 10s\n    coldFactor: 40e-1\n",
+	} {
+		rules, err := Check("f", []byte(src))
+		require.NoError(t, err, src)
+		require.Len(t, rules, 2)
+		assert.Equal(t, 1e6, rules[0].Threshold, src)
+		assert.Equal(t, 1000, rules[0].MaxKeys, src)
+		assert.Equal(t, 25.0, rules[1].Threshold, src)
+		assert.Equal(t, 4.0, rules[1].ColdFactor, src)
+	}
+	for _, src := range []string{
+		"rules:\n  - resource: a\n    threshold: \"1e6\"\n",
+		"rules:\n  - resource: a\n    threshold: 5\n    perKey: true\n    maxKeys: 1.5e0\n",
+		"rules:\n  - resource: a\n    threshold: 5\n    perKey: true\n    maxKeys: 1e12\n",
+		"rules:\n  - resource: a\n    threshold: 1e\n",
+	} {
+		_, err := Check("f", []byte(src))
+		assert.Error(t, err, src)
+	}
+}
