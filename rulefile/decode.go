@@ -263,13 +263,21 @@ func (d *decoder) syntax(err error) error {
 // quoted rather than silently changed.
 
 func (d *decoder) str(n ast.Node, key, rule string) (string, error) {
+	var s string
 	switch v := n.(type) {
 	case *ast.StringNode:
-		return v.Value, nil
+		s = v.Value
 	case *ast.LiteralNode:
-		return v.Value.Value, nil
+		s = v.Value.Value
+	default:
+		return "", d.errAt(n, rule, "%s: %s is not a string: quote it", key, text(n))
 	}
-	return "", d.errAt(n, rule, "%s: %s is not a string: quote it", key, text(n))
+	if strings.IndexByte(s, 0) >= 0 {
+		// A name with a NUL byte reads differently in C tools, logs and
+		// terminals than in the engine: refused, not cut short.
+		return "", d.errAt(n, rule, "%s: %q holds a NUL byte (\\0), which no name may hold", key, s)
+	}
+	return s, nil
 }
 
 func (d *decoder) num(n ast.Node, key, rule string) (float64, error) {

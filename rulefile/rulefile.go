@@ -17,6 +17,9 @@
 // duration strings ("500ms", "1m30s"). Numbers may be written with an
 // exponent, as JSON allows (1e6, 2.5E-3), in YAML too; a whole-number
 // field (maxKeys, burst) takes one only when it is whole (1e3, 1.0e3).
+// A UTF-8 byte-order mark before the first line is skipped; JSON may end
+// an object or a list with a comma (YAML's flow style allows it); a NUL
+// byte in any string (a name, a key) is an error.
 // threshold is required: a rule
 // without one is an error, never a threshold of 0 (which blocks
 // everything).

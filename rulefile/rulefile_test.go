@@ -342,3 +342,29 @@ func TestNumbersInExponentForm(t *testing.T) {
 		assert.Error(t, err, src)
 	}
 }
+
+// TestEdgesOfTheFileFormat: a UTF-8 byte-order mark is skipped (YAML and
+// JSON), a trailing comma in a JSON object or list is read as YAML's flow
+// style reads it, and a NUL byte in a string is an error naming the key.
+func TestEdgesOfTheFileFormat(t *testing.T) {
+	for _, src := range []string{
+		"\xef\xbb\xbfrules:\n  - resource: a\n    threshold: 5\n",
+		"\xef\xbb\xbf{\"rules\": [{\"resource\": \"a\", \"threshold\": 5}]}",
+		`{"rules": [{"resource": "a", "threshold": 5,}]}`,
+		`{"rules": [{"resource": "a", "threshold": 5},]}`,
+	} {
+		rules, err := Check("f", []byte(src))
+		require.NoError(t, err, "%q", src)
+		require.Len(t, rules, 1)
+		assert.Equal(t, "a", rules[0].Resource)
+	}
+	for _, src := range []string{
+		"rules:\n  - resource: \"a\\0b\"\n    threshold: 5\n",
+		"rules:\n  - resource: a\n    id: \"x\\0\"\n    threshold: 5\n",
+		"rules:\n  - resource: a\n    threshold: 5\n    perKey: true\n    keys:\n      - key: \"\\0\"\n        threshold: 1\n",
+	} {
+		_, err := Check("f", []byte(src))
+		require.Error(t, err, "%q", src)
+		assert.Contains(t, err.Error(), "NUL")
+	}
+}
