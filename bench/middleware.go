@@ -94,7 +94,7 @@ func mwCases() []mwCase {
 	ul := ululestd.NewMiddleware(ulule.New(ululemem.NewStore(), ulule.Rate{Period: time.Second, Limit: 1 << 40}))
 
 	gEng := eng(flow.Rule{Resource: "/bench.Svc/Call", Threshold: huge},
-		flow.Rule{Resource: "/bench.Svc/Blocked", Threshold: 0.001, StatInterval: time.Hour})
+		flow.Rule{Resource: "/bench.Svc/Blocked", Threshold: 1.0 / 3600, StatInterval: time.Hour})
 	l := grpcflow.New(gEng)
 	unary := func(context.Context, any) (any, error) { return nil, nil }
 	call := &grpc.UnaryServerInfo{FullMethod: "/bench.Svc/Call"}

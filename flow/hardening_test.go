@@ -1011,3 +1011,52 @@ func TestNilAndZeroEnginesSaySo(t *testing.T) {
 		}
 	}
 }
+
+// TestFractionalThresholdsOfWindowsAreRefused: a window rule whose
+// threshold is not a whole number of requests per window (0.5/s and
+// 2.5/s over 1 s) is refused, naming the field and saying how to write it
+// (a longer window, or GCRA); a whole count per window (0.5/s over 2 s,
+// 0.29/s over 100 s despite floating point) and rate rules (GCRA,
+// Throttle) with fractions load.
+func TestFractionalThresholdsOfWindowsAreRefused(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(0))
+	for _, tc := range []struct {
+		r     Rule
+		field string
+		hint  string
+	}{
+		{Rule{Resource: "a", Threshold: 0.5}, "Threshold", "StatInterval 2s (1 per 2s)"},
+		{Rule{Resource: "a", Threshold: 2.5}, "Threshold", "StatInterval 2s (5 per 2s)"},
+		{Rule{Resource: "a", Threshold: 2.5, Behavior: WarmUp, WarmUpPeriod: time.Second}, "Threshold", "StatInterval 2s"},
+		{Rule{Resource: "a", Threshold: 0.5, PerKey: true}, "Threshold", "StatInterval 2s"},
+		{Rule{Resource: "a", Threshold: 0.5, Global: true}, "Threshold", "StatInterval 2s"},
+		{Rule{Resource: "a", Threshold: 2, PerKey: true, Keys: []KeyLimit{{Key: "k", Threshold: 0.5}}}, "Keys[0].Threshold", "StatInterval 2s"},
+		{Rule{Resource: "a", Threshold: 3, StatInterval: 500 * time.Millisecond}, "Threshold", "StatInterval 1s (3 per 1s)"},
+	} {
+		err := e.LoadRules([]Rule{tc.r})
+		var re *RuleError
+		require.ErrorAs(t, err, &re, "%+v", tc.r)
+		assert.Equal(t, tc.field, re.Field, "%+v", tc.r)
+		assert.Contains(t, err.Error(), tc.hint)
+		assert.Contains(t, err.Error(), "GCRA")
+	}
+	load(t, e,
+		Rule{Resource: "half", Threshold: 0.5, StatInterval: 2 * time.Second},
+		Rule{Resource: "odd", Threshold: 0.29, StatInterval: 100 * time.Second},
+		Rule{Resource: "gcra", Threshold: 0.5, Behavior: GCRA, Burst: 1},
+		Rule{Resource: "paced", Threshold: 2.5, Behavior: Throttle},
+	)
+	quota, _ := mustBE(t, e, "odd").Quota()
+	assert.Equal(t, int64(29), quota, "0.29 x 100 s is 29, not 28")
+	assert.True(t, try(e, "half"))
+	assert.False(t, try(e, "half"), "1 per 2 s")
+}
+
+// mustBE is the BlockError of resource's first window group.
+func mustBE(t *testing.T, e *Engine, resource string) *BlockError {
+	t.Helper()
+	rr := e.rules.Load().byResource[resource]
+	require.NotNil(t, rr)
+	require.NotEmpty(t, rr.groups)
+	return rr.groups[0].staticBE
+}

@@ -495,6 +495,9 @@ func (r *Rule) validatePerKey(i int) error {
 // validateKeyThreshold checks a per-key threshold against what a key's
 // compact state holds.
 func (r *Rule) validateKeyThreshold(i int, field string, t float64) error {
+	if err := r.validateWhole(i, field, t); err != nil {
+		return err
+	}
 	switch {
 	case r.Metric == QPS && r.Behavior == Reject && perWindow(t, r.StatInterval) > maxKeyWindowCount:
 		return r.errorf(i, field, t, "admits %d per window, more than a key's window holds (%d)", perWindow(t, r.StatInterval), int64(maxKeyWindowCount))

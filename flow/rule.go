@@ -23,7 +23,10 @@ type Rule struct {
 	Metric Metric
 	// Threshold is the limit: admissions per second for QPS, requests in
 	// flight for Concurrency, from 0 (blocks everything) to 10^12.
-	// Per window, a QPS rule admits floor(Threshold * StatInterval / 1s).
+	// Per window, a QPS rule admits Threshold * StatInterval / 1s, which
+	// must be a whole number for a window rule (Reject, WarmUp: 0.5/s over
+	// 1 s is refused, 0.5/s over 2 s admits 1 per 2 s; the error says how
+	// to write it); Throttle and GCRA rules take any rate.
 	Threshold float64
 	// StatInterval is the window a QPS rule counts in (default 1 s; a
 	// positive whole number of milliseconds). Rules on 1 s share the
@@ -249,6 +252,9 @@ func (r *Rule) validate(i int) error {
 	case r.Fallback > FallbackClosed:
 		return bad("Fallback", r.Fallback, "must be Local, Open or Closed")
 	}
+	if err := r.validateWhole(i, "Threshold", r.Threshold); err != nil {
+		return err
+	}
 	for _, k := range kinds {
 		if k.validate != nil {
 			if err := k.validate(r, i); err != nil {
@@ -257,6 +263,27 @@ func (r *Rule) validate(i int) error {
 		}
 	}
 	return r.validateUnused(i)
+}
+
+// validateWhole checks that threshold t of a window rule (QPS, Reject or
+// WarmUp, on its own resource's rate) is a whole number of requests per
+// window: a window admits whole requests, so 0.5/s over 1 s would admit
+// nothing and 2.5/s over 1 s only 2. The error says how to write it.
+func (r *Rule) validateWhole(i int, field string, t float64) error {
+	if r.Metric != QPS || r.Behavior != Reject && r.Behavior != WarmUp || r.RelatedResource != "" || wholePerWindow(t, r.StatInterval) {
+		return nil
+	}
+	per := t * r.StatInterval.Seconds()
+	how := "write it as a rate with Behavior GCRA or Throttle"
+	// The shortest window in whole seconds, up to an hour, that holds a
+	// whole count.
+	for s := int64(1); s <= 3600; s++ {
+		if d := time.Duration(s) * time.Second; d > r.StatInterval && wholePerWindow(t, d) {
+			how = fmt.Sprintf("write it over a longer window, such as StatInterval %v (%d per %v), or as a rate with Behavior GCRA or Throttle", d, perWindow(t, d), d)
+			break
+		}
+	}
+	return r.errorf(i, field, t, fmt.Sprintf("is %g requests per StatInterval of %v, and a window admits whole requests (it would admit %d): %s", per, r.StatInterval, perWindow(t, r.StatInterval), how))
 }
 
 // oneSecond is the check of the kinds that have no window of their own
