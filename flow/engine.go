@@ -1,6 +1,7 @@
 package flow
 
 import (
+	"fmt"
 	"sync"
 
 	"github.com/leapflow/leapflow/internal/callerkey"
@@ -212,11 +213,27 @@ func (e *Engine) LoadRules(rules []Rule) error {
 // CheckRules validates rules as LoadRules would, without loading them or
 // making any resource: it returns them as they would load (defaults filled
 // in, listed keys over 256 bytes as their start and a hash), or the
-// *RuleError of the first bad one. The registry's room and a token
-// source's binding are not checked.
+// *RuleError of the first bad one. It refuses a set that names more
+// resources than the registry holds (WithMaxResources); whether the
+// registry has room for them beside the resources it holds now, and a
+// token source's binding, are not checked.
 func (e *Engine) CheckRules(rules []Rule) ([]Rule, error) {
 	e.ruleSet()
-	return e.normalise(rules)
+	norm, err := e.normalise(rules)
+	if err != nil {
+		return nil, err
+	}
+	if n := len(resourcesOf(norm)); n > e.registry.Cap() {
+		return nil, tooManyResources(n, e.registry.Cap(), stat.ErrTooManyResources)
+	}
+	return norm, nil
+}
+
+// tooManyResources is the error of a rule set that names n resources, more
+// than the registry's cap.
+func tooManyResources(n, cap int, err error) error {
+	return &RuleError{Index: -1, Field: "Resource", Value: n,
+		Reason: fmt.Sprintf("names %d resources, more than the engine holds (WithMaxResources %d)", n, cap), Err: err}
 }
 
 // normalise returns the rules with defaults filled in, or the first error.
@@ -304,6 +321,9 @@ func (e *Engine) bind(rules []Rule) (bounds []BoundSource, err error) {
 
 // noRoom names the first rule whose resource the registry lacked.
 func (e *Engine) noRoom(rules []Rule, err error) error {
+	if n := len(resourcesOf(rules)); n > e.registry.Cap() {
+		return tooManyResources(n, e.registry.Cap(), err)
+	}
 	for i := range rules {
 		r := &rules[i]
 		for _, name := range [...]string{r.Resource, r.RelatedResource} {

@@ -207,7 +207,8 @@ func TestFailedLoadCreatesNothing(t *testing.T) {
 	assert.ErrorIs(t, err, ErrInvalidRule)
 	var re *RuleError
 	require.ErrorAs(t, err, &re)
-	assert.Equal(t, 1, re.Index, "the first rule that needed room")
+	assert.Equal(t, -1, re.Index, "5 resources, more than the cap of 4: the set is refused")
+	assert.Contains(t, err.Error(), "WithMaxResources 4")
 	assert.Equal(t, 1, e.registry.Len(), "nothing created")
 	assert.Equal(t, []Rule{{Resource: "a", Threshold: 1, StatInterval: time.Second}}, e.Rules())
 
@@ -1059,4 +1060,26 @@ func mustBE(t *testing.T, e *Engine, resource string) *BlockError {
 	require.NotNil(t, rr)
 	require.NotEmpty(t, rr.groups)
 	return rr.groups[0].staticBE
+}
+
+// TestCheckAndLoadRefuseTooManyResourcesAlike: a rule set naming more
+// resources than the engine holds is refused by CheckRules as by
+// LoadRules, with an error that names the cap, not a rule.
+func TestCheckAndLoadRefuseTooManyResourcesAlike(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(0), WithMaxResources(10))
+	var rules []Rule
+	for i := range 12 {
+		rules = append(rules, Rule{Resource: fmt.Sprint("r", i), Threshold: 5})
+	}
+	for name, fn := range map[string]func() error{
+		"CheckRules": func() error { _, err := e.CheckRules(rules); return err },
+		"LoadRules":  func() error { return e.LoadRules(rules) },
+	} {
+		err := fn()
+		require.ErrorIs(t, err, stat.ErrTooManyResources, name)
+		assert.Contains(t, err.Error(), "names 12 resources, more than the engine holds (WithMaxResources 10)", name)
+		assert.NotContains(t, err.Error(), "r0", name)
+	}
+	_, err := e.CheckRules(rules[:10])
+	assert.NoError(t, err)
 }

@@ -201,6 +201,10 @@ type RuleError struct {
 // Error names the rule, field and value; long names and values are cut, so
 // the message stays short whatever the input.
 func (e *RuleError) Error() string {
+	if e.Index < 0 {
+		// The rule set as a whole.
+		return fmt.Sprintf("flow: the rule set: %s %s", e.Field, e.Reason)
+	}
 	return fmt.Sprintf("flow: rule %s (#%d): %s %s, got %s", names.Abbrev(e.Rule), e.Index, e.Field, e.Reason, names.Value(e.Value))
 }
 

@@ -368,3 +368,18 @@ func TestEdgesOfTheFileFormat(t *testing.T) {
 		assert.Contains(t, err.Error(), "NUL")
 	}
 }
+
+// TestCheckRefusesMoreResourcesThanAnEngineHolds: a file that names more
+// resources than an engine holds by default is refused by Check, as
+// loading it would be, with an error that names the cap, not a rule.
+func TestCheckRefusesMoreResourcesThanAnEngineHolds(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("rules:\n")
+	for i := range 10_001 {
+		fmt.Fprintf(&b, "  - resource: r%d\n    threshold: 5\n", i)
+	}
+	_, err := Check("f", []byte(b.String()))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "names 10001 resources, more than the engine holds (WithMaxResources 10000)")
+	assert.NotContains(t, err.Error(), `"r0"`)
+}
