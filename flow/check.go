@@ -249,15 +249,7 @@ func (e *Engine) block(rr *resourceRules, h *held, p int, now int64, q *request,
 		if len(rr.keyed) == 0 {
 			return Entry{slot: g.refusal, start: int64(math.Float64bits(rf.seen)), meta: uint64(max(now, 0))}, rf.be
 		}
-		var keyed int64
-		for i := range rr.keyed {
-			w := rr.keyed[i].room(q, now)
-			if w < 0 {
-				keyed = -1
-				break
-			}
-			keyed = max(keyed, w)
-		}
+		keyed := rr.keyedRetry(0, now, q, 0)
 		return Entry{slot: g.refusalKeyed, start: keyed, meta: uint64(max(now, 0))}, rf.be
 	}
 	if rr.rateRules > 0 && rm.retry >= 0 && rr.rules > 1 {
@@ -315,12 +307,10 @@ func (rr *resourceRules) laterRetryOf(at int, now int64, q *request, retry int64
 		}
 		retry = max(retry, int64(w))
 	}
-	for i := from(stageKeyed); keys && i < len(rr.keyed); i++ {
-		w := rr.keyed[i].room(q, now)
-		if w < 0 {
+	if keys {
+		if retry = rr.keyedRetry(from(stageKeyed), now, q, retry); retry < 0 {
 			return -1
 		}
-		retry = max(retry, w)
 	}
 	for i := from(stageGCRA); i < len(rr.gcras); i++ {
 		w := rr.gcras[i].l.Room(now, n)
@@ -339,6 +329,20 @@ func (rr *resourceRules) laterRetryOf(at int, now int64, q *request, retry int64
 			queue = 0
 		}
 		w := pr.p.Room(now, n, pr.pace(now, rr.node), queue)
+		if w < 0 {
+			return -1
+		}
+		retry = max(retry, w)
+	}
+	return retry
+}
+
+// keyedRetry is the longest of retry and the waits from now until each
+// PerKey rate rule from the one at index i on would admit the request
+// under its key; -1 when one never would.
+func (rr *resourceRules) keyedRetry(i int, now int64, q *request, retry int64) int64 {
+	for ; i < len(rr.keyed); i++ {
+		w := rr.keyed[i].room(q, now)
 		if w < 0 {
 			return -1
 		}

@@ -283,18 +283,24 @@ func (e *Engine) resourceRules(next *ruleSet, r *Rule, nodes map[string]*stats.N
 // A product within a billionth of a whole number is that number (0.29 x
 // 100 s is 28.999999999999996 in floating point: 29, not 28).
 func perWindow(threshold float64, interval time.Duration) int64 {
-	v := threshold * interval.Seconds()
-	if r := math.Round(v); math.Abs(v-r) <= 1e-9*max(1, r) {
-		return int64(r)
-	}
-	return int64(math.Floor(v))
+	n, _ := countPerWindow(threshold, interval)
+	return n
 }
 
 // wholePerWindow reports whether a per-second threshold is a whole count
 // per window of interval (as perWindow rounds).
 func wholePerWindow(threshold float64, interval time.Duration) bool {
+	_, whole := countPerWindow(threshold, interval)
+	return whole
+}
+
+// countPerWindow is perWindow, and whether the count is whole.
+func countPerWindow(threshold float64, interval time.Duration) (int64, bool) {
 	v := threshold * interval.Seconds()
-	return math.Abs(v-math.Round(v)) <= 1e-9*max(1, math.Round(v))
+	if r := math.Round(v); math.Abs(v-r) <= 1e-9*max(1, r) {
+		return int64(r), true
+	}
+	return int64(math.Floor(v)), false
 }
 
 // shortPaths chooses the short paths Entry takes for rr's shape, if any:

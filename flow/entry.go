@@ -427,11 +427,7 @@ func (r *Resource) Allow(opts ...EntryOption) (Refusal, error) {
 		return Refusal{}, err
 	}
 	e := r.eng
-	c := r.rules.Load()
-	if set := e.rules.Load(); c == nil || c.set != set {
-		c = r.cache(set)
-	}
-	if rr := c.rr; rr != nil {
+	if rr := r.current(); rr != nil {
 		if rr.needsExit != nil {
 			return Refusal{}, e.needsExit(rr, o)
 		}
@@ -555,6 +551,7 @@ func (e *Engine) Resource(name string) (*Resource, error) {
 // Entry is Engine.Entry for this resource.
 func (r *Resource) Entry(opts ...EntryOption) (Entry, error) {
 	e := r.eng
+	// current, spelled out: the call would not inline.
 	c := r.rules.Load()
 	if set := e.rules.Load(); c == nil || c.set != set {
 		c = r.cache(set)
@@ -566,6 +563,16 @@ func (r *Resource) Entry(opts ...EntryOption) (Entry, error) {
 		return e.enter(rr, rr.node, opts)
 	}
 	return r.enterPlain(opts)
+}
+
+// current returns the resource's rules in force (nil: none), cached per
+// rule set.
+func (r *Resource) current() *resourceRules {
+	c := r.rules.Load()
+	if set := r.eng.rules.Load(); c == nil || c.set != set {
+		c = r.cache(set)
+	}
+	return c.rr
 }
 
 // cache makes the resource's rules under set the ones its Entry reads:
