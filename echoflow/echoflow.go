@@ -40,29 +40,20 @@
 package echoflow
 
 import (
-	"errors"
 	"log/slog"
 	"net/http"
-	"strconv"
 	"sync"
 
 	"github.com/labstack/echo/v4"
-	"go.uber.org/atomic"
 
 	"github.com/leapflow/leapflow/flow"
 	"github.com/leapflow/leapflow/httpflow"
-	"github.com/leapflow/leapflow/internal/callerkey"
-	"github.com/leapflow/leapflow/internal/unreached"
+	"github.com/leapflow/leapflow/internal/adapt"
 )
 
 type config struct {
-	resource    func(echo.Context) string
-	key         func(echo.Context) string
-	block       func(echo.Context, httpflow.Blocked) error
-	conc503     bool
-	failClosed  bool
-	isException func(status int) bool
-	logger      *slog.Logger
+	adapt.Config[echo.Context]
+	block func(echo.Context, httpflow.Blocked) error
 }
 
 // Option configures a Limiter.
@@ -71,12 +62,12 @@ type Option func(*config)
 // WithResource names each request's resource (default: its route, see the
 // package doc).
 func WithResource(fn func(echo.Context) string) Option {
-	return func(c *config) { c.resource = fn }
+	return func(c *config) { c.Resource = fn }
 }
 
 // WithKey names each request's caller for PerKey rules ("" for none);
 // FromRequest adapts httpflow's ClientIP and Header.
-func WithKey(fn func(echo.Context) string) Option { return func(c *config) { c.key = fn } }
+func WithKey(fn func(echo.Context) string) Option { return func(c *config) { c.Key = fn } }
 
 // FromRequest returns fn as a key function of echo's: FromRequest(httpflow.Header("X-API-Key")).
 func FromRequest(fn func(*http.Request) string) func(echo.Context) string {
@@ -91,40 +82,37 @@ func WithBlockHandler(fn func(echo.Context, httpflow.Blocked) error) Option {
 
 // WithConcurrency503 answers requests a Concurrency rule refused with 503
 // Service Unavailable instead of 429.
-func WithConcurrency503() Option { return func(c *config) { c.conc503 = true } }
+func WithConcurrency503() Option { return func(c *config) { c.Conc503 = true } }
 
 // WithLogger sets where the Limiter logs rules that cannot take effect:
 // while requests go unmatched, a rule whose resource sees none
 // (flow.Engine.Unreached; default slog.Default()).
-func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.Logger = l } }
 
 // WithFailClosed answers 503 to a request whose resource cannot be made
 // (a full registry) instead of letting it through.
-func WithFailClosed() Option { return func(c *config) { c.failClosed = true } }
+func WithFailClosed() Option { return func(c *config) { c.FailClosed = true } }
 
 // WithExceptions decides which response statuses count as exceptions
 // (default: 500 and above).
 func WithExceptions(fn func(status int) bool) Option {
-	return func(c *config) { c.isException = fn }
+	return func(c *config) { c.IsException = fn }
 }
 
 // Limiter admits echo requests through an engine: its Middleware enters
 // each request before the handler runs. It is safe for simultaneous use;
 // one Limiter may serve any number of routes and Echo instances.
 type Limiter struct {
-	eng *flow.Engine
-	cfg config
+	cfg  config
+	core adapt.Core[echo.Context]
 	// routes holds a routeSet per echo Router it named requests of.
 	routes sync.Map // *echo.Router -> *routeSet
-	// failedOpen and failedClosed back Stats.
-	failedOpen, failedClosed atomic.Int64
-	unreached                *unreached.Reporter
 }
 
 // New returns a Limiter on eng.
 func New(eng *flow.Engine, opts ...Option) *Limiter {
-	l := &Limiter{eng: eng}
-	l.cfg.resource = l.route
+	l := &Limiter{}
+	l.cfg.Resource = l.route
 	for _, o := range opts {
 		if o != nil {
 			o(&l.cfg)
@@ -133,53 +121,32 @@ func New(eng *flow.Engine, opts ...Option) *Limiter {
 	if l.cfg.block == nil {
 		l.cfg.block = l.defaultBlock
 	}
-	if l.cfg.isException == nil {
-		l.cfg.isException = func(status int) bool { return status >= 500 }
-	}
-	l.unreached = unreached.New(eng, l.cfg.logger, httpflow.Unmatched)
+	l.core.Init(eng, l.cfg.Config, "echoflow")
 	return l
 }
 
 // Stats returns the Limiter's counts so far.
-func (l *Limiter) Stats() httpflow.Stats {
-	return httpflow.Stats{FailedOpen: l.failedOpen.Load(), FailedClosed: l.failedClosed.Load()}
-}
-
-// errStatus is the exception of a response with a status counted as one.
-type errStatus int
-
-func (e errStatus) Error() string { return "echoflow: response status " + strconv.Itoa(int(e)) }
-
-// errPanic is the exception of a handler that panicked.
-var errPanic = errors.New("echoflow: handler panicked")
+func (l *Limiter) Stats() httpflow.Stats { return l.core.Stats() }
 
 // Middleware is an echo middleware: register it with Use, on a group, or
 // on one route; not with Pre (see the package doc).
 func (l *Limiter) Middleware(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
-		opts := [2]flow.EntryOption{flow.WithContext(c.Request().Context())}
-		n := 1
-		if l.cfg.key != nil {
-			if key := l.cfg.key(c); key != "" {
-				opts[1] = flow.WithKey(callerkey.Bound(key))
-				n = 2
-			}
-		}
-		resource := l.cfg.resource(c)
-		en, err := l.eng.Entry(resource, opts[:n]...)
-		if resource == httpflow.Unmatched {
-			// Counted: the engine sees the unmatched traffic it reports on.
-			l.unreached.Check()
-		}
+		ctx := c.Request().Context()
+		en, err := l.core.Enter(c, ctx)
 		if err != nil {
-			if answered, err := l.refuse(c, &en, err); answered {
-				return err
+			switch f, msg := l.core.Failed(ctx, err); f {
+			case adapt.Refused:
+				return l.cfg.block(c, en.Refusal())
+			case adapt.Unavailable:
+				http.Error(c.Response(), msg, http.StatusServiceUnavailable)
+				return nil
 			}
 			return next(c)
 		}
 		defer func() {
 			if v := recover(); v != nil {
-				en.Exit(errPanic)
+				l.core.Panicked(&en)
 				panic(v)
 			}
 		}()
@@ -188,39 +155,14 @@ func (l *Limiter) Middleware(next echo.HandlerFunc) echo.HandlerFunc {
 		if err != nil && !res.Committed {
 			c.Error(err)
 		}
-		if l.cfg.isException(res.Status) {
-			en.Exit(errStatus(res.Status))
-		} else {
-			en.Exit(nil)
-		}
+		l.core.Exit(&en, res.Status)
 		return err
 	}
 }
 
-// refuse answers a request Entry did not admit, or reports that it is to
-// go through (a resource that could not be made).
-func (l *Limiter) refuse(c echo.Context, en *flow.Entry, err error) (answered bool, _ error) {
-	var be *flow.BlockError
-	switch {
-	case errors.As(err, &be):
-		return true, l.cfg.block(c, en.Refusal())
-	case c.Request().Context().Err() != nil:
-		// The wait ended with the request's context: never an empty 200.
-		l.failedClosed.Inc()
-		http.Error(c.Response(), "request ended while queued", http.StatusServiceUnavailable)
-	case l.cfg.failClosed:
-		l.failedClosed.Inc()
-		http.Error(c.Response(), "rate limiter unavailable", http.StatusServiceUnavailable)
-	default:
-		l.failedOpen.Inc()
-		return false, nil
-	}
-	return true, nil
-}
-
 // defaultBlock answers as httpflow's default block handler does.
 func (l *Limiter) defaultBlock(c echo.Context, b httpflow.Blocked) error {
-	status, fields := httpflow.RefusalFields(b, l.cfg.conc503)
+	status, fields := httpflow.RefusalFields(b, l.cfg.Conc503)
 	h := c.Response().Header()
 	for _, f := range fields {
 		h.Set(f[0], f[1])

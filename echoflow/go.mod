@@ -8,7 +8,6 @@ require (
 	github.com/labstack/echo/v4 v4.16.5
 	github.com/leapflow/leapflow v0.0.0-00010101000000-000000000000
 	github.com/stretchr/testify v1.12.1
-	go.uber.org/atomic v1.12.0
 )
 
 require (
@@ -18,6 +17,7 @@ require (
 	github.com/mattn/go-isatty v0.0.22 // indirect
 	github.com/valyala/bytebufferpool v1.0.0 // indirect
 	github.com/valyala/fasttemplate v1.2.2 // indirect
+	go.uber.org/atomic v1.12.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/crypto v0.57.0 // indirect
 	golang.org/x/net v0.60.0 // indirect

@@ -49,30 +49,21 @@
 package fiberflow
 
 import (
-	"errors"
 	"log/slog"
 	"net/http"
 	"net/netip"
-	"strconv"
 	"sync"
 
 	"github.com/gofiber/fiber/v2"
-	"go.uber.org/atomic"
 
 	"github.com/leapflow/leapflow/flow"
 	"github.com/leapflow/leapflow/httpflow"
-	"github.com/leapflow/leapflow/internal/callerkey"
-	"github.com/leapflow/leapflow/internal/unreached"
+	"github.com/leapflow/leapflow/internal/adapt"
 )
 
 type config struct {
-	resource    func(*fiber.Ctx) string
-	key         func(*fiber.Ctx) string
-	block       func(*fiber.Ctx, httpflow.Blocked) error
-	conc503     bool
-	failClosed  bool
-	isException func(status int) bool
-	logger      *slog.Logger
+	adapt.Config[*fiber.Ctx]
+	block func(*fiber.Ctx, httpflow.Blocked) error
 }
 
 // Option configures a Limiter.
@@ -83,13 +74,13 @@ type Option func(*config)
 // (Ctx.Path, Ctx.Get, ...) point into buffers the next request reuses,
 // copy them (utils.CopyString).
 func WithResource(fn func(*fiber.Ctx) string) Option {
-	return func(c *config) { c.resource = fn }
+	return func(c *config) { c.Resource = fn }
 }
 
 // WithKey names each request's caller for PerKey rules ("" for none): see
 // Header and ClientIP. The key may point into fiber's buffers (the engine
 // keeps no key bytes).
-func WithKey(fn func(*fiber.Ctx) string) Option { return func(c *config) { c.key = fn } }
+func WithKey(fn func(*fiber.Ctx) string) Option { return func(c *config) { c.Key = fn } }
 
 // Header returns a key function naming each request's caller by a header
 // (an API key, a tenant ID); "" when absent.
@@ -119,40 +110,37 @@ func WithBlockHandler(fn func(*fiber.Ctx, httpflow.Blocked) error) Option {
 
 // WithConcurrency503 answers requests a Concurrency rule refused with 503
 // Service Unavailable instead of 429.
-func WithConcurrency503() Option { return func(c *config) { c.conc503 = true } }
+func WithConcurrency503() Option { return func(c *config) { c.Conc503 = true } }
 
 // WithLogger sets where the Limiter logs rules that cannot take effect:
 // while requests go unmatched, a rule whose resource sees none
 // (flow.Engine.Unreached; default slog.Default()).
-func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.Logger = l } }
 
 // WithFailClosed answers 503 to a request whose resource cannot be made
 // (a full registry) instead of letting it through.
-func WithFailClosed() Option { return func(c *config) { c.failClosed = true } }
+func WithFailClosed() Option { return func(c *config) { c.FailClosed = true } }
 
 // WithExceptions decides which response statuses count as exceptions
 // (default: 500 and above).
 func WithExceptions(fn func(status int) bool) Option {
-	return func(c *config) { c.isException = fn }
+	return func(c *config) { c.IsException = fn }
 }
 
 // Limiter admits fiber requests through an engine: its Middleware enters
 // each request before the rest of the chain runs. It is safe for
 // simultaneous use; one Limiter may serve any number of routes and apps.
 type Limiter struct {
-	eng *flow.Engine
-	cfg config
+	cfg  config
+	core adapt.Core[*fiber.Ctx]
 	// apps holds the copy of each app's routes (see the package doc).
 	apps sync.Map // *fiber.App -> *routes
-	// failedOpen and failedClosed back Stats.
-	failedOpen, failedClosed atomic.Int64
-	unreached                *unreached.Reporter
 }
 
 // New returns a Limiter on eng.
 func New(eng *flow.Engine, opts ...Option) *Limiter {
-	l := &Limiter{eng: eng}
-	l.cfg.resource = l.route
+	l := &Limiter{}
+	l.cfg.Resource = l.route
 	for _, o := range opts {
 		if o != nil {
 			o(&l.cfg)
@@ -161,63 +149,30 @@ func New(eng *flow.Engine, opts ...Option) *Limiter {
 	if l.cfg.block == nil {
 		l.cfg.block = l.defaultBlock
 	}
-	if l.cfg.isException == nil {
-		l.cfg.isException = func(status int) bool { return status >= 500 }
-	}
-	l.unreached = unreached.New(eng, l.cfg.logger, httpflow.Unmatched)
+	l.core.Init(eng, l.cfg.Config, "fiberflow")
 	return l
 }
 
 // Stats returns the Limiter's counts so far.
-func (l *Limiter) Stats() httpflow.Stats {
-	return httpflow.Stats{FailedOpen: l.failedOpen.Load(), FailedClosed: l.failedClosed.Load()}
-}
-
-// errStatus is the exception of a response with a status counted as one.
-type errStatus int
-
-func (e errStatus) Error() string { return "fiberflow: response status " + strconv.Itoa(int(e)) }
-
-// errPanic is the exception of a handler that panicked.
-var errPanic = errors.New("fiberflow: handler panicked")
+func (l *Limiter) Stats() httpflow.Stats { return l.core.Stats() }
 
 // Middleware is a fiber handler: register it with Use on an app or a
 // group, or first in one route's handlers.
 func (l *Limiter) Middleware(c *fiber.Ctx) error {
 	ctx := c.UserContext()
-	opts := [2]flow.EntryOption{flow.WithContext(ctx)}
-	n := 1
-	if l.cfg.key != nil {
-		if key := l.cfg.key(c); key != "" {
-			opts[1] = flow.WithKey(callerkey.Bound(key))
-			n = 2
-		}
-	}
-	resource := l.cfg.resource(c)
-	en, err := l.eng.Entry(resource, opts[:n]...)
-	if resource == httpflow.Unmatched {
-		// Counted: the engine sees the unmatched traffic it reports on.
-		l.unreached.Check()
-	}
+	en, err := l.core.Enter(c, ctx)
 	if err != nil {
-		var be *flow.BlockError
-		switch {
-		case errors.As(err, &be):
+		switch f, msg := l.core.Failed(ctx, err); f {
+		case adapt.Refused:
 			return l.cfg.block(c, en.Refusal())
-		case ctx.Err() != nil:
-			// The wait ended with the request's context: never an empty 200.
-			l.failedClosed.Inc()
-			return unavailable(c, "request ended while queued")
-		case l.cfg.failClosed:
-			l.failedClosed.Inc()
-			return unavailable(c, "rate limiter unavailable")
+		case adapt.Unavailable:
+			return plain(c, fiber.StatusServiceUnavailable, msg)
 		}
-		l.failedOpen.Inc()
 		return c.Next()
 	}
 	defer func() {
 		if v := recover(); v != nil {
-			en.Exit(errPanic)
+			l.core.Panicked(&en)
 			panic(v)
 		}
 	}()
@@ -226,25 +181,17 @@ func (l *Limiter) Middleware(c *fiber.Ctx) error {
 			_ = c.SendStatus(fiber.StatusInternalServerError)
 		}
 	}
-	if status := c.Response().StatusCode(); l.cfg.isException(status) {
-		en.Exit(errStatus(status))
-	} else {
-		en.Exit(nil)
-	}
+	l.core.Exit(&en, c.Response().StatusCode())
 	return nil
 }
 
 // defaultBlock answers as httpflow's default block handler does.
 func (l *Limiter) defaultBlock(c *fiber.Ctx, b httpflow.Blocked) error {
-	status, fields := httpflow.RefusalFields(b, l.cfg.conc503)
+	status, fields := httpflow.RefusalFields(b, l.cfg.Conc503)
 	for _, f := range fields {
 		c.Set(f[0], f[1])
 	}
 	return plain(c, status, http.StatusText(status))
-}
-
-func unavailable(c *fiber.Ctx, msg string) error {
-	return plain(c, fiber.StatusServiceUnavailable, msg)
 }
 
 // plain answers status with msg as http.Error does.

@@ -9,7 +9,6 @@ require (
 	github.com/leapflow/leapflow v0.0.0-00010101000000-000000000000
 	github.com/stretchr/testify v1.12.1
 	github.com/valyala/fasthttp v1.51.0
-	go.uber.org/atomic v1.12.0
 )
 
 require (
@@ -23,6 +22,7 @@ require (
 	github.com/rivo/uniseg v0.2.0 // indirect
 	github.com/valyala/bytebufferpool v1.0.0 // indirect
 	github.com/valyala/tcplisten v1.0.0 // indirect
+	go.uber.org/atomic v1.12.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/sys v0.48.0 // indirect
 )

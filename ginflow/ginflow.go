@@ -35,29 +35,20 @@
 package ginflow
 
 import (
-	"errors"
 	"log/slog"
 	"net/http"
-	"strconv"
 
 	"github.com/gin-gonic/gin"
-	"go.uber.org/atomic"
 
 	"github.com/leapflow/leapflow/flow"
 	"github.com/leapflow/leapflow/httpflow"
-	"github.com/leapflow/leapflow/internal/callerkey"
+	"github.com/leapflow/leapflow/internal/adapt"
 	"github.com/leapflow/leapflow/internal/routename"
-	"github.com/leapflow/leapflow/internal/unreached"
 )
 
 type config struct {
-	resource    func(*gin.Context) string
-	key         func(*gin.Context) string
-	block       func(*gin.Context, httpflow.Blocked)
-	conc503     bool
-	failClosed  bool
-	isException func(status int) bool
-	logger      *slog.Logger
+	adapt.Config[*gin.Context]
+	block func(*gin.Context, httpflow.Blocked)
 }
 
 // Option configures a Limiter.
@@ -65,12 +56,12 @@ type Option func(*config)
 
 // WithResource names each request's resource (default: Resource).
 func WithResource(fn func(*gin.Context) string) Option {
-	return func(c *config) { c.resource = fn }
+	return func(c *config) { c.Resource = fn }
 }
 
 // WithKey names each request's caller for PerKey rules ("" for none);
 // FromRequest adapts httpflow's ClientIP and Header.
-func WithKey(fn func(*gin.Context) string) Option { return func(c *config) { c.key = fn } }
+func WithKey(fn func(*gin.Context) string) Option { return func(c *config) { c.Key = fn } }
 
 // FromRequest returns fn as a key function of gin's: FromRequest(httpflow.Header("X-API-Key")).
 func FromRequest(fn func(*http.Request) string) func(*gin.Context) string {
@@ -85,21 +76,21 @@ func WithBlockHandler(fn func(*gin.Context, httpflow.Blocked)) Option {
 
 // WithConcurrency503 answers requests a Concurrency rule refused with 503
 // Service Unavailable instead of 429.
-func WithConcurrency503() Option { return func(c *config) { c.conc503 = true } }
+func WithConcurrency503() Option { return func(c *config) { c.Conc503 = true } }
 
 // WithLogger sets where the Limiter logs rules that cannot take effect:
 // while requests go unmatched, a rule whose resource sees none
 // (flow.Engine.Unreached; default slog.Default()).
-func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.Logger = l } }
 
 // WithFailClosed answers 503 to a request whose resource cannot be made
 // (a full registry) instead of letting it through.
-func WithFailClosed() Option { return func(c *config) { c.failClosed = true } }
+func WithFailClosed() Option { return func(c *config) { c.FailClosed = true } }
 
 // WithExceptions decides which response statuses count as exceptions
 // (default: 500 and above).
 func WithExceptions(fn func(status int) bool) Option {
-	return func(c *config) { c.isException = fn }
+	return func(c *config) { c.IsException = fn }
 }
 
 // Resource returns the resource of c: the request's method, a space and
@@ -118,16 +109,14 @@ func Resource(c *gin.Context) string {
 // simultaneous use; one Limiter may serve any number of routes and
 // engines.
 type Limiter struct {
-	eng *flow.Engine
-	cfg config
-	// failedOpen and failedClosed back Stats.
-	failedOpen, failedClosed atomic.Int64
-	unreached                *unreached.Reporter
+	cfg  config
+	core adapt.Core[*gin.Context]
 }
 
 // New returns a Limiter on eng.
 func New(eng *flow.Engine, opts ...Option) *Limiter {
-	l := &Limiter{eng: eng, cfg: config{resource: Resource}}
+	l := &Limiter{}
+	l.cfg.Resource = Resource
 	for _, o := range opts {
 		if o != nil {
 			o(&l.cfg)
@@ -136,89 +125,44 @@ func New(eng *flow.Engine, opts ...Option) *Limiter {
 	if l.cfg.block == nil {
 		l.cfg.block = l.defaultBlock
 	}
-	if l.cfg.isException == nil {
-		l.cfg.isException = func(status int) bool { return status >= 500 }
-	}
-	l.unreached = unreached.New(eng, l.cfg.logger, httpflow.Unmatched)
+	l.core.Init(eng, l.cfg.Config, "ginflow")
 	return l
 }
 
 // Stats returns the Limiter's counts so far.
-func (l *Limiter) Stats() httpflow.Stats {
-	return httpflow.Stats{FailedOpen: l.failedOpen.Load(), FailedClosed: l.failedClosed.Load()}
-}
-
-// errStatus is the exception of a response with a status counted as one.
-type errStatus int
-
-func (e errStatus) Error() string { return "ginflow: response status " + strconv.Itoa(int(e)) }
-
-// errPanic is the exception of a handler that panicked.
-var errPanic = errors.New("ginflow: handler panicked")
+func (l *Limiter) Stats() httpflow.Stats { return l.core.Stats() }
 
 // Middleware is a gin handler: register it with Use on an engine or a
 // group, or first in one route's handlers.
 func (l *Limiter) Middleware(c *gin.Context) {
-	opts := [2]flow.EntryOption{flow.WithContext(c.Request.Context())}
-	n := 1
-	if l.cfg.key != nil {
-		if key := l.cfg.key(c); key != "" {
-			opts[1] = flow.WithKey(callerkey.Bound(key))
-			n = 2
-		}
-	}
-	resource := l.cfg.resource(c)
-	en, err := l.eng.Entry(resource, opts[:n]...)
-	if resource == httpflow.Unmatched {
-		// Counted: the engine sees the unmatched traffic it reports on.
-		l.unreached.Check()
-	}
+	ctx := c.Request.Context()
+	en, err := l.core.Enter(c, ctx)
 	if err != nil {
-		if l.refuse(c, &en, err) {
-			c.Abort()
+		switch f, msg := l.core.Failed(ctx, err); f {
+		case adapt.Refused:
+			l.cfg.block(c, en.Refusal())
+		case adapt.Unavailable:
+			http.Error(c.Writer, msg, http.StatusServiceUnavailable)
+		default:
+			c.Next()
 			return
 		}
-		c.Next()
+		c.Abort()
 		return
 	}
 	defer func() {
 		if v := recover(); v != nil {
-			en.Exit(errPanic)
+			l.core.Panicked(&en)
 			panic(v)
 		}
-		if status := c.Writer.Status(); l.cfg.isException(status) {
-			en.Exit(errStatus(status))
-			return
-		}
-		en.Exit(nil)
+		l.core.Exit(&en, c.Writer.Status())
 	}()
 	c.Next()
 }
 
-// refuse answers a request Entry did not admit, or reports that it is to
-// go through (a resource that could not be made).
-func (l *Limiter) refuse(c *gin.Context, en *flow.Entry, err error) bool {
-	var be *flow.BlockError
-	switch {
-	case errors.As(err, &be):
-		l.cfg.block(c, en.Refusal())
-	case c.Request.Context().Err() != nil:
-		// The wait ended with the request's context: never an empty 200.
-		l.failedClosed.Inc()
-		http.Error(c.Writer, "request ended while queued", http.StatusServiceUnavailable)
-	case l.cfg.failClosed:
-		l.failedClosed.Inc()
-		http.Error(c.Writer, "rate limiter unavailable", http.StatusServiceUnavailable)
-	default:
-		l.failedOpen.Inc()
-		return false
-	}
-	return true
-}
-
 // defaultBlock answers as httpflow's default block handler does.
 func (l *Limiter) defaultBlock(c *gin.Context, b httpflow.Blocked) {
-	status, fields := httpflow.RefusalFields(b, l.cfg.conc503)
+	status, fields := httpflow.RefusalFields(b, l.cfg.Conc503)
 	h := c.Writer.Header()
 	for _, f := range fields {
 		h.Set(f[0], f[1])
