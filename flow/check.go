@@ -253,7 +253,7 @@ func (e *Engine) block(rr *resourceRules, h *held, p int, now int64, q *request,
 		return Entry{slot: g.refusalKeyed, start: keyed, meta: uint64(max(now, 0))}, rf.be
 	}
 	if rr.rateRules > 0 && rm.retry >= 0 && rr.rules > 1 {
-		rm.retry = rr.laterRetry(rf.at, now, q, rm.retry)
+		rm.retry = rr.laterRetry(rf.at, now, q, rm.retry, true)
 	}
 	e.count(rr.node, p, now, metric.Block, n)
 	return blocked(rf.be, rf.seen, rm)
@@ -273,18 +273,14 @@ const (
 )
 
 // laterRetry is the longest of retry and the waits from now until each
-// rate rule after the one at at would admit the request, taking nothing;
-// -1 when one never would or cannot say (a WarmUp or WarmUpThrottle rule:
-// its limit moves while the caller waits). Global rules are not asked (their source would
-// be; they come after every local rule), nor related-resource rules,
-// which cannot say. Reading costs at most what their admission would
-// have: a refusal costs no more than an admission.
-func (rr *resourceRules) laterRetry(at int, now int64, q *request, retry int64) int64 {
-	return rr.laterRetryOf(at, now, q, retry, true)
-}
-
-// laterRetryOf is laterRetry, asking the PerKey rules only if keys.
-func (rr *resourceRules) laterRetryOf(at int, now int64, q *request, retry int64, keys bool) int64 {
+// rate rule after the one at at would admit the request, taking nothing
+// (the PerKey rules only if keys); -1 when one never would or cannot say
+// (a WarmUp or WarmUpThrottle rule: its limit moves while the caller
+// waits). Global rules are not asked (their source would be; they come
+// after every local rule), nor related-resource rules, which cannot say.
+// Reading costs at most what their admission would have: a refusal costs
+// no more than an admission.
+func (rr *resourceRules) laterRetry(at int, now int64, q *request, retry int64, keys bool) int64 {
 	from := func(stage int) int {
 		switch {
 		case at&^0xff == stage:

@@ -223,7 +223,7 @@ func (s *site) groupRoom(t, keyed int64) room {
 	}
 	if rm.retry >= 0 {
 		now := max(s.e.now(), t)
-		if later := rr.laterRetryOf(stageWindows|i, now, &request{n: 1}, 0, false); later < 0 {
+		if later := rr.laterRetry(stageWindows|i, now, &request{n: 1}, 0, false); later < 0 {
 			rm.retry = -1
 		} else {
 			rm.retry = max(rm.retry, later+now-t)
