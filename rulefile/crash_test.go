@@ -37,3 +37,46 @@ func TestFileSourceSurvivesAnyFile(t *testing.T) {
 	out, err := cmd.CombinedOutput()
 	assert.NoError(t, err, "the process survives a bad rule file:\n%.600s", out)
 }
+
+// Formatting any file Check accepts never panics, and what it writes
+// reads back to the same rules with every comment, and formats to itself.
+func FuzzFormatKeepsRulesAndComments(f *testing.F) {
+	doc, err := os.ReadFile("../docs/rules.yaml")
+	require.NoError(f, err)
+	for _, s := range []string{string(doc),
+		"rules: [] # none\n",
+		"# only\nrules:\n- {resource: a, threshold: 1} # flow\n",
+		"rules:\n  - resource: \"a # b\" # c\n    threshold: 2 #d\n",
+		"rules:\n  - # x\n    resource: a\n    threshold: 1\n    keys:\n    - {key: k, threshold: 2} # y\n    perKey: true\n",
+		"{\"rules\": [{\"resource\": \"a\", \"threshold\": 1e3,},],}",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		rules, err := Check("f.yaml", data)
+		if err != nil {
+			return
+		}
+		out, err := formatData("f.yaml", data)
+		if err != nil {
+			if countComments(data) == 0 {
+				t.Fatalf("a file without comments does not format: %v\n%q", err, data)
+			}
+			return // refused rather than lose a comment
+		}
+		back, err := Check("out.yaml", out)
+		if err != nil {
+			t.Fatalf("the normal form does not check: %v\n%q\n%s", err, data, out)
+		}
+		if len(back) != len(rules) {
+			t.Fatalf("%d rules became %d", len(rules), len(back))
+		}
+		if countComments(out) != countComments(data) {
+			t.Fatalf("comments lost:\n%q\n%s", data, out)
+		}
+		again, err := formatData("out.yaml", out)
+		if err != nil || string(again) != string(out) {
+			t.Fatalf("the normal form does not format to itself (%v):\n%s\n%s", err, out, again)
+		}
+	})
+}

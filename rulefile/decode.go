@@ -26,6 +26,9 @@ const (
 	maxDepth = 64
 )
 
+// bom is UTF-8's byte-order mark, skipped before a file's first line.
+var bom = []byte("\xef\xbb\xbf")
+
 // rawRule is a rule as the file spells it, each key's position kept for
 // errors.
 type rawRule struct {
@@ -33,6 +36,8 @@ type rawRule struct {
 	order  []string
 	keys   []rawKey
 	at     *token.Position // the rule's item
+	lines  map[string]int  // the line of each key
+	start  int             // the line the rule starts on (its "-")
 }
 
 type rawKey struct {
@@ -59,7 +64,7 @@ func (d *decoder) errAt(n ast.Node, rule, format string, args ...any) *Error {
 
 // parse reads data into raw rules. See Parse.
 func (d *decoder) parse(data []byte) ([]rawRule, error) {
-	data = bytes.TrimPrefix(data, []byte("\xef\xbb\xbf")) // a byte-order mark
+	data = bytes.TrimPrefix(data, bom)
 	switch {
 	case len(data) > MaxFileSize:
 		return nil, &Error{File: d.name, Msg: fmt.Sprintf("the file is %d bytes, more than %d", len(data), MaxFileSize)}
@@ -104,12 +109,17 @@ func (d *decoder) parse(data []byte) ([]rawRule, error) {
 		if err != nil {
 			return nil, err
 		}
-		r := rawRule{fields: map[string]ast.Node{}, at: item.GetToken().Position}
+		r := rawRule{fields: map[string]ast.Node{}, lines: map[string]int{}, at: item.GetToken().Position}
+		r.start = r.at.Line
+		if i < len(seq.Entries) && seq.Entries[i].Start != nil {
+			r.start = seq.Entries[i].Start.Position.Line
+		}
 		for _, p := range pairs {
 			if !known(p.key) {
 				return nil, d.errAt(p.keyNode, rule, "unknown field %q", p.key)
 			}
 			r.fields[p.key] = p.value
+			r.lines[p.key] = p.keyNode.GetToken().Position.Line
 			r.order = append(r.order, p.key)
 		}
 		if ks, ok := r.fields["keys"]; ok {

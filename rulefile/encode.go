@@ -19,16 +19,22 @@ func asYAML(err error, target *yaml.Error) bool { return errors.As(err, target) 
 // Format writes rules in the normal form (see the package doc) as YAML. It
 // reads its own output back and fails rather than write a file that would
 // not give the same rules.
-func Format(rules []flow.Rule) ([]byte, error) {
+func Format(rules []flow.Rule) ([]byte, error) { return format(rules, nil) }
+
+// format writes rules with a file's comments (nil: none) and reads them
+// back.
+func format(rules []flow.Rule, c *fileComments) ([]byte, error) {
 	var b strings.Builder
+	writeLines(&b, c.headLines(), "")
 	if len(rules) == 0 {
 		b.WriteString("rules: []\n")
 	} else {
 		b.WriteString("rules:\n")
 	}
-	for _, r := range rules {
-		writeRule(&b, r)
+	for i, r := range rules {
+		writeRule(&b, ruleFields(r), c.of(i))
 	}
+	writeLines(&b, c.tailLines(), "")
 	out := []byte(b.String())
 	back, err := Parse("the normal form", out)
 	if err != nil {
@@ -48,81 +54,110 @@ func sameRule(a, b flow.Rule) bool {
 	return fmt.Sprintf("%#v", a.WithDefaults()) == fmt.Sprintf("%#v", b.WithDefaults())
 }
 
-// writeRule writes one rule, leaving out what the engine fills in by
-// default.
-func writeRule(b *strings.Builder, r flow.Rule) {
-	first := true
-	field := func(key, value string) {
-		if first {
-			b.WriteString("  - ")
-			first = false
-		} else {
-			b.WriteString("    ")
-		}
-		if value == "" {
-			b.WriteString(key + ":\n")
-			return
-		}
-		b.WriteString(key + ": " + value + "\n")
-	}
+// field is a key of a rule in the normal form and its value as written
+// ("" for keys, whose list follows on lines of its own).
+type field struct{ key, value string }
+
+// ruleFields are the keys the normal form writes for r, in order: those
+// that differ from what the engine fills in by default.
+func ruleFields(r flow.Rule) []field {
+	var fs []field
+	add := func(key, value string) { fs = append(fs, field{key, value}) }
 	d := r.WithDefaults()
 	blank := flow.Rule{Resource: r.Resource, Metric: r.Metric, Behavior: r.Behavior, Global: r.Global,
 		Fallback: r.Fallback, PerKey: r.PerKey}.WithDefaults()
 	if r.ID != "" {
-		field("id", quote(r.ID))
+		add("id", quote(r.ID))
 	}
-	field("resource", quote(r.Resource))
+	add("resource", quote(r.Resource))
 	if r.Metric != flow.QPS {
-		field("metric", r.Metric.String())
+		add("metric", r.Metric.String())
 	}
-	field("threshold", num(r.Threshold))
+	add("threshold", num(r.Threshold))
 	if d.StatInterval != blank.StatInterval {
-		field("statInterval", dur(d.StatInterval))
+		add("statInterval", dur(d.StatInterval))
 	}
 	if r.Behavior != flow.Reject {
-		field("behavior", r.Behavior.String())
+		add("behavior", r.Behavior.String())
 	}
 	if r.WarmUpPeriod != 0 {
-		field("warmUpPeriod", dur(r.WarmUpPeriod))
+		add("warmUpPeriod", dur(r.WarmUpPeriod))
 	}
 	if d.ColdFactor != blank.ColdFactor {
-		field("coldFactor", num(d.ColdFactor))
+		add("coldFactor", num(d.ColdFactor))
 	}
 	if r.MaxQueueing != 0 {
-		field("maxQueueing", dur(r.MaxQueueing))
+		add("maxQueueing", dur(r.MaxQueueing))
 	}
 	if d.Burst != blank.Burst {
-		field("burst", strconv.Itoa(d.Burst))
+		add("burst", strconv.Itoa(d.Burst))
 	}
 	if r.RelatedResource != "" {
-		field("relatedResource", quote(r.RelatedResource))
+		add("relatedResource", quote(r.RelatedResource))
 	}
 	if r.Global {
-		field("global", "true")
+		add("global", "true")
 	}
 	if r.Fallback != flow.FallbackLocal {
-		field("fallback", r.Fallback.String())
+		add("fallback", r.Fallback.String())
 	}
 	if d.LocalShare != blank.LocalShare {
-		field("localShare", num(d.LocalShare))
+		add("localShare", num(d.LocalShare))
 	}
 	if r.PerKey {
-		field("perKey", "true")
+		add("perKey", "true")
 	}
 	if d.MaxKeys != blank.MaxKeys {
-		field("maxKeys", strconv.Itoa(d.MaxKeys))
+		add("maxKeys", strconv.Itoa(d.MaxKeys))
 	}
 	if len(r.Keys) > 0 {
-		field("keys", "")
+		var b strings.Builder
 		for _, k := range r.Keys {
-			b.WriteString("      - key: " + quote(k.Key) + "\n        threshold: " + num(k.Threshold) + "\n")
+			b.WriteString("\n      - key: " + quote(k.Key) + "\n        threshold: " + num(k.Threshold))
 		}
+		add("keys", b.String())
 	}
 	if r.DryRun {
-		field("dryRun", "true")
+		add("dryRun", "true")
 	}
 	if r.SpanExact {
-		field("spanExact", "true")
+		add("spanExact", "true")
+	}
+	return fs
+}
+
+// writeRule writes one rule's fields, each with its comments (c may be
+// nil): those of the rule and of keys the normal form leaves out go
+// before the rule.
+func writeRule(b *strings.Builder, fs []field, c *ruleComments) {
+	written := map[string]bool{}
+	for _, f := range fs {
+		written[f.key] = true
+	}
+	first := ""
+	if len(fs) > 0 {
+		first = fs[0].key
+	}
+	c.writeHead(b, first, written)
+	for i, f := range fs {
+		indent := "    "
+		if i > 0 {
+			writeLines(b, c.fieldHead(f.key), indent)
+		}
+		if i == 0 {
+			indent = "  - "
+		}
+		sep := ": "
+		if strings.HasPrefix(f.value, "\n") {
+			sep = ":"
+		}
+		line := indent + f.key + sep + f.value
+		if at := strings.IndexByte(line, '\n'); at >= 0 && c.fieldLine(f.key) != "" {
+			line = line[:at] + " " + c.fieldLine(f.key) + line[at:]
+		} else if c.fieldLine(f.key) != "" {
+			line += " " + c.fieldLine(f.key)
+		}
+		b.WriteString(line + "\n")
 	}
 }
 

@@ -195,32 +195,77 @@ func ReadFile(path string) ([]flow.Rule, error) {
 	return Check(path, data)
 }
 
+// FormatFile reads and checks the rule file at path (as ReadFile) and
+// returns its normal form (as Format) with the file's comments: a comment
+// line stays before the rule or key it stood before, a comment ending a
+// key's line ends that key's line, and comments after the rules stay at
+// the end. A comment inside a keys list moves above the list, and one of
+// a key the normal form leaves out (a default) moves above its rule. It
+// fails rather than lose a comment.
+func FormatFile(path string) ([]byte, error) {
+	data, err := readRuleFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return formatData(path, data)
+}
+
+// formatData is FormatFile of a file's data.
+func formatData(name string, data []byte) ([]byte, error) {
+	rules, err := Check(name, data)
+	if err != nil {
+		return nil, err
+	}
+	data = bytes.TrimPrefix(data, bom)
+	_, raw, err := parse(name, data)
+	if err != nil {
+		return nil, err
+	}
+	c := collectComments(data, raw)
+	out, err := format(rules, c)
+	if err != nil {
+		return nil, err
+	}
+	if in, kept := countComments(data), countComments(out); in != kept || c.count() != in {
+		return nil, fmt.Errorf("rulefile: %s: the normal form would keep %d of its %d comments", name, kept, in)
+	}
+	return out, nil
+}
+
 // Exts are the file names a directory's rule files end in.
 var Exts = []string{".yaml", ".yml", ".json"}
 
-// ReadDir reads every rule file of dir (by Exts, in name order, hidden
-// files left out) and merges their rules; a rule ID defined in two files
-// is an error naming both.
-func ReadDir(dir string) ([]flow.Rule, error) {
+// Files are the rule files of dir that ReadDir reads: by Exts, in name
+// order, hidden files left out. A directory without one is an error.
+func Files(dir string) ([]string, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, err
 	}
-	var names []string
+	var paths []string
 	for _, e := range entries {
 		if n := e.Name(); !e.IsDir() && !strings.HasPrefix(n, ".") && hasExt(n) {
-			names = append(names, n)
+			paths = append(paths, filepath.Join(dir, n))
 		}
 	}
-	sort.Strings(names)
-	if len(names) == 0 {
+	sort.Strings(paths)
+	if len(paths) == 0 {
 		// As an empty file: clearing every rule takes an explicit list.
 		return nil, &Error{File: dir, Msg: `no rule files (.yaml, .yml, .json): write one with "rules: []" to clear every rule`}
 	}
+	return paths, nil
+}
+
+// ReadDir reads every rule file of dir (see Files) and merges their
+// rules; a rule ID defined in two files is an error naming both.
+func ReadDir(dir string) ([]flow.Rule, error) {
+	paths, err := Files(dir)
+	if err != nil {
+		return nil, err
+	}
 	var all []flow.Rule
 	seen := map[string]string{}
-	for _, n := range names {
-		path := filepath.Join(dir, n)
+	for _, path := range paths {
 		rules, err := ReadFile(path)
 		if err != nil {
 			return nil, err

@@ -383,3 +383,71 @@ func TestCheckRefusesMoreResourcesThanAnEngineHolds(t *testing.T) {
 	assert.Contains(t, err.Error(), "names 10001 resources, more than the engine holds (WithMaxResources 10000)")
 	assert.NotContains(t, err.Error(), `"r0"`)
 }
+
+// FormatFile keeps every comment beside what it was written beside: a
+// comment line before its rule or key, a comment ending a key's line on
+// that key's line, the file's head and tail where they were. One inside a
+// keys list moves above the list; those of keys the normal form leaves
+// out, and of a rule's "-" line, move above the rule. The result formats
+// to itself.
+func TestFormatFileKeepsCommentsInPlace(t *testing.T) {
+	src := `# head 1
+
+# head 2
+rules: # on rules line
+  # before rule 0
+  - resource: a   # on resource
+    # before threshold
+    threshold: 5 # on threshold
+    # before behavior (a default)
+    behavior: Reject # on behavior
+    id: "x#y" # not a comment before this one
+  -   # on dash line
+    resource: b
+    threshold: 3
+    perKey: true
+    keys: # on keys
+      # inside keys
+      - key: vip # on key vip
+        threshold: 9
+    # before dryRun
+    dryRun: true
+# after all
+  # indented tail
+`
+	want := `# head 1
+
+# head 2
+# on rules line
+rules:
+  # before rule 0
+  # before behavior (a default)
+  # on behavior
+  - id: "x#y" # not a comment before this one
+    resource: a # on resource
+    # before threshold
+    threshold: 5 # on threshold
+  # on dash line
+  - resource: b
+    threshold: 3
+    perKey: true
+    # inside keys
+    # on key vip
+    keys: # on keys
+      - key: vip
+        threshold: 9
+    # before dryRun
+    dryRun: true
+# after all
+# indented tail
+`
+	path := filepath.Join(t.TempDir(), "r.yaml")
+	require.NoError(t, os.WriteFile(path, []byte(src), 0o644))
+	out, err := FormatFile(path)
+	require.NoError(t, err)
+	assert.Equal(t, want, string(out))
+	require.NoError(t, os.WriteFile(path, out, 0o644))
+	again, err := FormatFile(path)
+	require.NoError(t, err)
+	assert.Equal(t, want, string(again), "formats to itself")
+}

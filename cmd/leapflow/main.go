@@ -1,15 +1,17 @@
 // Command leapflow checks and formats leapflow rule files.
 //
 //	leapflow check rules.yaml [more.yaml | rules.d ...]   # validate; print each file's rules in normal form
-//	leapflow fmt rules.yaml [...]                         # print the normal form; -w rewrites the files
+//	leapflow fmt rules.yaml [rules.d ...]                 # print the normal form; -w rewrites the files
 //
-// The normal form keeps no comments: fmt -w drops them (it writes only
-// what reads back to the same rules, through a temporary file and a
-// rename).
+// The normal form keeps the file's comments, each beside the rule or key
+// it was written beside (see rulefile.FormatFile). fmt -w writes only what
+// reads back to the same rules with every comment, through a temporary
+// file and a rename.
 //
-// A directory stands for its .yaml, .yml and .json files, merged. A bad file
-// is reported as file:line:column with the rule and key, and the command
-// exits 1; a usage error exits 2.
+// A directory stands for its .yaml, .yml and .json files: check merges
+// them, fmt formats each (printing each one's name first when there are
+// several). A bad file is reported as file:line:column with the rule and
+// key, and the command exits 1; a usage error exits 2.
 //
 //	go install github.com/leapflow/leapflow/cmd/leapflow@latest
 package main
@@ -30,7 +32,7 @@ func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
 const usage = `usage:
   leapflow check FILE|DIR...    validate rule files and print them in normal form
-  leapflow fmt [-w] FILE...     print rule files in normal form (-w: rewrite them)
+  leapflow fmt [-w] FILE|DIR... print rule files in normal form, comments kept (-w: rewrite them)
 `
 
 // run is the command; it returns the exit status.
@@ -102,17 +104,29 @@ func format(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	status := 0
+	var files []string
 	for _, p := range fs.Args() {
-		rules, err := rulefile.ReadFile(p)
-		if err == nil {
-			var out []byte
-			if out, err = rulefile.Format(rules); err == nil {
-				if *write {
-					err = replace(p, out)
-				} else {
-					_, err = stdout.Write(out)
-				}
+		if st, err := os.Stat(p); err == nil && st.IsDir() {
+			paths, err := rulefile.Files(p)
+			if err != nil {
+				fmt.Fprintln(stderr, err)
+				status = 1
 			}
+			files = append(files, paths...)
+			continue
+		}
+		files = append(files, p)
+	}
+	for _, p := range files {
+		out, err := rulefile.FormatFile(p)
+		switch {
+		case err != nil:
+		case *write:
+			err = replace(p, out)
+		case len(files) > 1:
+			_, err = fmt.Fprintf(stdout, "# %s\n%s", p, out)
+		default:
+			_, err = stdout.Write(out)
 		}
 		if err != nil {
 			fmt.Fprintln(stderr, err)
@@ -124,7 +138,6 @@ func format(args []string, stdout, stderr io.Writer) int {
 
 // replace writes data over path through a temporary file in its directory
 // and a rename, so the file is never left half written; its mode is kept.
-// Comments in the file are not kept (the normal form has none).
 func replace(path string, data []byte) error {
 	mode := os.FileMode(0o644)
 	if st, err := os.Stat(path); err == nil {

@@ -133,3 +133,63 @@ func TestCheckRefusesHugeAndEndlessFilesCheaply(t *testing.T) {
 		}
 	}
 }
+
+// fmt keeps every comment of a file, each beside the rule or key it was
+// written beside, and formats its own output to itself: the commented
+// example file keeps all its comment lines, in order.
+func TestFmtKeepsComments(t *testing.T) {
+	src, err := os.ReadFile("../../docs/rules.yaml")
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "rules.yaml")
+	require.NoError(t, os.WriteFile(path, src, 0o644))
+	code, out, errOut := runCmd("fmt", path)
+	require.Equal(t, 0, code, errOut)
+	assert.Equal(t, commentLines(string(src)), commentLines(out))
+
+	code, _, errOut = runCmd("fmt", "-w", path)
+	require.Equal(t, 0, code, errOut)
+	code, again, errOut := runCmd("fmt", path)
+	require.Equal(t, 0, code, errOut)
+	assert.Equal(t, out, again, "the normal form formats to itself")
+	code, before, _ := runCmd("check", "../../docs/rules.yaml")
+	require.Equal(t, 0, code)
+	code, after, _ := runCmd("check", path)
+	require.Equal(t, 0, code)
+	assert.Equal(t, strings.SplitN(before, "\n", 2)[1], strings.SplitN(after, "\n", 2)[1], "the same rules")
+}
+
+// commentLines are the comments of a YAML text, in order.
+func commentLines(s string) []string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if t := strings.TrimSpace(l); strings.HasPrefix(t, "#") {
+			out = append(out, t)
+		} else if i := strings.Index(l, " #"); i >= 0 {
+			out = append(out, strings.TrimSpace(l[i:]))
+		}
+	}
+	return out
+}
+
+// fmt takes a directory as check does: it formats each of its rule files
+// (printing each one's name first), and -w rewrites each.
+func TestFmtTakesDirectories(t *testing.T) {
+	dir := t.TempDir()
+	a, b := filepath.Join(dir, "a.yaml"), filepath.Join(dir, "b.json")
+	require.NoError(t, os.WriteFile(a, []byte("rules:\n# a's rule\n- {resource: a, threshold: 5.0}\n"), 0o644))
+	require.NoError(t, os.WriteFile(b, []byte(`{"rules": [{"resource": "b", "threshold": 1e3}]}`), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "notes.txt"), []byte("not rules"), 0o644))
+	code, out, errOut := runCmd("fmt", dir)
+	require.Equal(t, 0, code, errOut)
+	assert.Equal(t, "# "+a+"\nrules:\n  # a's rule\n  - resource: a\n    threshold: 5\n"+
+		"# "+b+"\nrules:\n  - resource: b\n    threshold: 1000\n", out)
+
+	code, _, errOut = runCmd("fmt", "-w", dir)
+	require.Equal(t, 0, code, errOut)
+	got, _ := os.ReadFile(b)
+	assert.Equal(t, "rules:\n  - resource: b\n    threshold: 1000\n", string(got))
+
+	code, _, errOut = runCmd("fmt", t.TempDir())
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errOut, "no rule files")
+}
