@@ -7,8 +7,11 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -47,6 +50,13 @@ func TestQuickRun(t *testing.T) {
 	for _, im := range impls {
 		assert.Contains(t, string(md), "| "+im.name+" |", "throughput row")
 	}
+	assertMarkdownTables(t, string(md))
+	assert.Regexp(t, `g=256 {2,}allocs/op`, text, "the per-key table's last columns stand apart")
+	for _, l := range keyLimiters {
+		assert.Contains(t, text, l.name+": "+l.config(hugeKeyRate), "the peer's configuration is printed")
+		assert.Contains(t, string(md), l.config(hugeKeyRate), "the peer's configuration is in the report")
+	}
+	assert.Regexp(t, `Wall time \d`, text)
 	for _, l := range accLimiters {
 		for _, sc := range []string{"boundary", "greedy", "hammer"} {
 			assert.Contains(t, string(md), fmt.Sprintf("| %s | %s |", l.name, sc))
@@ -187,6 +197,10 @@ func TestSaturationKeepsTheClock(t *testing.T) {
 	require.Len(t, rs, 2)
 	def, mono := rs[0], rs[1]
 	t.Logf("%+v\n%+v", def, mono)
+	for _, r := range rs {
+		assert.Positive(t, r.startup, "%s: starting the goroutines is timed", r.clock)
+		assert.GreaterOrEqual(t, r.duration, r.startup, "%s: the run's time includes starting the goroutines", r.clock)
+	}
 	rate := func(r saturationResult) float64 { return float64(r.admitted) / r.duration.Seconds() }
 	assert.GreaterOrEqual(t, rate(def), 0.5*rate(mono))
 	for _, r := range rs {
@@ -235,4 +249,147 @@ func TestGCRAHammerHoldsTheBound(t *testing.T) {
 	assert.Zero(t, h.errors)
 	assert.LessOrEqual(t, h.mostServer, h.burst+h.rate)
 	assert.LessOrEqual(t, h.mostLocal, h.admitted)
+}
+
+// Every peer stays on the path its scenario measures: with a limit no run
+// reaches, every per-key peer and every peer middleware admits every
+// request, and sethvargo's memorystore (which refills only when a tick of
+// its Interval passes, and then to far less than Tokens when Tokens is
+// large) sees no tick within a run. With the accuracy's limit (100/s),
+// each per-key peer admits the limit at once.
+func TestEveryPeerStaysOnItsPassPath(t *testing.T) {
+	c := svConfig(hugeKeyRate)
+	assert.Greater(t, c.Interval, runBudget, "no refill tick within a run")
+	assert.GreaterOrEqual(t, c.Tokens, uint64(1<<40), "more tokens than any run's requests")
+	for _, l := range keyLimiters {
+		take, done := l.make(hugeKeyRate, 1000)
+		admitted := 0
+		for i := range 100_000 {
+			if ok, _ := take(fmt.Sprint("k", i%4)); ok {
+				admitted++
+			}
+		}
+		done()
+		assert.Equal(t, 100_000, admitted, "%s (%s) admits every request", l.name, l.config(hugeKeyRate))
+
+		take, done = l.make(100, 1000)
+		admitted = 0
+		for range 100 {
+			if ok, _ := take("hot"); ok {
+				admitted++
+			}
+		}
+		done()
+		assert.Equal(t, 100, admitted, "%s (%s) admits its limit at once", l.name, l.config(100))
+	}
+	bare := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	sv, ul := peerMiddlewares(bare)
+	for name, h := range map[string]http.Handler{"sethvargo/go-limiter": sv, "ulule/limiter": ul} {
+		refused := 0
+		for range 20_000 {
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/x", nil))
+			if w.Code != http.StatusNoContent {
+				refused++
+			}
+		}
+		assert.Zero(t, refused, "%s middleware admits every request", name)
+	}
+}
+
+// The accuracy chart's category labels never overlap: side by side, each
+// fits between its neighbours; tilted, the lines are far enough apart and
+// the chart is tall enough for the longest.
+func TestBarChartLabelsDoNotOverlap(t *testing.T) {
+	for _, cats := range [][]string{
+		{"a", "b", "c"},
+		accNames(),
+		append(accNames(), "a-much-longer-limiter-name-than-any", "another/limiter"),
+	} {
+		var buf bytes.Buffer
+		require.NoError(t, barChart(&buf, "t", "y", cats, []series{{name: "s", points: make([]float64, len(cats))}}, 1, "ref"))
+		var svg struct {
+			Height float64 `xml:"height,attr"`
+			Texts  []struct {
+				X         float64 `xml:"x,attr"`
+				Y         float64 `xml:"y,attr"`
+				Transform string  `xml:"transform,attr"`
+				Text      string  `xml:",chardata"`
+			} `xml:"text"`
+		}
+		require.NoError(t, xml.Unmarshal(buf.Bytes(), &svg))
+		type label struct {
+			x, y   float64
+			tilted bool
+		}
+		var labels []label
+		for _, tx := range svg.Texts {
+			for _, c := range cats {
+				if tx.Text == c {
+					labels = append(labels, label{tx.X, tx.Y, strings.Contains(tx.Transform, "rotate")})
+				}
+			}
+		}
+		require.Len(t, labels, len(cats), "%v", cats)
+		for i := 1; i < len(labels); i++ {
+			a, b := labels[i-1], labels[i]
+			gap := b.x - a.x
+			if !b.tilted {
+				assert.GreaterOrEqual(t, gap, (labelWidth(cats[i-1])+labelWidth(cats[i]))/2, "%q and %q overlap", cats[i-1], cats[i])
+				continue
+			}
+			assert.GreaterOrEqual(t, gap*math.Sin(labelTilt*math.Pi/180), 14.0, "tilted %q and %q overlap", cats[i-1], cats[i])
+			assert.LessOrEqual(t, b.y+labelWidth(cats[i])*math.Sin(labelTilt*math.Pi/180), svg.Height, "%q runs off the chart", cats[i])
+		}
+	}
+}
+
+func accNames() []string {
+	var names []string
+	for _, l := range accLimiters {
+		names = append(names, l.name)
+	}
+	return names
+}
+
+// Text tables are columns: a header cell never runs into the next one,
+// nor a number into the next number (before, "g=256allocs/op" and
+// "1349.60.00"); Markdown tables have as many cells in each row as in
+// their header.
+func TestTablesHaveTheirShape(t *testing.T) {
+	var buf bytes.Buffer
+	table(&buf, false, []string{"impl", "stream", "g=256", "allocs/op"}, [][]string{
+		{"leapflow", "zipf over 100000 keys", "1349.6", "0.00"},
+		{"sethvargo/go-limiter", "uniform", "12.5", "1.00"}})
+	lines := strings.Split(strings.TrimRight(buf.String(), "\n"), "\n")
+	require.Len(t, lines, 3)
+	cells := regexp.MustCompile(`\S+(?: \S+)*`)
+	for _, l := range lines {
+		assert.Len(t, cells.FindAllString(l, -1), 4, "%q: four columns, at least two spaces apart", l)
+		assert.Equal(t, len(lines[0]), len(l), "%q: every line as wide", l)
+	}
+	assert.True(t, strings.HasPrefix(strings.TrimLeft(lines[1], " "), "leapflow              "), "names align left: %q", lines[1])
+
+	buf.Reset()
+	table(&buf, true, []string{"a", "b"}, [][]string{{"1", "2"}})
+	assert.Equal(t, "| a | b |\n|---|---|\n| 1 | 2 |\n", buf.String())
+}
+
+// assertMarkdownTables checks that every row of every table of a Markdown
+// text has its header's number of cells.
+func assertMarkdownTables(t *testing.T, md string) {
+	t.Helper()
+	want := 0
+	for i, l := range strings.Split(md, "\n") {
+		if !strings.HasPrefix(l, "|") {
+			want = 0
+			continue
+		}
+		n := strings.Count(l, "|") - 1
+		if want == 0 {
+			want = n
+			continue
+		}
+		assert.Equal(t, want, n, "line %d: %q", i+1, l)
+	}
 }

@@ -3,9 +3,11 @@ package main
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/leapflow/leapflow/internal/trace"
 )
@@ -19,10 +21,21 @@ func table(w io.Writer, md bool, header []string, rows [][]string) {
 		}
 		return
 	}
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "%s\t\n", strings.Join(header, "\t"))
+	// Every cell ends in a tab, so that each is a column of its own (the
+	// last one too); numbers align right, the first column (names) left.
+	first := utf8.RuneCountInString(header[0])
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t\n", strings.Join(r, "\t"))
+		if len(r) > 0 {
+			first = max(first, utf8.RuneCountInString(r[0]))
+		}
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	for _, r := range append([][]string{header}, rows...) {
+		cells := slices.Clone(r)
+		if len(cells) > 0 {
+			cells[0] += strings.Repeat(" ", first-utf8.RuneCountInString(cells[0]))
+		}
+		fmt.Fprintf(tw, "%s\t\n", strings.Join(cells, "\t"))
 	}
 	tw.Flush()
 }

@@ -21,6 +21,13 @@ import (
 	"github.com/schollz/progressbar/v3"
 )
 
+// The wall-time budgets of a run on a 2-core machine: every section that
+// needs more runs only by name (-only).
+const (
+	runBudget   = 3 * time.Minute
+	quickBudget = 20 * time.Second
+)
+
 type config struct {
 	quick       bool
 	duration    time.Duration // per throughput cell
@@ -160,6 +167,7 @@ type report struct {
 	middleware []mwResult
 	gcra       gcraResult
 	kinds      []kindCost
+	took       []timed // each section's wall time
 }
 
 func run(cfg config, stdout, stderr io.Writer) error {
@@ -176,37 +184,45 @@ func run(cfg config, stdout, stderr io.Writer) error {
 			_ = bar.Add(1)
 		}
 	}
-	for _, n := range cfg.resources {
-		for _, im := range impls {
-			o, cleanup := im.setup(n)
-			for _, g := range cfg.goroutines {
-				tick(fmt.Sprintf("%s x%d g=%d", im.name, n, g))
-				ns, allocs, ops := measure(o, g, cfg.duration)
-				rep.throughput = append(rep.throughput, result{impl: im.name, resources: n, goroutines: g, nsPerOp: ns, allocs: allocs, ops: ops})
+	rep.section("throughput", func() {
+		for _, n := range cfg.resources {
+			for _, im := range impls {
+				o, cleanup := im.setup(n)
+				for _, g := range cfg.goroutines {
+					tick(fmt.Sprintf("%s x%d g=%d", im.name, n, g))
+					ns, allocs, ops := measure(o, g, cfg.duration)
+					rep.throughput = append(rep.throughput, result{impl: im.name, resources: n, goroutines: g, nsPerOp: ns, allocs: allocs, ops: ops})
+				}
+				cleanup()
 			}
-			cleanup()
 		}
-	}
-	for _, l := range accLimiters {
-		tick("accuracy " + l.name)
-		rep.accuracy = append(rep.accuracy, boundary(l, cfg.threshold, cfg.window))
-		tick("accuracy " + l.name)
-		rep.accuracy = append(rep.accuracy, greedy(l, cfg.threshold, cfg.window))
-		tick("accuracy " + l.name)
-		rep.accuracy = append(rep.accuracy, hammerAccuracy(l, cfg.threshold, cfg.window, cfg.accG, cfg.accDuration))
-	}
-	rep.precision = precisionSection(cfg, tick)
-	for _, c := range memCases {
-		tick("memory " + c.name)
-		rep.memory = append(rep.memory, measureMemory(c, cfg.memN))
-	}
-	tick("saturated CPU")
-	rep.saturation = saturation(cfg)
-	rep.perKey, rep.perKeyMem, rep.perKeyAcc = perKeySection(cfg, tick)
-	rep.middleware = middlewareSection(cfg, tick)
-	rep.global, rep.globalAcc, rep.globalLoad, rep.globalNote = globalSection(cfg, tick)
-	rep.gcra = gcraSection(cfg, tick)
-	rep.kinds = kindsSection(cfg, tick)
+	})
+	rep.section("accuracy", func() {
+		for _, l := range accLimiters {
+			tick("accuracy " + l.name)
+			rep.accuracy = append(rep.accuracy, boundary(l, cfg.threshold, cfg.window))
+			tick("accuracy " + l.name)
+			rep.accuracy = append(rep.accuracy, greedy(l, cfg.threshold, cfg.window))
+			tick("accuracy " + l.name)
+			rep.accuracy = append(rep.accuracy, hammerAccuracy(l, cfg.threshold, cfg.window, cfg.accG, cfg.accDuration))
+		}
+	})
+	rep.section("precision", func() { rep.precision = precisionSection(cfg, tick) })
+	rep.section("memory", func() {
+		for _, c := range memCases {
+			tick("memory " + c.name)
+			rep.memory = append(rep.memory, measureMemory(c, cfg.memN))
+		}
+	})
+	rep.section("saturation", func() {
+		tick("saturated CPU")
+		rep.saturation = saturation(cfg)
+	})
+	rep.section("perkey", func() { rep.perKey, rep.perKeyMem, rep.perKeyAcc = perKeySection(cfg, tick) })
+	rep.section("middleware", func() { rep.middleware = middlewareSection(cfg, tick) })
+	rep.section("global", func() { rep.global, rep.globalAcc, rep.globalLoad, rep.globalNote = globalSection(cfg, tick) })
+	rep.section("gcra", func() { rep.gcra = gcraSection(cfg, tick) })
+	rep.section("kinds", func() { rep.kinds = kindsSection(cfg, tick) })
 	if bar != nil {
 		_ = bar.Finish()
 	}
@@ -215,5 +231,27 @@ func run(cfg config, stdout, stderr io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(stdout, "\nReport and charts in %s/ (report.md, throughput-*.svg, accuracy.svg)\n", cfg.out)
+	fmt.Fprintf(stdout, "Wall time %v (%s)\n", time.Since(rep.started).Round(time.Second), rep.times())
 	return nil
+}
+
+// section runs one section of the report, timing it.
+func (r *report) section(name string, fn func()) {
+	start := time.Now()
+	fn()
+	r.took = append(r.took, timed{name, time.Since(start)})
+}
+
+// times lists each section's time.
+func (r *report) times() string {
+	var parts []string
+	for _, t := range r.took {
+		parts = append(parts, fmt.Sprintf("%s %.1fs", t.name, t.d.Seconds()))
+	}
+	return strings.Join(parts, ", ")
+}
+
+type timed struct {
+	name string
+	d    time.Duration
 }

@@ -50,6 +50,25 @@ func (http1Writer) SetReadDeadline(time.Time) error       { return nil }
 func (http1Writer) SetWriteDeadline(time.Time) error      { return nil }
 func (http1Writer) EnableFullDuplex() error               { return nil }
 
+// mwPeerLimit is the peers' limit per second in the middleware section:
+// one no run reaches.
+const mwPeerLimit = 1 << 40
+
+// peerMiddlewares are the peers' middlewares around h, per IP, at
+// mwPeerLimit.
+func peerMiddlewares(h http.Handler) (sethvargo, ululeMW http.Handler) {
+	sv, err := memorystore.New(svConfig(mwPeerLimit))
+	if err != nil {
+		panic(err)
+	}
+	svMW, err := httplimit.NewMiddleware(sv, httplimit.IPKeyFunc())
+	if err != nil {
+		panic(err)
+	}
+	ul := ululestd.NewMiddleware(ulule.New(ululemem.NewStore(), ulule.Rate{Period: time.Second, Limit: mwPeerLimit}))
+	return svMW.Handle(h), ul.Handler(h)
+}
+
 // mwCase makes a handler to time, per goroutine; nil when it cannot be
 // made.
 type mwCase struct {
@@ -83,16 +102,7 @@ func mwCases() []mwCase {
 			return func() { h.ServeHTTP(w, r) }
 		}
 	}
-	sv, err := memorystore.New(&memorystore.Config{Tokens: 1 << 40, Interval: time.Second})
-	if err != nil {
-		panic(err)
-	}
-	svMW, err := httplimit.NewMiddleware(sv, httplimit.IPKeyFunc())
-	if err != nil {
-		panic(err)
-	}
-	ul := ululestd.NewMiddleware(ulule.New(ululemem.NewStore(), ulule.Rate{Period: time.Second, Limit: 1 << 40}))
-
+	svMW, ul := peerMiddlewares(bare)
 	gEng := eng(flow.Rule{Resource: "/bench.Svc/Call", Threshold: huge},
 		flow.Rule{Resource: "/bench.Svc/Blocked", Threshold: 1.0 / 3600, StatInterval: time.Hour})
 	l := grpcflow.New(gEng)
@@ -108,8 +118,8 @@ func mwCases() []mwCase {
 		{"httpflow per IP", "PerKey rule keyed by httpflow.ClientIP, HTTP/1 writer", serveHTTP(httpflow.New(perIP,
 			httpflow.WithResource(func(*http.Request) string { return "GET /x" }), httpflow.WithKey(httpflow.ClientIP())).Middleware(bare), true)},
 		{"httpflow other writer", "route rule, a writer without HTTP/1's interfaces (httpsnoop)", serveHTTP(httpflow.New(route).Handler("GET /x", bare), false)},
-		{"sethvargo/go-limiter", "httplimit middleware, per IP (memorystore)", serveHTTP(svMW.Handle(bare), true)},
-		{"ulule/limiter", "stdlib middleware, per IP (memory store)", serveHTTP(ul.Handler(bare), true)},
+		{"sethvargo/go-limiter", "httplimit middleware, per IP, " + svDescribe(mwPeerLimit), serveHTTP(svMW, true)},
+		{"ulule/limiter", fmt.Sprintf("stdlib middleware, per IP, memory store, limiter.Rate{Period: 1s, Limit: %d}", int64(mwPeerLimit)), serveHTTP(ul, true)},
 		{"gRPC bare", "a unary handler alone", func() func() { return func() { _, _ = unary(context.Background(), nil) } }},
 		{"grpcflow", "unary server interceptor, admitted", func() func() {
 			return func() { _, _ = l.UnaryServer(context.Background(), nil, call, unary) }

@@ -7,7 +7,6 @@ import (
 	"math/rand"
 	"runtime"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,6 +28,27 @@ type keyLimiter struct {
 	note  string
 	make  func(perSecond float64, maxKeys int) (take func(key string) (bool, int64), close func())
 	bound bool // memory bounded by a key count
+	// config says how the limiter is set up for a limit of perSecond.
+	config func(perSecond float64) string
+}
+
+// svConfig is sethvargo/go-limiter's memorystore set up for perSecond.
+// It refills only when a tick of Interval passes, and then to (ticks x
+// Interval/Tokens) tokens, capped at Tokens: far less than Tokens when
+// Tokens is above about sqrt(Interval in ns) (Tokens 1e9 per 1 s refills 1
+// token a second). A limit no run reaches (hugeKeyRate and more) is
+// therefore set up as Tokens more than any run's requests and an Interval
+// longer than any run, so that the limiter stays on its pass path.
+func svConfig(perSecond float64) *memorystore.Config {
+	if perSecond >= hugeKeyRate {
+		return &memorystore.Config{Tokens: 1 << 40, Interval: time.Hour}
+	}
+	return &memorystore.Config{Tokens: uint64(perSecond), Interval: time.Second}
+}
+
+func svDescribe(perSecond float64) string {
+	c := svConfig(perSecond)
+	return fmt.Sprintf("memorystore.Config{Tokens: %d, Interval: %v}", c.Tokens, c.Interval)
 }
 
 var keyLimiters = []keyLimiter{
@@ -53,9 +73,11 @@ var keyLimiters = []keyLimiter{
 			en.Exit(nil)
 			return true, at
 		}, func() {}
-	}, true},
+	}, true, func(perSecond float64) string {
+		return fmt.Sprintf("flow.Rule{Threshold: %g, PerKey: true, MaxKeys: the case's}", perSecond)
+	}},
 	{"sethvargo/go-limiter", "memorystore: a token bucket per key, swept every 6 h by default", func(perSecond float64, _ int) (func(string) (bool, int64), func()) {
-		st, err := memorystore.New(&memorystore.Config{Tokens: uint64(perSecond), Interval: time.Second})
+		st, err := memorystore.New(svConfig(perSecond))
 		if err != nil {
 			panic(err)
 		}
@@ -64,7 +86,7 @@ var keyLimiters = []keyLimiter{
 			_, _, _, ok, err := st.Take(ctx, key)
 			return ok && err == nil, -1
 		}, func() { _ = st.Close(ctx) }
-	}, false},
+	}, false, svDescribe},
 	{"ulule/limiter", "memory store: a fixed window per key, cleaned every 30 s by default", func(perSecond float64, _ int) (func(string) (bool, int64), func()) {
 		l := ulule.New(ululemem.NewStore(), ulule.Rate{Period: time.Second, Limit: int64(perSecond)})
 		ctx := context.Background()
@@ -72,7 +94,9 @@ var keyLimiters = []keyLimiter{
 			c, err := l.Get(ctx, key)
 			return err == nil && !c.Reached, -1
 		}, func() {}
-	}, false},
+	}, false, func(perSecond float64) string {
+		return fmt.Sprintf("limiter.Rate{Period: 1s, Limit: %d}", int64(perSecond))
+	}},
 	{"map+x/time/rate", "what people write by hand: a map of rate.Limiter behind a mutex, never evicted", func(perSecond float64, _ int) (func(string) (bool, int64), func()) {
 		var mu sync.Mutex
 		m := map[string]*rate.Limiter{}
@@ -86,7 +110,9 @@ var keyLimiters = []keyLimiter{
 			mu.Unlock()
 			return l.Allow(), -1
 		}, func() {}
-	}, false},
+	}, false, func(perSecond float64) string {
+		return fmt.Sprintf("rate.NewLimiter(%g, %d)", perSecond, int(perSecond))
+	}},
 }
 
 // keyStream is a stream of keys of 16 bytes.
@@ -307,47 +333,35 @@ func keyAccuracy(l keyLimiter, g int, d time.Duration) perKeyAcc {
 
 // perKeyTables prints the per-key section (markdown when md).
 func (r *report) perKeyTables(w io.Writer, md bool) {
-	row := func(cells ...string) {
-		if md {
-			fmt.Fprintf(w, "| %s |\n", strings.Join(cells, " | "))
-		} else {
-			fmt.Fprintf(w, "%s\n", strings.Join(cells, "\t"))
-		}
-	}
-	head := func(cells ...string) {
-		row(cells...)
-		if md {
-			seps := make([]string, len(cells))
-			for i := range seps {
-				seps[i] = "---"
-			}
-			row(seps...)
-		}
-	}
 	if md {
 		fmt.Fprintf(w, "\n## Per-key limits\n\nOne limit per caller key (16-byte keys), every key tracked after a warm-up; "+
 			"ns/op for the whole machine (lower is better), goroutines drawing keys from the stream.\n\n")
 		for _, l := range keyLimiters {
-			fmt.Fprintf(w, "- **%s**: %s\n", l.name, l.note)
+			fmt.Fprintf(w, "- **%s**: %s (%s)\n", l.name, l.note, l.config(hugeKeyRate))
 		}
 		fmt.Fprintln(w)
 	} else {
 		fmt.Fprintf(w, "\nPer-key limits: ns/op for the whole machine, 16-byte keys\n")
+		for _, l := range keyLimiters {
+			fmt.Fprintf(w, "  %s: %s\n", l.name, l.config(hugeKeyRate))
+		}
 	}
-	cols := []string{"impl", "stream"}
+	header := []string{"impl", "stream"}
 	for _, g := range perKeyGoroutines {
-		cols = append(cols, fmt.Sprintf("g=%d", g))
+		header = append(header, fmt.Sprintf("g=%d", g))
 	}
-	head(append(cols, "allocs/op")...)
-	for i := 0; i < len(r.perKey); i += len(perKeyGoroutines) {
+	header = append(header, "allocs/op")
+	var rows [][]string
+	for i := 0; i+len(perKeyGoroutines) <= len(r.perKey); i += len(perKeyGoroutines) {
 		cells := []string{r.perKey[i].impl, r.perKey[i].stream}
 		var allocs float64
 		for _, x := range r.perKey[i : i+len(perKeyGoroutines)] {
 			cells = append(cells, fmt.Sprintf("%.1f", x.nsPerOp))
 			allocs = max(allocs, x.allocs)
 		}
-		row(append(cells, fmt.Sprintf("%.2f", allocs))...)
+		rows = append(rows, append(cells, fmt.Sprintf("%.2f", allocs)))
 	}
+	table(w, md, header, rows)
 	if md {
 		fmt.Fprintf(w, "\nMemory (runtime.MemStats): heap bytes per tracked key over %d keys; the same per key of "+
 			"a bound of that many after 4 times as many were evicted in one window, one request each (with what the limiter remembers of "+
@@ -358,7 +372,7 @@ func (r *report) perKeyTables(w io.Writer, md bool) {
 	} else {
 		fmt.Fprintf(w, "\nPer-key memory and accuracy (4 hot keys at 100/s, most in any continuous second)\n")
 	}
-	head("impl", "bytes/key", "bytes/key after 4x evictions", "MiB after the distinct keys", "most in its own windows", "most in 1 s (threshold 100)")
+	rows = nil
 	for i, m := range r.perKeyMem {
 		most, own := "-", "-"
 		if i < len(r.perKeyAcc) {
@@ -371,6 +385,7 @@ func (r *report) perKeyTables(w io.Writer, md bool) {
 		if m.evicted >= 0 {
 			evicted = fmt.Sprintf("%.0f", m.evicted)
 		}
-		row(m.impl, fmt.Sprintf("%.0f", m.perKey), evicted, fmt.Sprintf("%.1f", m.afterMillion), own, most)
+		rows = append(rows, []string{m.impl, fmt.Sprintf("%.0f", m.perKey), evicted, fmt.Sprintf("%.1f", m.afterMillion), own, most})
 	}
+	table(w, md, []string{"impl", "bytes/key", "bytes/key after 4x evictions", "MiB after the distinct keys", "most in its own windows", "most in 1 s (threshold 100)"}, rows)
 }

@@ -205,14 +205,17 @@ func entryExitNs(n int, spanExact bool, g int, d time.Duration) float64 {
 }
 
 // writePrecision writes the table in markdown.
-func writePrecision(w io.Writer, threshold int64, window time.Duration, g int, rows []precisionRow) {
-	fmt.Fprintf(w, "\n## Precision against buckets\n\nThe seeds' table of precision against the number of slots, measured: "+
-		"threshold %d per W = %v; *boundary* is the seeds' example (T at 0.9 W, T at 1.0 W); the hammer is %d goroutines on a shared clock "+
-		"that each moves a random 0-40 µs before every request, through 4 W (every bucket edge crossed by callers racing on both sides of it); "+
-		"*steady* is what greedy callers get per W under saturation; bytes are per resource with the rule, every bucket made (%d CPU stripes per bucket on this machine); "+
-		"ns/op is Entry+Exit on a rule that never blocks, on the monotonic clock, at 1 goroutine and at GOMAXPROCS.\n\n", threshold, window, g, cpu.Stripes())
-	fmt.Fprintf(w, "| buckets | variant | boundary: most in W | hammer: most in W | hammer: most in W - W/n | steady per W | bytes | ns/op g=1 | ns/op g=max |\n")
-	fmt.Fprintf(w, "|---:|---|---:|---:|---:|---:|---:|---:|---:|\n")
+func writePrecision(w io.Writer, md bool, threshold int64, window time.Duration, g int, rows []precisionRow) {
+	if md {
+		fmt.Fprintf(w, "\n## Precision against buckets\n\nThe seeds' table of precision against the number of slots, measured: "+
+			"threshold %d per W = %v; *boundary* is the seeds' example (T at 0.9 W, T at 1.0 W); the hammer is %d goroutines on a shared clock "+
+			"that each moves a random 0-40 µs before every request, through 4 W (every bucket edge crossed by callers racing on both sides of it); "+
+			"*steady* is what greedy callers get per W under saturation; bytes are per resource with the rule, every bucket made (%d CPU stripes per bucket on this machine); "+
+			"ns/op is Entry+Exit on a rule that never blocks, on the monotonic clock, at 1 goroutine and at GOMAXPROCS.\n\n", threshold, window, g, cpu.Stripes())
+	} else {
+		fmt.Fprintf(w, "\nPrecision against buckets: threshold %d per W = %v\n", threshold, window)
+	}
+	var cells [][]string
 	for _, r := range rows {
 		v := "plain"
 		if r.spanExact {
@@ -222,9 +225,10 @@ func writePrecision(w io.Writer, threshold int64, window time.Duration, g int, r
 		if r.buckets > 1 {
 			short = strconv.FormatInt(r.hammerShort, 10)
 		}
-		fmt.Fprintf(w, "| %d | %s | %d | %d | %s | %.0f | %.0f | %.1f | %.1f |\n",
-			r.buckets, v, r.boundaryFull, r.hammerFull, short, r.steady, r.bytes, r.ns1, r.nsMax)
+		cells = append(cells, []string{fmt.Sprint(r.buckets), v, fmt.Sprint(r.boundaryFull), fmt.Sprint(r.hammerFull), short,
+			fmt.Sprintf("%.0f", r.steady), fmt.Sprintf("%.0f", r.bytes), fmt.Sprintf("%.1f", r.ns1), fmt.Sprintf("%.1f", r.nsMax)})
 	}
+	table(w, md, []string{"buckets", "variant", "boundary: most in W", "hammer: most in W", "hammer: most in W - W/n", "steady per W", "bytes", "ns/op g=1", "ns/op g=max"}, cells)
 }
 
 // rate is the steady rate column: admitted per W, or "-".

@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"text/tabwriter"
 	"time"
 )
 
@@ -62,53 +61,41 @@ func (r *report) printTables(w io.Writer) {
 	fmt.Fprintf(w, "leapflow bench — %s\n", r.machine())
 	for _, n := range r.cfg.resources {
 		fmt.Fprintf(w, "\nThroughput, %s: ns/op for the whole machine (x = times slower than leapflow)\n", scenarioName(n))
-		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprint(tw, "impl\t")
+		header := []string{"impl"}
 		for _, g := range r.cfg.goroutines {
-			fmt.Fprintf(tw, "g=%d\t", g)
+			header = append(header, fmt.Sprintf("g=%d", g))
 		}
-		fmt.Fprint(tw, "allocs/op\t\n")
+		var rows [][]string
 		for _, im := range impls {
-			fmt.Fprintf(tw, "%s\t", im.name)
+			row := []string{im.name}
 			var allocs float64
 			for _, g := range r.cfg.goroutines {
 				x, _ := r.cell(im.name, n, g)
-				fmt.Fprintf(tw, "%.1f (x%.1f)\t", x.nsPerOp, r.ratio(x))
+				row = append(row, fmt.Sprintf("%.1f (x%.1f)", x.nsPerOp, r.ratio(x)))
 				allocs = max(allocs, x.allocs)
 			}
-			fmt.Fprintf(tw, "%.2f\t\n", allocs)
+			rows = append(rows, append(row, fmt.Sprintf("%.2f", allocs)))
 		}
-		tw.Flush()
+		table(w, false, append(header, "allocs/op"), rows)
 	}
 	fmt.Fprintf(w, "\nAccuracy: threshold %d per %v; spans are continuous, 'own' is the limiter's own windows\n", r.cfg.threshold, r.cfg.window)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprint(tw, "limiter\tscenario\tadmitted\tper W\tmax own\tmax W/2\tmax W-W/n\tmax W\tover T\t\n")
+	var rows [][]string
 	for _, a := range r.accuracy {
 		own := "-"
 		if a.maxOwn >= 0 {
 			own = fmt.Sprint(a.maxOwn)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%d\t%d\t%d\t\n", a.limiter, a.scenario, a.total, a.rate(), own, a.maxHalf, a.maxShort, a.maxFull, a.over())
+		rows = append(rows, []string{a.limiter, a.scenario, fmt.Sprint(a.total), a.rate(), own, fmt.Sprint(a.maxHalf), fmt.Sprint(a.maxShort), fmt.Sprint(a.maxFull), fmt.Sprint(a.over())})
 	}
-	tw.Flush()
-	writePrecision(w, r.cfg.threshold, r.cfg.window, r.cfg.accG, r.precision)
+	table(w, false, []string{"limiter", "scenario", "admitted", "per W", "max own", "max W/2", "max W-W/n", "max W", "over T"}, rows)
+	writePrecision(w, false, r.cfg.threshold, r.cfg.window, r.cfg.accG, r.precision)
 	fmt.Fprintf(w, "\nSaturated CPU: busy goroutines hammer one rule of %d/s while one more sleeps 5 ms in a loop\n", r.cfg.threshold)
-	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprint(tw, "clock	goroutines	seconds	admitted	clock behind, at worst\t\n")
-	for _, x := range r.saturation {
-		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%d\t%v\t\n", x.clock, x.goroutines, x.duration.Seconds(), x.admitted, x.maxLag.Round(time.Millisecond))
-	}
-	tw.Flush()
+	table(w, false, saturationHeader, r.saturationRows())
 	fmt.Fprintf(w, "\nGlobal limit on Redis (one hot rule; ns/op for the whole machine, Redis round trips per decision)\n")
 	if r.globalNote != "" {
 		fmt.Fprintln(w, r.globalNote)
 	} else {
-		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprint(tw, "impl\tg\tns/op\tcalls/decision\t\n")
-		for _, x := range r.global {
-			fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.5f\t\n", x.impl, x.goroutines, x.nsPerOp, x.callsPerOp)
-		}
-		tw.Flush()
+		table(w, false, []string{"impl", "g", "ns/op", "calls/decision"}, r.globalRows())
 		if a := r.globalAcc; a != nil {
 			fmt.Fprintf(w, "%d instances, threshold %d/s: admitted %d, fullest server window %d, %d round trips (%.4f per admission), %d fallbacks\n",
 				a.instances, a.threshold, a.admitted, a.fullest, a.calls, float64(a.calls)/float64(max(a.admitted, 1)), a.fallbacks)
@@ -117,16 +104,37 @@ func (r *report) printTables(w io.Writer) {
 	}
 	r.gcraTables(w, false)
 	r.kindsTables(w, false)
-	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	r.perKeyTables(tw, false)
-	tw.Flush()
+	r.perKeyTables(w, false)
 	r.middlewareTables(w, false)
 	fmt.Fprintf(w, "\nMemory: bytes per limiter, over %d of them\n", r.cfg.memN)
-	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	for _, m := range r.memory {
-		fmt.Fprintf(tw, "%s\t%.0f\t%s\n", m.name, m.bytes, m.note)
+	table(w, false, []string{"limiter", "bytes", "what"}, r.memoryRows())
+}
+
+var saturationHeader = []string{"clock", "goroutines", "seconds", "of which starting them", "admitted", "clock behind, at worst"}
+
+func (r *report) saturationRows() [][]string {
+	var rows [][]string
+	for _, x := range r.saturation {
+		rows = append(rows, []string{x.clock, fmt.Sprint(x.goroutines), fmt.Sprintf("%.1f", x.duration.Seconds()),
+			x.startup.Round(time.Millisecond).String(), fmt.Sprint(x.admitted), x.maxLag.Round(time.Millisecond).String()})
 	}
-	tw.Flush()
+	return rows
+}
+
+func (r *report) globalRows() [][]string {
+	var rows [][]string
+	for _, x := range r.global {
+		rows = append(rows, []string{x.impl, fmt.Sprint(x.goroutines), fmt.Sprintf("%.1f", x.nsPerOp), fmt.Sprintf("%.5f", x.callsPerOp)})
+	}
+	return rows
+}
+
+func (r *report) memoryRows() [][]string {
+	var rows [][]string
+	for _, m := range r.memory {
+		rows = append(rows, []string{m.name, fmt.Sprintf("%.0f", m.bytes), m.note})
+	}
+	return rows
 }
 
 func (r *report) write(dir string) error {
@@ -245,26 +253,22 @@ func (r *report) markdown(w io.Writer) {
 		}
 		fmt.Fprintf(w, "| %s | %s | %d | %s | %s | %d | %d | %d | %d |\n", a.limiter, a.scenario, a.total, a.rate(), own, a.maxHalf, a.maxShort, a.maxFull, a.over())
 	}
-	writePrecision(w, c.threshold, c.window, c.accG, r.precision)
+	writePrecision(w, true, c.threshold, c.window, c.accG, r.precision)
 	fmt.Fprintf(w, "\n## Saturated CPU\n\nBusy goroutines outnumbering the cores hammer one rule of %d/s through a flow.Resource "+
 		"while one more goroutine sleeps 5 ms in a loop (every service has timers). A clock advanced only by a ticker goroutine "+
 		"falls behind here, because the ticker waits behind every busy goroutine; the default clock is also refreshed by its "+
 		"readers. The monotonic clock is the reference. *Clock behind* is the engine clock's worst lag behind real time, "+
-		"sampled every 10 ms by a goroutine that is itself delayed by the load.\n\n"+
-		"| clock | goroutines | seconds | admitted | clock behind, at worst |\n|---|---:|---:|---:|---:|\n", c.threshold)
-	for _, x := range r.saturation {
-		fmt.Fprintf(w, "| %s | %d | %.1f | %d | %v |\n", x.clock, x.goroutines, x.duration.Seconds(), x.admitted, x.maxLag.Round(time.Millisecond))
-	}
+		"sampled every 10 ms by a goroutine that is itself delayed by the load. *Seconds* run from before the first busy goroutine "+
+		"starts (starting them is part of the load).\n\n", c.threshold)
+	table(w, true, saturationHeader, r.saturationRows())
 	fmt.Fprintf(w, "\n## Global limit on Redis\n\n")
 	if r.globalNote != "" {
 		fmt.Fprintf(w, "%s\n", r.globalNote)
 	} else {
 		fmt.Fprintf(w, "One hot rule through a flow.Resource, well below its limit, against a local redis-server the bench starts: "+
 			"the same rule kept local, global with leasing (default options), and global with one round trip per request. "+
-			"ns/op is for the whole machine; calls/decision is Redis round trips per Entry.\n\n| impl | goroutines | ns/op | calls/decision |\n|---|---:|---:|---:|\n")
-		for _, x := range r.global {
-			fmt.Fprintf(w, "| %s | %d | %.1f | %.5f |\n", x.impl, x.goroutines, x.nsPerOp, x.callsPerOp)
-		}
+			"ns/op is for the whole machine; calls/decision is Redis round trips per Entry.\n\n")
+		table(w, true, []string{"impl", "goroutines", "ns/op", "calls/decision"}, r.globalRows())
 		if a := r.globalAcc; a != nil {
 			fmt.Fprintf(w, "\n%d instances (engines with their own clients), %d goroutines in all, one global rule of %d/s for %v: "+
 				"admitted %d; the fullest server window held %d (threshold %d); %d round trips (%.4f per admission); %d fallbacks.\n",
@@ -276,8 +280,6 @@ func (r *report) markdown(w io.Writer) {
 	r.kindsTables(w, true)
 	r.perKeyTables(w, true)
 	r.middlewareTables(w, true)
-	fmt.Fprintf(w, "\n## Memory\n\nHeap bytes per limiter, measured with runtime.MemStats over %d of them.\n\n| limiter | bytes | what |\n|---|---:|---|\n", c.memN)
-	for _, m := range r.memory {
-		fmt.Fprintf(w, "| %s | %.0f | %s |\n", m.name, m.bytes, m.note)
-	}
+	fmt.Fprintf(w, "\n## Memory\n\nHeap bytes per limiter, measured with runtime.MemStats over %d of them.\n\n", c.memN)
+	table(w, true, []string{"limiter", "bytes", "what"}, r.memoryRows())
 }

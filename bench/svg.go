@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"strings"
+	"unicode/utf8"
 )
 
 // palette gives each series a distinct colour.
@@ -85,8 +86,13 @@ func lineChart(w io.Writer, title, yLabel string, xs []string, ss []series) erro
 // barChart draws groups of bars (one per series) per category, with a
 // dashed reference line.
 func barChart(w io.Writer, title, yLabel string, cats []string, ss []series, ref float64, refLabel string) error {
-	const width, height, left, right, top, bottom = 860, 440, 70, 190, 40, 60
-	pw, ph := float64(width-left-right), float64(height-top-bottom)
+	const width, left, right, top = 860, 70, 190, 40
+	pw := float64(width - left - right)
+	// Category labels that would overlap side by side are turned 40°,
+	// with room below the bars for the longest.
+	tilt, bottom := labelLayout(cats, pw/float64(max(len(cats), 1)))
+	height := 380 + bottom
+	ph := float64(height - top - bottom)
 	hi := ref
 	for _, s := range ss {
 		for _, v := range s.points {
@@ -117,7 +123,12 @@ func barChart(w io.Writer, title, yLabel string, cats []string, ss []series, ref
 				gx+bw*float64(si), y(v), bw-1, float64(top)+ph-y(v), palette[si%len(palette)],
 				html.EscapeString(cat), html.EscapeString(s.name), trimFloat(v))
 		}
-		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", float64(left)+gw*(float64(ci)+0.5), height-bottom+18, html.EscapeString(cat))
+		cx, cy := float64(left)+gw*(float64(ci)+0.5), height-bottom+18
+		if tilt {
+			fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="end" transform="rotate(-%d %.1f %d)">%s</text>`+"\n", cx, cy, labelTilt, cx, cy, html.EscapeString(cat))
+		} else {
+			fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", cx, cy, html.EscapeString(cat))
+		}
 	}
 	if ref > 0 {
 		fmt.Fprintf(&b, `<line x1="%d" x2="%.1f" y1="%.1f" y2="%.1f" stroke="black" stroke-dasharray="6 4"/>`+"\n", left, float64(left)+pw, y(ref), y(ref))
@@ -132,6 +143,27 @@ func barChart(w io.Writer, title, yLabel string, cats []string, ss []series, ref
 	b.WriteString("</svg>\n")
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// labelTilt is the angle, in degrees, of category labels that would
+// overlap side by side.
+const labelTilt = 40
+
+// labelWidth is the width of a label at font size 12, in pixels (an upper
+// bound for sans-serif: 7 px a character).
+func labelWidth(s string) float64 { return 7 * float64(utf8.RuneCountInString(s)) }
+
+// labelLayout says whether labels spaced gap apart must be tilted, and the
+// room below the bars they need.
+func labelLayout(cats []string, gap float64) (tilt bool, bottom int) {
+	widest := 0.0
+	for _, c := range cats {
+		widest = max(widest, labelWidth(c))
+	}
+	if widest <= 0.9*gap {
+		return false, 60
+	}
+	return true, 30 + int(math.Ceil(widest*math.Sin(labelTilt*math.Pi/180)))
 }
 
 func trimFloat(v float64) string {

@@ -9,9 +9,13 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
+	"log"
 	"net"
+	"os"
+	"os/signal"
 	"time"
 
 	"google.golang.org/grpc"
@@ -23,10 +27,19 @@ import (
 	"github.com/leapflow/leapflow/flow"
 	"github.com/leapflow/leapflow/grpcflow"
 	"github.com/leapflow/leapflow/grpcflow/grpcflowtest"
-	"github.com/leapflow/leapflow/internal/examplerun"
 )
 
-func main() { examplerun.Main("127.0.0.1:50051", run) }
+func main() {
+	addr := flag.String("addr", "127.0.0.1:50051", "address to listen on")
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, *addr, os.Stdout); err != nil {
+		log.Print(err)
+		stop()
+		os.Exit(1)
+	}
+}
 
 // rules are the service's limits, on the full method names.
 var rules = []flow.Rule{

@@ -10,18 +10,31 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"log"
 	"net"
 	"net/http"
+	"os"
+	"os/signal"
 	"time"
 
 	"github.com/leapflow/leapflow/flow"
 	"github.com/leapflow/leapflow/httpflow"
-	"github.com/leapflow/leapflow/internal/examplerun"
 )
 
-func main() { examplerun.Main("127.0.0.1:8080", run) }
+func main() {
+	addr := flag.String("addr", "127.0.0.1:8080", "address to listen on")
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, *addr, os.Stdout); err != nil {
+		log.Print(err)
+		stop()
+		os.Exit(1)
+	}
+}
 
 // rules are the service's limits.
 var rules = []flow.Rule{

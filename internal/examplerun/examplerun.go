@@ -1,14 +1,11 @@
-// Package examplerun is what the example programs share: their main, and
-// running their run function in tests.
+// Package examplerun runs the example programs' run functions in their
+// tests (the programs themselves import nothing internal, so that they can
+// be copied).
 package examplerun
 
 import (
 	"context"
-	"flag"
-	"fmt"
 	"io"
-	"os"
-	"os/signal"
 	"strings"
 	"sync"
 	"testing"
@@ -58,18 +55,4 @@ func Lines(t *testing.T, run func(ctx context.Context, addr string, out io.Write
 		t.Fatalf("run: %v", err)
 	}
 	return strings.Split(out.String(), "\n")
-}
-
-// Main is an example's main: it reads -addr (default addr), runs run until
-// interrupted, and exits 1 on its error.
-func Main(addr string, run func(ctx context.Context, addr string, out io.Writer) error) {
-	a := flag.String("addr", addr, "address to listen on")
-	flag.Parse()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
-	if err := run(ctx, *a, os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		stop()
-		os.Exit(1)
-	}
 }
