@@ -33,13 +33,13 @@ type globalAccuracy struct {
 
 // globalSection runs the global-limit measurements against a redis-server
 // it starts itself; it returns a note instead when there is none.
-func globalSection(cfg config, tick func(string)) ([]globalResult, *globalAccuracy, globalLoad, string) {
+func globalSection(cfg config, tick func(string)) ([]globalResult, *globalAccuracy, string) {
 	if _, err := exec.LookPath("redis-server"); err != nil {
-		return nil, nil, globalLoad{}, "skipped: redis-server not found (make test installs it from Debian's packages)"
+		return nil, nil, "skipped: redis-server not found (make test installs it from Debian's packages)"
 	}
 	srv, err := redistest.Launch()
 	if err != nil {
-		return nil, nil, globalLoad{}, "skipped: " + err.Error()
+		return nil, nil, "skipped: " + err.Error()
 	}
 	defer srv.Stop()
 	var out []globalResult
@@ -87,7 +87,7 @@ func globalSection(cfg config, tick func(string)) ([]globalResult, *globalAccura
 	}
 	tick("global accuracy")
 	acc := globalHammer(srv, cfg)
-	return out, acc, loadSection(srv, cfg, tick), ""
+	return out, acc, ""
 }
 
 // globalHammer runs four instances (engines with their own clients) on one

@@ -176,9 +176,13 @@ func loadSection(srv *redistest.Server, cfg config, tick func(string)) globalLoa
 		tick(fmt.Sprintf("global latency at %v", rtt))
 		out.latency = append(out.latency, latency(srv, rtt, d, rng))
 	}
-	for _, g := range []int{64, 256} {
+	busyGs, busyD := []int{64, 256}, 4*d
+	if cfg.quick {
+		busyGs, busyD = []int{256}, 2*d
+	}
+	for _, g := range busyGs {
 		tick(fmt.Sprintf("global busy CPU g=%d", g))
-		out.busy = append(out.busy, busy(srv, g, 4*d))
+		out.busy = append(out.busy, busy(srv, g, busyD))
 	}
 	return out
 }

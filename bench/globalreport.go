@@ -3,12 +3,14 @@ package main
 import (
 	"fmt"
 	"io"
+	"os/exec"
 	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 	"unicode/utf8"
 
+	"github.com/leapflow/leapflow/global/redistest"
 	"github.com/leapflow/leapflow/internal/trace"
 )
 
@@ -58,8 +60,7 @@ func loadRows(rows []loadRow, withOracle bool) [][]string {
 func ms(d time.Duration) string { return fmt.Sprintf("%.2f", float64(d)/float64(time.Millisecond)) }
 
 // globalLoadTables writes the global layer's load figures.
-func (r *report) globalLoadTables(w io.Writer, md bool) {
-	l := r.globalLoad
+func globalLoadTables(w io.Writer, md bool, l globalLoad) {
 	head := func(title, text string) {
 		if md {
 			fmt.Fprintf(w, "\n### %s\n\n%s\n\n", title, text)
@@ -100,10 +101,17 @@ func (r *report) globalLoadTables(w io.Writer, md bool) {
 	}
 }
 
-// globalLoadSteps is how many progress ticks loadSection makes.
-func globalLoadSteps(cfg config) int {
-	if cfg.quick {
-		return 1 + 3 + 2 + 2
+// globalLoadSection is the named section of the global layer under load,
+// on a redis-server it starts itself.
+func globalLoadSection(cfg config, w io.Writer) error {
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		return fmt.Errorf("bench: global-load needs redis-server (make test installs it from Debian's packages)")
 	}
-	return 4 + 15 + 2 + 2
+	srv, err := redistest.Launch()
+	if err != nil {
+		return err
+	}
+	defer srv.Stop()
+	globalLoadTables(w, false, loadSection(srv, cfg, func(string) {}))
+	return nil
 }

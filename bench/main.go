@@ -74,7 +74,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	var gs string
 	fs.BoolVar(&c.quick, "quick", false, "short run (under 20 s): fewer goroutine counts, shorter cells")
 	fs.DurationVar(&c.duration, "duration", 0, "time per throughput cell (default 150ms, 25ms with -quick)")
-	fs.DurationVar(&c.accDuration, "accuracy-duration", 0, "time per accuracy hammer (default 2s, 500ms with -quick)")
+	fs.DurationVar(&c.accDuration, "accuracy-duration", 0, "time per accuracy hammer (default 2s, 250ms with -quick)")
 	fs.StringVar(&gs, "goroutines", "", "comma-separated goroutine counts (default 1, 2, 4, ... 4 x GOMAXPROCS, 256)")
 	fs.Int64Var(&c.threshold, "threshold", 1000, "admissions per window in the accuracy runs")
 	fs.IntVar(&c.accG, "accuracy-goroutines", 64, "goroutines of the accuracy hammer")
@@ -113,7 +113,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	if c.accDuration == 0 {
 		c.accDuration = 2 * time.Second
 		if c.quick {
-			c.accDuration = 500 * time.Millisecond
+			c.accDuration = 250 * time.Millisecond
 		}
 	}
 	if c.quick {
@@ -158,7 +158,6 @@ type report struct {
 	memory     []memResult
 	global     []globalResult
 	globalAcc  *globalAccuracy
-	globalLoad globalLoad
 	globalNote string
 	saturation []saturationResult
 	perKey     []perKeyResult
@@ -172,7 +171,7 @@ type report struct {
 
 func run(cfg config, stdout, stderr io.Writer) error {
 	rep := &report{cfg: cfg, started: time.Now()}
-	steps := len(impls)*len(cfg.goroutines)*len(cfg.resources) + 3*len(accLimiters) + 2*len(precisionBuckets) + len(memCases) + 3*len(cfg.goroutines) + 2 + globalLoadSteps(cfg) + 2*len(keyLimiters)*(len(perKeyGoroutines)+1) + mwCaseCount*len(mwGoroutines()) + gcraSteps() + kindSteps()
+	steps := len(impls)*len(cfg.goroutines)*len(cfg.resources) + 3*len(accLimiters) + 2*len(precisionBuckets) + len(memCases) + 3*len(cfg.goroutines) + 2 + 2*len(keyLimiters)*(len(perKeyGoroutines)+1) + mwCaseCount*len(mwGoroutines()) + gcraSteps() + kindSteps()
 	var bar *progressbar.ProgressBar
 	tick := func(desc string) {}
 	if cfg.progress {
@@ -220,7 +219,7 @@ func run(cfg config, stdout, stderr io.Writer) error {
 	})
 	rep.section("perkey", func() { rep.perKey, rep.perKeyMem, rep.perKeyAcc = perKeySection(cfg, tick) })
 	rep.section("middleware", func() { rep.middleware = middlewareSection(cfg, tick) })
-	rep.section("global", func() { rep.global, rep.globalAcc, rep.globalLoad, rep.globalNote = globalSection(cfg, tick) })
+	rep.section("global", func() { rep.global, rep.globalAcc, rep.globalNote = globalSection(cfg, tick) })
 	rep.section("gcra", func() { rep.gcra = gcraSection(cfg, tick) })
 	rep.section("kinds", func() { rep.kinds = kindsSection(cfg, tick) })
 	if bar != nil {

@@ -117,8 +117,9 @@ var keyLimiters = []keyLimiter{
 
 // keyStream is a stream of keys of 16 bytes.
 type keyStream struct {
-	name string
-	keys []string
+	name     string
+	keys     []string
+	distinct []string // every key the stream draws from
 }
 
 // zipfStream draws from n keys with a zipf law (s = 1.1), uniformStream
@@ -131,7 +132,7 @@ func zipfStream(n int) keyStream {
 	for i := range s {
 		s[i] = names[z.Uint64()]
 	}
-	return keyStream{fmt.Sprintf("zipf over %d keys", n), s}
+	return keyStream{fmt.Sprintf("zipf over %d keys", n), s, names}
 }
 
 func uniformStream(n int) keyStream {
@@ -141,7 +142,7 @@ func uniformStream(n int) keyStream {
 	for i := range s {
 		s[i] = names[rng.Intn(n)]
 	}
-	return keyStream{fmt.Sprintf("uniform over %d keys", n), s}
+	return keyStream{fmt.Sprintf("uniform over %d keys", n), s, names}
 }
 
 func keyNames(n int) []string {
@@ -195,7 +196,7 @@ func perKeySection(cfg config, tick func(string)) (res []perKeyResult, mem []per
 		for _, l := range keyLimiters {
 			take, done := l.make(hugeKeyRate, 2_000_000)
 			// Warm up: every key of the stream tracked.
-			for _, k := range s.keys {
+			for _, k := range s.distinct {
 				take(k)
 			}
 			for _, g := range perKeyGoroutines {
@@ -209,9 +210,10 @@ func perKeySection(cfg config, tick func(string)) (res []perKeyResult, mem []per
 			done()
 		}
 	}
+	names := keyNames(max(distinct, 5*cfg.memN))
 	for _, l := range keyLimiters {
 		tick("per-key memory " + l.name)
-		mem = append(mem, keyMemory(l, cfg.memN, distinct, bound))
+		mem = append(mem, keyMemory(l, names, cfg.memN, distinct, bound))
 		tick("per-key accuracy " + l.name)
 		acc = append(acc, keyAccuracy(l, cfg.accG, cfg.accDuration))
 	}
@@ -224,9 +226,9 @@ const hugeKeyRate = 1e9
 // keyMemory measures heap bytes per key over n keys, the same per key of a
 // bound of n after 4 x n were evicted (what the limiter remembers of them
 // in), and the heap after distinct keys (a million) through a limiter
-// bounded to bound (100,000).
-func keyMemory(l keyLimiter, n, distinct, bound int) perKeyMem {
-	names := keyNames(max(distinct, 5*n))
+// bounded to bound (100,000), drawing keys from names (at least distinct
+// and 5 x n of them).
+func keyMemory(l keyLimiter, names []string, n, distinct, bound int) perKeyMem {
 	per := float64(heapGrowth(func() func() {
 		take, done := l.make(100, 2*n)
 		for _, k := range names[:n] {

@@ -88,7 +88,11 @@ func steadyRate(l accLimiter, threshold int64, w time.Duration) float64 {
 // span-exact.
 func precisionSection(cfg config, tick func(string)) []precisionRow {
 	var rows []precisionRow
-	for _, n := range precisionBuckets {
+	buckets := precisionBuckets
+	if cfg.quick {
+		buckets = []int{1, 4, 10}
+	}
+	for _, n := range buckets {
 		for _, span := range []bool{false, true} {
 			l := precisionLimiter(n, span)
 			tick("precision " + l.name)

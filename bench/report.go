@@ -100,7 +100,6 @@ func (r *report) printTables(w io.Writer) {
 			fmt.Fprintf(w, "%d instances, threshold %d/s: admitted %d, fullest server window %d, %d round trips (%.4f per admission), %d fallbacks\n",
 				a.instances, a.threshold, a.admitted, a.fullest, a.calls, float64(a.calls)/float64(max(a.admitted, 1)), a.fallbacks)
 		}
-		r.globalLoadTables(w, false)
 	}
 	r.gcraTables(w, false)
 	r.kindsTables(w, false)
@@ -274,7 +273,6 @@ func (r *report) markdown(w io.Writer) {
 				"admitted %d; the fullest server window held %d (threshold %d); %d round trips (%.4f per admission); %d fallbacks.\n",
 				a.instances, c.accG, a.threshold, c.accDuration, a.admitted, a.fullest, a.threshold, a.calls, float64(a.calls)/float64(max(a.admitted, 1)), a.fallbacks)
 		}
-		r.globalLoadTables(w, true)
 	}
 	r.gcraTables(w, true)
 	r.kindsTables(w, true)
