@@ -40,7 +40,7 @@ func TestQuickRun(t *testing.T) {
 	require.NoError(t, err)
 	for _, want := range []string{"# leapflow bench report", "## Throughput", "### one hot resource", "### 1000 resources", "## Accuracy", "## Memory", "![accuracy](accuracy.svg)",
 		"## Global limit on Redis", "| global, leasing |", "the fullest server window held", "## Saturated CPU", "| default (coarse) | 256 |",
-"## Precision against buckets", "| 10 | span-exact |",
+		"## Precision against buckets", "| 10 | span-exact |",
 		"## Global GCRA on Redis: leapflow and redis_rate", "| leapflow global GCRA | 1 |", "| redis_rate v10 | 1 |", "most in 1 s (server)",
 		"## What each rule kind costs", "| QPS Reject, 16 windows |", "| Global (stub source) |",
 		"## Per-key limits", "| leapflow | zipf over 10000 keys |", "| map+x/time/rate | uniform over 100000 keys |", "most in its own windows"} {
