@@ -43,7 +43,7 @@ func TestQuickRun(t *testing.T) {
 		"## Precision against buckets", "| 10 | span-exact |",
 		"## Global GCRA on Redis: leapflow and redis_rate", "| leapflow global GCRA | 1 |", "| redis_rate v10 | 1 |", "most in 1 s (server)",
 		"## What each rule kind costs", "| QPS Reject, 16 windows |", "| Global (stub source) |",
-		"## Per-key limits", "| leapflow | zipf over 10000 keys |", "| map+x/time/rate | uniform over 100000 keys |", "most in its own windows"} {
+		"## Per-key limits", "| leapflow | zipf over 10000 keys |", "| map+x/time/rate | uniform over 50000 keys |", "most in its own windows"} {
 		assert.Contains(t, string(md), want)
 	}
 	for _, im := range impls {
@@ -201,8 +201,8 @@ func BenchmarkThroughput(b *testing.B) {
 }
 
 // TestSaturationKeepsTheClock: under a saturated CPU the default clock
-// admits about what the monotonic clock does (a clock that fell a second
-// behind would admit half as many in a second's run), and never more than
+// admits about what the monotonic clock does (a clock that fell behind by
+// half the run would admit half as many), and never more than
 // the windows the run touched allow.
 func TestSaturationKeepsTheClock(t *testing.T) {
 	rs := saturation(config{quick: true, threshold: 300})
@@ -383,8 +383,8 @@ func TestTablesHaveTheirShape(t *testing.T) {
 	assert.True(t, strings.HasPrefix(strings.TrimLeft(lines[1], " "), "leapflow              "), "names align left: %q", lines[1])
 
 	buf.Reset()
-	table(&buf, true, []string{"a", "b"}, [][]string{{"1", "2"}})
-	assert.Equal(t, "| a | b |\n|---|---|\n| 1 | 2 |\n", buf.String())
+	table(&buf, true, []string{"a", "b"}, [][]string{{"x|y", "2"}})
+	assert.Equal(t, "| a | b |\n|---|---:|\n| x\\|y | 2 |\n", buf.String())
 }
 
 // assertMarkdownTables checks that every row of every table of a Markdown

@@ -17,9 +17,19 @@ import (
 // table writes a header and rows as aligned text, or as a Markdown table.
 func table(w io.Writer, md bool, header []string, rows [][]string) {
 	if md {
-		fmt.Fprintf(w, "| %s |\n|%s\n", strings.Join(header, " | "), strings.Repeat("---|", len(header)))
+		// The first column (names) aligns left, the others right.
+		cell := strings.NewReplacer("|", `\|`).Replace
+		line := func(cells []string) {
+			esc := make([]string, len(cells))
+			for i, c := range cells {
+				esc[i] = cell(c)
+			}
+			fmt.Fprintf(w, "| %s |\n", strings.Join(esc, " | "))
+		}
+		line(header)
+		fmt.Fprintf(w, "|---|%s\n", strings.Repeat("---:|", len(header)-1))
 		for _, r := range rows {
-			fmt.Fprintf(w, "| %s |\n", strings.Join(r, " | "))
+			line(r)
 		}
 		return
 	}

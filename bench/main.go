@@ -3,9 +3,13 @@
 // accuracy report for every algorithm, and a memory table. It prints
 // aligned tables and writes a Markdown report and SVG charts to -out.
 //
-//	go run ./bench            # about two minutes on a 2-core machine
-//	go run ./bench -quick     # under 20 seconds
+//	go run ./bench            # at most 3 minutes on a 2-core machine (runBudget)
+//	go run ./bench -quick     # at most 20 seconds (quickBudget)
 //	go run ./bench -only=NAME # one named section (-h lists them)
+//
+// Both runs print their wall time at the end, section by section, and say
+// when it went over its budget. A section that needs more time runs only
+// by name.
 package main
 
 import (
@@ -230,7 +234,14 @@ func run(cfg config, stdout, stderr io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(stdout, "\nReport and charts in %s/ (report.md, throughput-*.svg, accuracy.svg)\n", cfg.out)
-	fmt.Fprintf(stdout, "Wall time %v (%s)\n", time.Since(rep.started).Round(time.Second), rep.times())
+	took, budget := time.Since(rep.started), runBudget
+	if cfg.quick {
+		budget = quickBudget
+	}
+	fmt.Fprintf(stdout, "Wall time %v (%s)\n", took.Round(time.Second), rep.times())
+	if took > budget {
+		fmt.Fprintf(stdout, "Over the budget of %v: a busy machine, or a section to run only by name\n", budget)
+	}
 	return nil
 }
 

@@ -189,8 +189,8 @@ func perKeySection(cfg config, tick func(string)) (res []perKeyResult, mem []per
 	streams := []keyStream{zipfStream(100_000), uniformStream(1_000_000)}
 	distinct, bound := 1_000_000, 100_000
 	if cfg.quick {
-		streams = []keyStream{zipfStream(10_000), uniformStream(100_000)}
-		distinct, bound = 100_000, 10_000
+		streams = []keyStream{zipfStream(10_000), uniformStream(50_000)}
+		distinct, bound = 50_000, 5_000
 	}
 	for _, s := range streams {
 		for _, l := range keyLimiters {

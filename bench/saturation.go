@@ -27,7 +27,7 @@ type saturationResult struct {
 func saturation(cfg config) []saturationResult {
 	g, d := 1024, 3500*time.Millisecond
 	if cfg.quick {
-		g, d = 256, time.Second
+		g, d = 256, 500*time.Millisecond
 	}
 	return []saturationResult{
 		saturate("default (coarse)", stat.DefaultClock(), g, d, cfg.threshold),

@@ -54,10 +54,10 @@ func collectComments(data []byte, raw []rawRule) *fileComments {
 		if j < 0 {
 			return -1, ""
 		}
-		key, at := "", 0
+		key, at, col := "", 0, 0
 		for k, l := range raw[j].lines {
-			if l <= line && (l > at || l == at && k < key) {
-				key, at = k, l
+			if c := raw[j].cols[k]; l <= line && (l > at || l == at && c > col) {
+				key, at, col = k, l, c
 			}
 		}
 		return j, key
@@ -76,12 +76,15 @@ func collectComments(data []byte, raw []rawRule) *fileComments {
 			switch {
 			case j < 0:
 				c.head = append(c.head, text)
+				continue
 			case key != "" && raw[j].lines[key] == l && c.rules[j].line[key] == "":
 				c.rules[j].line[key] = text
-			default: // inside a keys list, or on a rule's line before its first key
-				c.rules[j].heads[key] = append(c.rules[j].heads[key], text)
+				continue
 			}
-			continue
+			// A line without a key (closing brackets, the end of a
+			// string over several lines, a rule's "-"): the comment goes
+			// with what follows, as a comment line would.
+			i++
 		}
 		if i == len(lines) { // after everything
 			c.tail = append(c.tail, text)
@@ -190,13 +193,14 @@ func (r *ruleComments) fieldLine(key string) string {
 	return r.line[key]
 }
 
-// countComments is how many comments data holds.
-func countComments(data []byte) int {
-	n := 0
+// commentTexts are the comments of data, sorted.
+func commentTexts(data []byte) []string {
+	var out []string
 	for _, t := range lexer.Tokenize(string(data)) {
 		if t.Type == token.CommentType {
-			n++
+			out = append(out, strings.TrimRight(t.Value, " \t\r"))
 		}
 	}
-	return n
+	sort.Strings(out)
+	return out
 }

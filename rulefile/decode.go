@@ -37,6 +37,7 @@ type rawRule struct {
 	keys   []rawKey
 	at     *token.Position // the rule's item
 	lines  map[string]int  // the line of each key
+	cols   map[string]int  // and its column
 	start  int             // the line the rule starts on (its "-")
 }
 
@@ -109,9 +110,9 @@ func (d *decoder) parse(data []byte) ([]rawRule, error) {
 		if err != nil {
 			return nil, err
 		}
-		r := rawRule{fields: map[string]ast.Node{}, lines: map[string]int{}, at: item.GetToken().Position}
+		r := rawRule{fields: map[string]ast.Node{}, lines: map[string]int{}, cols: map[string]int{}, at: item.GetToken().Position}
 		r.start = r.at.Line
-		if i < len(seq.Entries) && seq.Entries[i].Start != nil {
+		if !seq.IsFlowStyle && i < len(seq.Entries) && seq.Entries[i].Start != nil { // its "-" (in a flow list, the comma before it)
 			r.start = seq.Entries[i].Start.Position.Line
 		}
 		for _, p := range pairs {
@@ -120,6 +121,7 @@ func (d *decoder) parse(data []byte) ([]rawRule, error) {
 			}
 			r.fields[p.key] = p.value
 			r.lines[p.key] = p.keyNode.GetToken().Position.Line
+			r.cols[p.key] = p.keyNode.GetToken().Position.Column
 			r.order = append(r.order, p.key)
 		}
 		if ks, ok := r.fields["keys"]; ok {

@@ -43,6 +43,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"unicode"
@@ -226,8 +227,8 @@ func formatData(name string, data []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	if in, kept := countComments(data), countComments(out); in != kept || c.count() != in {
-		return nil, fmt.Errorf("rulefile: %s: the normal form would keep %d of its %d comments", name, kept, in)
+	if in, kept := commentTexts(data), commentTexts(out); !slices.Equal(in, kept) || c.count() != len(in) {
+		return nil, fmt.Errorf("rulefile: %s: the normal form would not keep its %d comments as they are", name, len(in))
 	}
 	return out, nil
 }

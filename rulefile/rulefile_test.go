@@ -451,3 +451,22 @@ rules:
 	require.NoError(t, err)
 	assert.Equal(t, want, string(again), "formats to itself")
 }
+
+// In a flow list (JSON's form too) a comment stays with the rule it
+// stood beside, one after a line's last key ends that key's line, and one
+// on a line of closing brackets or the document's end goes with what
+// follows (here the end of the file).
+func TestFormatFileKeepsCommentsOfFlowLists(t *testing.T) {
+	for _, tc := range []struct{ src, want string }{
+		{"rules: [\n  # about a\n  {resource: a, threshold: 1}, # end a\n  {resource: b, threshold: 2, dryRun: true} # c on b\n] # closing\n",
+			"rules:\n  # about a\n  - resource: a\n    threshold: 1 # end a\n  - resource: b\n    threshold: 2\n    dryRun: true # c on b\n# closing\n"},
+		{"rules:\n  - resource: a\n    threshold: 1\n... # end\n",
+			"rules:\n  - resource: a\n    threshold: 1\n# end\n"},
+	} {
+		path := filepath.Join(t.TempDir(), "r.yaml")
+		require.NoError(t, os.WriteFile(path, []byte(tc.src), 0o644))
+		out, err := FormatFile(path)
+		require.NoError(t, err)
+		assert.Equal(t, tc.want, string(out), "from %q", tc.src)
+	}
+}

@@ -6,7 +6,8 @@
 // The normal form keeps the file's comments, each beside the rule or key
 // it was written beside (see rulefile.FormatFile). fmt -w writes only what
 // reads back to the same rules with every comment, through a temporary
-// file and a rename.
+// file and a rename; it does not rewrite a .json file (the normal form is
+// YAML).
 //
 // A directory stands for its .yaml, .yml and .json files: check merges
 // them, fmt formats each (printing each one's name first when there are
@@ -23,6 +24,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/leapflow/leapflow/flow"
 	"github.com/leapflow/leapflow/rulefile"
@@ -121,6 +123,9 @@ func format(args []string, stdout, stderr io.Writer) int {
 		out, err := rulefile.FormatFile(p)
 		switch {
 		case err != nil:
+		case *write && strings.EqualFold(filepath.Ext(p), ".json"):
+			// Another reader of the file may want JSON.
+			err = fmt.Errorf("%s: not rewritten: the normal form is YAML (print it without -w, into a .yaml file)", p)
 		case *write:
 			err = replace(p, out)
 		case len(files) > 1:

@@ -172,7 +172,8 @@ func commentLines(s string) []string {
 }
 
 // fmt takes a directory as check does: it formats each of its rule files
-// (printing each one's name first), and -w rewrites each.
+// (printing each one's name first), and -w rewrites each but the .json
+// ones (the normal form is YAML).
 func TestFmtTakesDirectories(t *testing.T) {
 	dir := t.TempDir()
 	a, b := filepath.Join(dir, "a.yaml"), filepath.Join(dir, "b.json")
@@ -185,9 +186,12 @@ func TestFmtTakesDirectories(t *testing.T) {
 		"# "+b+"\nrules:\n  - resource: b\n    threshold: 1000\n", out)
 
 	code, _, errOut = runCmd("fmt", "-w", dir)
-	require.Equal(t, 0, code, errOut)
-	got, _ := os.ReadFile(b)
-	assert.Equal(t, "rules:\n  - resource: b\n    threshold: 1000\n", string(got))
+	assert.Equal(t, 1, code, "a .json file is not rewritten as YAML")
+	assert.Contains(t, errOut, b+": not rewritten: the normal form is YAML")
+	got, _ := os.ReadFile(a)
+	assert.Equal(t, "rules:\n  # a's rule\n  - resource: a\n    threshold: 5\n", string(got))
+	got, _ = os.ReadFile(b)
+	assert.Equal(t, `{"rules": [{"resource": "b", "threshold": 1e3}]}`, string(got))
 
 	code, _, errOut = runCmd("fmt", t.TempDir())
 	assert.Equal(t, 1, code)

@@ -1,5 +1,5 @@
 // Command hello limits one resource to 2 requests a second and shows the
-// third refused, with when to retry.
+// third request refused.
 package main
 
 import (
