@@ -79,6 +79,28 @@ func TestKeyInFlightIsNeverDropped(t *testing.T) {
 	}
 }
 
+// A Conc key evicted with requests in flight and then listed in the
+// rule's Keys (Specific, at a reload) keeps what it has in flight: its
+// listed state is the evicted one, out of the side table.
+func TestListingAnEvictedKeyKeepsItsRequestsInFlight(t *testing.T) {
+	tbl := newConcTable(4)
+	held := map[string]*State{}
+	for i := 0; len(tbl.Pinned()) == 0; i++ {
+		require.Less(t, i, 100, "no key ever evicted")
+		k := fmt.Sprint("k", i)
+		st := tbl.Get(k)
+		_, ok, _ := st.Acquire(1, 3)
+		require.True(t, ok)
+		held[k] = st
+	}
+	for k, st := range held {
+		listed := tbl.Specific(k)
+		assert.Same(t, st, listed, "%s: the listed state is the one holding its request", k)
+		assert.EqualValues(t, 1, listed.InFlight(), k)
+	}
+	assert.Empty(t, tbl.Pinned(), "every pinned state went to its listing")
+}
+
 func TestIdleConcKeyGoesFirstAndUnpinned(t *testing.T) {
 	tbl := newConcTable(4)
 	busy := make([]*State, 3)

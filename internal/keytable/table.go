@@ -345,16 +345,10 @@ func (t *Table) add(id ID, a, b int) *State {
 	if from != nil {
 		st = from.removeLocked(id, fa, fb)
 	}
-	if st == nil && t.kind == Conc {
+	if st == nil {
 		// The side table is the one it moved to if t began to move since
 		// next was read (this add's sets are moved after it).
-		side := t.lockSpec()
-		if st = side.pinned[id]; st != nil {
-			// Back from the side table.
-			delete(side.pinned, id)
-			st.pinned.Store(false)
-		}
-		side.specMu.Unlock()
+		st = t.unpin(id)
 	}
 	if st == nil {
 		st = t.fresh(id)
@@ -442,7 +436,27 @@ func (t *Table) take(key string) *State {
 	if st := t.removeLocked(id, a, b); st != nil {
 		return st
 	}
+	if st := t.unpin(id); st != nil {
+		return st // evicted with requests in flight: their counts kept
+	}
 	return t.fresh(id)
+}
+
+// unpin takes the state of id back from the side table of Conc states
+// evicted with requests in flight (nil if not there), with the sets'
+// locks of id held.
+func (t *Table) unpin(id ID) *State {
+	if t.kind != Conc {
+		return nil
+	}
+	side := t.lockSpec()
+	defer side.specMu.Unlock()
+	st := side.pinned[id]
+	if st != nil {
+		delete(side.pinned, id)
+		st.pinned.Store(false)
+	}
+	return st
 }
 
 // put puts st, the state of key, into the sets: a key that left the
