@@ -1,0 +1,315 @@
+// Package breaker is the state machine of a circuit breaker: closed,
+// open and half-open, with exactly one probe admitted per half-open
+// period, and a window of its own that counts completed requests and the
+// bad ones among them (errors, or requests slower than a limit).
+//
+// The state is one word (the state and the instant it began), moved only
+// by compare-and-swap, so that every transition has exactly one winner,
+// and the winner alone reports it. A completion is one compare-and-swap
+// on the caller's stripe of the window's newest bucket, each bucket's
+// count of requests and of bad ones in one word, so that a ratio read from
+// the window is never torn.
+//
+// Times are int64 nanoseconds of the caller's clock, passed in, so tests
+// drive it with plain numbers. Package flow's breaker rules are a Breaker
+// each, kept across reloads that do not change the rule.
+package breaker
+
+import (
+	"go.uber.org/atomic"
+
+	"github.com/leapflow/leapflow/internal/cpu"
+)
+
+// Strategy is what makes a completed request bad, and what trips.
+type Strategy uint8
+
+const (
+	// SlowRatio trips when the share of requests slower than MaxRT among
+	// those completed in the window reaches the threshold.
+	SlowRatio Strategy = iota
+	// ErrorRatio trips when the share of failed requests reaches it.
+	ErrorRatio
+	// ErrorCount trips when the failed requests in the window reach it.
+	ErrorCount
+)
+
+// State is a breaker's state.
+type State uint8
+
+const (
+	// Closed admits every request and counts completions.
+	Closed State = iota
+	// Open refuses every request until the retry timeout has passed.
+	Open
+	// HalfOpen has admitted one probe, whose outcome decides: bad, the
+	// breaker opens again; good, it closes. Every other request is
+	// refused until then, or until the probe timeout returns the probe's
+	// place to the next request.
+	HalfOpen
+)
+
+// String names the state.
+func (s State) String() string {
+	switch s {
+	case Closed:
+		return "Closed"
+	case Open:
+		return "Open"
+	case HalfOpen:
+		return "HalfOpen"
+	}
+	return "State(?)"
+}
+
+// Config is a breaker's rule, its durations in ns.
+type Config struct {
+	Strategy Strategy
+	// Threshold is the ratio (in [0, 1]) or the count that trips.
+	Threshold float64
+	// MaxRT is the slowest a request may be before it counts as slow
+	// (SlowRatio).
+	MaxRT int64
+	// MinRequests is the fewest completions in the window before the
+	// breaker may trip.
+	MinRequests int64
+	// Interval is the window's length, in Buckets buckets (Interval a
+	// whole multiple of Buckets).
+	Interval int64
+	Buckets  int
+	// RetryTimeout is how long the breaker stays open before it admits a
+	// probe (> 0).
+	RetryTimeout int64
+	// ProbeTimeout is how long a probe that has not completed holds its
+	// place: after it the next request is the probe (> 0).
+	ProbeTimeout int64
+}
+
+// Transition is one change of state, reported once, by the goroutine
+// that made it.
+type Transition struct {
+	From, To State
+	// At is when it happened (ns of the caller's clock).
+	At int64
+	// Value is what tripped a closed breaker (the ratio or the count); for
+	// a probe's outcome, the probe's RT in ns (and 1 when it failed, for
+	// the error strategies); 0 for open to half-open.
+	Value float64
+}
+
+// The state word: the state in the low two bits, the instant it began
+// (ns, at least 0) above them.
+const stateBits = 2
+
+func pack(s State, at int64) uint64 { return uint64(max(at, 0))<<stateBits | uint64(s) }
+
+func unpack(w uint64) (State, int64) { return State(w & (1<<stateBits - 1)), int64(w >> stateBits) }
+
+// The bucket word: the bucket's epoch (its start over the bucket length,
+// modulo 2^epochBits), its completions and its bad completions.
+const (
+	epochBits = 20
+	countBits = 22
+	countMax  = 1<<countBits - 1
+	badShift  = 0
+	allShift  = countBits
+	epochShft = 2 * countBits
+)
+
+// Breaker is one breaker's state and window. It is safe for use by
+// multiple goroutines at once.
+type Breaker struct {
+	cfg       Config
+	bucketLen int64
+	word      atomic.Uint64
+	// cells are every stripe's bucket words, each stripe's on lines of
+	// their own: stripe p's bucket i is cells[pad+p*stride+i].
+	cells  []atomic.Uint64
+	stride int
+	mask   int
+	// changed is called with every transition, by the goroutine that
+	// made it, after the state changed (never while holding anything).
+	changed func(Transition)
+}
+
+// New returns a closed breaker of cfg that reports transitions to changed
+// (nil: to no one). cfg must be valid (flow validates rules).
+func New(cfg Config, changed func(Transition)) *Breaker {
+	n := cpu.Stripes()
+	const perLine = cpu.CacheLine / 8
+	stride := (cfg.Buckets + perLine - 1) / perLine * perLine
+	return &Breaker{cfg: cfg, bucketLen: cfg.Interval / int64(cfg.Buckets), cells: make([]atomic.Uint64, pad+n*stride+pad),
+		stride: stride, mask: n - 1, changed: changed}
+}
+
+// Config returns the breaker's rule.
+func (b *Breaker) Config() Config { return b.cfg }
+
+// State returns the breaker's state and when it began.
+func (b *Breaker) State() (State, int64) { return unpack(b.word.Load()) }
+
+// Enter decides a request at now: admitted (ok), and whether it is the
+// half-open period's probe; when refused, retry is how long until a
+// request could be admitted (the next probe), in ns.
+func (b *Breaker) Enter(now int64) (ok, probe bool, retry int64) {
+	for {
+		w := b.word.Load()
+		s, at := unpack(w)
+		var due int64
+		switch s {
+		case Closed:
+			return true, false, 0
+		case Open:
+			due = at + b.cfg.RetryTimeout
+		default: // HalfOpen: the probe holds its place until its timeout
+			due = at + b.cfg.ProbeTimeout
+		}
+		if now < due {
+			return false, false, due - now
+		}
+		// This request is the probe: one compare-and-swap, one winner.
+		if b.word.CompareAndSwap(w, pack(HalfOpen, now)) {
+			if s == Open {
+				b.report(Transition{From: Open, To: HalfOpen, At: now})
+			}
+			return true, true, 0
+		}
+	}
+}
+
+// Exit counts the completion at now of a request admitted at start (the
+// now its Enter was given), failed or not, and moves the state: a
+// closed breaker may trip; the probe's outcome closes or reopens a
+// half-open one. Completions of requests admitted before the breaker
+// opened, and of a probe whose place timed out, count for nothing.
+func (b *Breaker) Exit(p int, start, now int64, failed bool) {
+	rt := max(now-start, 0)
+	bad := failed
+	if b.cfg.Strategy == SlowRatio {
+		bad = rt > b.cfg.MaxRT
+	}
+	w := b.word.Load()
+	s, at := unpack(w)
+	switch {
+	case s == Closed:
+		if start < at {
+			return // admitted before the breaker last closed
+		}
+		b.count(p, now, bad)
+		if bad {
+			b.mayTrip(w, now)
+		}
+	case s == HalfOpen && start == at:
+		// The probe (no other request was admitted since it).
+		value := float64(rt)
+		to := Closed
+		if bad {
+			to = Open
+			if b.cfg.Strategy != SlowRatio {
+				value = 1
+			}
+		}
+		if to == Closed {
+			// The window starts afresh. Nothing counts while half-open,
+			// so clearing it before the breaker closes loses nothing.
+			b.clear()
+		}
+		if b.word.CompareAndSwap(w, pack(to, now)) {
+			b.report(Transition{From: HalfOpen, To: to, At: now, Value: value})
+		}
+	}
+}
+
+// mayTrip opens the closed breaker (state word w) if its window has
+// reached the threshold.
+func (b *Breaker) mayTrip(w uint64, now int64) {
+	all, bad := b.Sum(now)
+	if all < b.cfg.MinRequests || bad == 0 {
+		return
+	}
+	value := float64(bad)
+	if b.cfg.Strategy != ErrorCount {
+		value = float64(bad) / float64(all)
+	}
+	if value < b.cfg.Threshold {
+		return
+	}
+	if b.word.CompareAndSwap(w, pack(Open, now)) {
+		b.report(Transition{From: Closed, To: Open, At: now, Value: value})
+	}
+}
+
+func (b *Breaker) report(t Transition) {
+	if b.changed != nil {
+		b.changed(t)
+	}
+}
+
+// epoch is the bucket number of now, and its place in the ring.
+func (b *Breaker) epoch(now int64) (uint64, int) {
+	e := max(now, 0) / b.bucketLen
+	return uint64(e) & (1<<epochBits - 1), int(e % int64(b.cfg.Buckets))
+}
+
+// count adds a completion at now on stripe p: a bucket whose word is of an
+// older epoch starts over in the same compare-and-swap.
+func (b *Breaker) count(p int, now int64, bad bool) {
+	e, i := b.epoch(now)
+	inc := uint64(1) << allShift
+	if bad {
+		inc |= 1 << badShift
+	}
+	cell := &b.cells[pad+(p&b.mask)*b.stride+i]
+	for {
+		w := cell.Load()
+		next := e<<epochShft | inc
+		if w>>epochShft == e {
+			if (w>>allShift)&countMax == countMax {
+				return // full: the ratio is read from what it holds
+			}
+			next = w + inc
+		}
+		if cell.CompareAndSwap(w, next) {
+			return
+		}
+	}
+}
+
+// Sum returns the completions and bad completions in the window ending at
+// now: the buckets of the last Buckets epochs.
+func (b *Breaker) Sum(now int64) (all, bad int64) {
+	e, _ := b.epoch(now)
+	n := uint64(b.cfg.Buckets)
+	for p := 0; p <= b.mask; p++ {
+		cells := b.cells[pad+p*b.stride:][:b.cfg.Buckets]
+		for j := range cells {
+			w := cells[j].Load()
+			if (e-w>>epochShft)&(1<<epochBits-1) >= n {
+				continue // an older window's
+			}
+			all += int64(w >> allShift & countMax)
+			bad += int64(w >> badShift & countMax)
+		}
+	}
+	return all, bad
+}
+
+// Reset closes the breaker at now and forgets its window (a rule that
+// changed starts afresh); it reports nothing.
+func (b *Breaker) Reset(now int64) {
+	b.clear()
+	b.word.Store(pack(Closed, now))
+}
+
+func (b *Breaker) clear() {
+	for i := range b.cells {
+		b.cells[i].Store(0)
+	}
+}
+
+// MaxCount is the most completions one stripe's bucket counts; past it a
+// bucket keeps its ratio and stops counting.
+const MaxCount = countMax
+
+// pad keeps the cells off the lines of whatever is allocated beside them.
+const pad = cpu.CacheLine / 8
