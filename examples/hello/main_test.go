@@ -94,3 +94,20 @@ func TestExamplesImportNothingInternal(t *testing.T) {
 		}
 	}
 }
+
+// The README's first screen, before its install steps, states what a rule
+// promises exactly (a plain window's bound over a continuous span, and how
+// to hold every span), sets leapflow beside the three peers a user would
+// weigh, and says the test command installs with sudo before giving it.
+func TestReadmeFirstScreen(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	first, _, ok := strings.Cut(string(readme), "## Install")
+	require.True(t, ok)
+	for _, want := range []string{"up to 2T", "`SpanExact: true`", "| x/time/rate |", "go.uber.org/ratelimit", "sentinel-golang", "measured elsewhere", "package main"} {
+		assert.Contains(t, first, want)
+	}
+	sudo := strings.Index(string(readme), "through `sudo`")
+	cmd := strings.Index(string(readme), "make test        #")
+	assert.True(t, sudo > 0 && cmd > sudo, "the sudo note comes before the test command")
+}
