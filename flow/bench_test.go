@@ -131,6 +131,27 @@ func BenchmarkResourceEntryExit(b *testing.B) {
 	}
 }
 
+// BenchmarkBreakerEntryExit is BenchmarkResourceEntryExit's pass path on
+// a resource that also holds a slow-ratio circuit breaker, closed: the
+// breaker's state read at Entry, its window counted at Exit.
+func BenchmarkBreakerEntryExit(b *testing.B) {
+	for name, clock := range benchClocks(b) {
+		e, err := New(WithClock(clock))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := e.LoadRules([]Rule{{Resource: "guarded", Threshold: 1e12},
+			{Resource: "guarded", Breaker: SlowRatio, Threshold: 0.5, MaxRT: time.Hour, MinRequests: 5, RetryTimeout: time.Second}}); err != nil {
+			b.Fatal(err)
+		}
+		r, err := e.Resource("guarded")
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run("clock="+name, func(b *testing.B) { sweepEntryExit(b, r) })
+	}
+}
+
 // BenchmarkNoRuleEntryExit is Entry+Exit through the handle of a resource
 // without rules: its statistics alone, the least a counted request costs.
 func BenchmarkNoRuleEntryExit(b *testing.B) {

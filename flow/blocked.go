@@ -33,6 +33,10 @@ type Refusal struct {
 	// (rounded up to the millisecond): a QPS Reject rule's window, a GCRA
 	// rule's bucket; negative when the rule cannot say.
 	Reset time.Duration
+	// Breaker is a breaker refusal's breaker state (Err.Reason
+	// ReasonBreaker): BreakerOpen, or BreakerHalfOpen while its probe is
+	// out; RetryAfter is then the time until its next probe may go.
+	Breaker BreakerState
 	// Remaining is what the window had left for the request: 0 when the
 	// rule does not count one (a cold WarmUp rule's lower limit, a related
 	// resource's rate, Throttle, GCRA and global rules, their local
@@ -54,7 +58,7 @@ func (en *Entry) Refusal() Refusal {
 		return Refusal{}
 	}
 	rm := en.room()
-	r := Refusal{Err: be, Resource: be.Rule.Resource, RetryAfter: time.Duration(rm.retry), Reset: time.Duration(rm.reset)}
+	r := Refusal{Err: be, Resource: be.Rule.Resource, RetryAfter: time.Duration(rm.retry), Reset: time.Duration(rm.reset), Breaker: be.state}
 	// What the window had left: only where the quota is what the rule
 	// admitted against (not a cold WarmUp rule's lower limit, nor a
 	// related resource's rate).

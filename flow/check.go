@@ -90,6 +90,9 @@ func (e *Engine) enterSingle(rr *resourceRules, n int64) (Entry, error) {
 	}
 	// A now behind the newest bucket was counted in it: start there.
 	now = max(now, r.Start())
+	if rr.singleBreakers {
+		return e.enterBreakers(rr, p, now, n, r)
+	}
 	node := rr.node
 	if rr.singleApart {
 		node = e.count(node, p, now, metric.Pass, n)
@@ -164,7 +167,7 @@ func (e *Engine) admitted(node *stats.Node, p int, start, n int64, counted bool,
 	if !counted && kc == nil {
 		return Entry{node: node, slot: e.none, start: start, meta: holdsNothing(n, p)}
 	}
-	sl, w := e.slots.Claim(p, int32(n), counted, kc, kt)
+	sl, w := e.slots.Claim(p, int32(n), counted, kc, kt, nil)
 	return Entry{node: node, slot: sl, start: start, meta: w}
 }
 
@@ -197,6 +200,10 @@ type held struct {
 	gkeys [maxGlobalRules]keyHeld // PerKey global rules' local fallbacks
 	kc    *keytable.State         // counted by the PerKey Concurrency rule
 	keys  [maxKeyRules]keyHeld
+	// probes are the breakers (by index into rr.breakers) whose probe the
+	// request is, taken at probeAt.
+	probes  uint8
+	probeAt int64
 }
 
 // release gives back everything the request took from rr's rules: each
@@ -229,6 +236,9 @@ func (e *Engine) release(rr *resourceRules, h *held, n int64) {
 	}
 	if h.kc != nil || len(rr.keyed) > 0 {
 		rr.releaseKeyed(h, n)
+	}
+	if h.probes != 0 {
+		rr.releaseBreakers(h)
 	}
 }
 
@@ -269,6 +279,7 @@ const (
 	stageGCRA
 	stageRelated
 	stagePaced
+	stageBreaker
 	stageGlobal
 )
 
@@ -329,6 +340,9 @@ func (rr *resourceRules) laterRetry(at int, now int64, q *request, retry int64, 
 			return -1
 		}
 		retry = max(retry, w)
+	}
+	if from(stageBreaker) == 0 {
+		retry = rr.breakersWait(now, retry)
 	}
 	return retry
 }
@@ -455,6 +469,17 @@ func (e *Engine) take(rr *resourceRules, h *held, p int, now int64, q *request) 
 		}
 		wait = t - now
 	}
+	if len(rr.breakers) > 0 {
+		// After every other local rule admitted the request, at the
+		// instant it goes (a request they refuse is never a probe), and
+		// before the Global rules (a breaker's refusal costs no call out).
+		probes, ok := rr.takeBreakers(now+wait, &rf)
+		if !ok {
+			rf.at |= stageBreaker
+			return blockTake(e, rr, h, p, now, q, rf)
+		}
+		h.probes, h.probeAt = probes, now+wait
+	}
 	if len(rr.globals) > 0 && !e.takeGlobals(rr, h, p, now, q, &rf) {
 		// Last, once every local rule admitted the request at its
 		// instant: one a local rule refuses takes nothing from the
@@ -542,7 +567,22 @@ func (e *Engine) finish(rr *resourceRules, h *held, p int, now, wait int64, earl
 		// the fold does in its second window.
 		second(node).AddOn(p, ran, metric.OccupiedPass, n)
 	}
+	if len(rr.breakers) > 0 {
+		// Its Exit is counted by the breakers: its slot leads back to them.
+		return e.admittedBreakers(rr, node, p, now, n, h.conc, h.kc), nil
+	}
 	return e.admitted(node, p, now, n, h.conc, h.kc, rr.keyConc.t), nil
+}
+
+// admittedBreakers is admitted on a resource with breakers: its Entry's
+// slot (the resource's breaker sentinel, or a claim that records it) leads
+// its Exit back to them.
+func (e *Engine) admittedBreakers(rr *resourceRules, node *stats.Node, p int, start, n int64, counted bool, kc *keytable.State) Entry {
+	if !counted && kc == nil {
+		return Entry{node: node, slot: rr.brkSlot, start: start, meta: holdsNothing(n, p)}
+	}
+	sl, w := e.slots.Claim(p, int32(n), counted, kc, rr.keyConc.t, &rr.brkSite)
+	return Entry{node: node, slot: sl, start: start, meta: w}
 }
 
 // holds reports whether everything the request took counts it at

@@ -7,6 +7,7 @@ import (
 
 	"go.uber.org/atomic"
 
+	"github.com/leapflow/leapflow/internal/breaker"
 	"github.com/leapflow/leapflow/internal/gcra"
 	"github.com/leapflow/leapflow/internal/keytable"
 	"github.com/leapflow/leapflow/internal/names"
@@ -37,6 +38,9 @@ type ruleSet struct {
 	tables  map[ruleKey]kept[*keytable.Table]
 	shadows map[ruleKey]kept[*shadow]
 	gcras   map[ruleKey]kept[*gcra.Cell]
+	// breakers are the circuit breakers, kept while their rule is
+	// unchanged.
+	breakers map[ruleKey]kept[*breaker.Breaker]
 }
 
 // ruleKey identifies a rule across reloads: a rule is the same rule when
@@ -67,6 +71,8 @@ func stateClass(r *Rule) uint8 {
 		return 3
 	case r.Behavior == GCRA:
 		return 4
+	case r.Breaker != NotBreaker:
+		return 5
 	}
 	return 0
 }
@@ -131,6 +137,9 @@ type resourceRules struct {
 	// singleApart is set when single is not the node's second window (a
 	// span-exact rule's): passes and blocks are counted on the node too.
 	singleApart bool
+	// singleBreakers is set when breakers decide after single admitted a
+	// request (see enterBreakers).
+	singleBreakers bool
 	// refusal is what the Entry of a request single refused carries, to
 	// lead back to these rules when its retry time is read (site: e and
 	// these rules).
@@ -173,6 +182,12 @@ type resourceRules struct {
 	// needsExit is Allow's error on a resource whose rules count requests
 	// in flight; nil: Allow may admit.
 	needsExit error
+	// breakers are the resource's circuit breakers; brkSite leads an
+	// admission's Exit back to them (its slot, when it holds nothing, is
+	// brkSlot).
+	breakers []breakerRule
+	brkSite  site
+	brkSlot  *slots.Slot[site]
 	// policy is the quota of the resource's strictest QPS rule of its own
 	// (the least per second; not a related-resource rule, which limits
 	// another resource's rate), for Engine.Policy; nil: none.
@@ -218,6 +233,7 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stats.Node, bounds []Boun
 		tables:     map[ruleKey]kept[*keytable.Table]{},
 		shadows:    map[ruleKey]kept[*shadow]{},
 		gcras:      map[ruleKey]kept[*gcra.Cell]{},
+		breakers:   map[ruleKey]kept[*breaker.Breaker]{},
 		since:      map[string]ruledSince{},
 	}
 	copies := map[ruleKey]int{}
@@ -239,7 +255,7 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stats.Node, bounds []Boun
 		c.rr = e.resourceRules(next, r, nodes)
 		if !r.DryRun {
 			c.rr.rules++
-			if r.Metric == QPS && r.RelatedResource == "" && (c.rr.policy == nil || r.Threshold < c.rr.policy.Rule.Threshold) {
+			if r.Metric == QPS && r.RelatedResource == "" && r.Breaker == NotBreaker && (c.rr.policy == nil || r.Threshold < c.rr.policy.Rule.Threshold) {
 				c.rr.policy = newBlockError(r, ReasonFlow)
 			}
 		}
@@ -260,6 +276,13 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stats.Node, bounds []Boun
 		}
 		if rr.concLimit >= 0 || rr.keyConc.t != nil {
 			rr.needsExit = fmt.Errorf("%w: Allow on %s, which has a Concurrency rule: use Entry and Exit", ErrNeedsExit, names.Abbrev(name))
+		}
+		if len(rr.breakers) > 0 {
+			rr.brkSite = site{e: e, rr: rr}
+			rr.brkSlot = slots.Sentinel(&rr.brkSite)
+			if rr.needsExit == nil {
+				rr.needsExit = fmt.Errorf("%w: Allow on %s, which has a circuit breaker (it counts completions): use Entry and Exit", ErrNeedsExit, names.Abbrev(name))
+			}
 		}
 		e.shortPaths(rr)
 	}
@@ -317,6 +340,8 @@ func (e *Engine) shortPaths(rr *resourceRules) {
 	if len(rr.groups) == 1 && len(rr.groups[0].warm) == 0 && rr.concLimit < 0 &&
 		len(rr.globals) == 0 && len(rr.related) == 0 && len(rr.paced) == 0 && !rr.hasKeyed() && len(rr.shadows) == 0 &&
 		len(rr.gcras) == 0 {
+		// Breakers decide after the window (enterBreakers).
+		rr.singleBreakers = len(rr.breakers) > 0
 		g := &rr.groups[0]
 		rr.single, rr.singleLimit, rr.singleBE = g.w, g.static, g.staticBE
 		rr.singleApart = !rr.countsNode
@@ -324,7 +349,8 @@ func (e *Engine) shortPaths(rr *resourceRules) {
 		rr.refusal = slots.Sentinel(&rr.site)
 	}
 	if len(rr.groups) == 0 && rr.concLimit < 0 && len(rr.related) == 0 && len(rr.paced) == 0 &&
-		rr.keyConc.t == nil && len(rr.keyed) == 1 && rr.keyed[0].t.Kind() == keytable.Window && len(rr.shadows) == 0 && len(rr.gcras) == 0 {
+		rr.keyConc.t == nil && len(rr.keyed) == 1 && rr.keyed[0].t.Kind() == keytable.Window && len(rr.shadows) == 0 && len(rr.gcras) == 0 &&
+		len(rr.breakers) == 0 {
 		rr.singleKey = &rr.keyed[0]
 	}
 	if len(rr.gcras) == 1 && rr.rules == 1 && len(rr.shadows) == 0 {

@@ -56,6 +56,8 @@ type Engine struct {
 	none        *slots.Slot[site] // a sentinel: for admissions that hold nothing
 	site        site              // this engine, for its slots
 	maxKeys     int
+	// breakerListener is told of every breaker's changes (nil: no one).
+	breakerListener func(BreakerChange)
 
 	rules atomic.Pointer[ruleSet]
 	mu    sync.Mutex // serialises LoadRules
@@ -77,11 +79,12 @@ func New(opts ...Option) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{
-		source:      cfg.source,
-		sampleCount: cfg.sampleCount,
-		spanBuckets: cfg.spanBuckets,
-		sleep:       cfg.sleep,
-		maxKeys:     cfg.maxKeys,
+		source:          cfg.source,
+		sampleCount:     cfg.sampleCount,
+		spanBuckets:     cfg.spanBuckets,
+		sleep:           cfg.sleep,
+		maxKeys:         cfg.maxKeys,
+		breakerListener: cfg.breakerListener,
 	}
 	e.site = site{e: e}
 	e.slots = slots.New(&e.site)

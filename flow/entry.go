@@ -295,7 +295,8 @@ func (en *Entry) Exit(err error) {
 		return
 	}
 	// It holds nothing: m holds its count and stripe hint.
-	e := sl.Owner().e
+	st := sl.Owner()
+	e := st.e
 	n := int64(m >> 32)
 	// The clock's cached time, refreshed by Entry's reads: Exit reads it
 	// without a refresh draw unless the clock says reads must refresh it.
@@ -304,6 +305,10 @@ func (en *Entry) Exit(err error) {
 		now = s.Now()
 	} else if now = e.cached.Load(); e.behind.Load() {
 		now = e.pins.Refresh(e.coarse, now)
+	}
+	if rr := st.rr; rr != nil {
+		// Its resource's breakers count it (st is their sentinel's site).
+		rr.exitBreakers(int(m>>2&(1<<30-1)), en.start, now, err != nil)
 	}
 	second(node).CompleteOn(int(m>>2&(1<<30-1)), now, n, max(now-en.start, 0), err != nil)
 	if e.adopting.Load() != 0 {
@@ -315,6 +320,7 @@ func (en *Entry) Exit(err error) {
 func (en *Entry) release(sl *slots.Slot[site], node *stats.Node, m uint64, err error) {
 	e := sl.Owner().e
 	hn, hp := sl.Holder()
+	at := sl.At()
 	kc, kt, ok := e.slots.Release(sl, m)
 	if !ok {
 		return // a copy exited first
@@ -337,6 +343,9 @@ func (en *Entry) release(sl *slots.Slot[site], node *stats.Node, m uint64, err e
 	}
 	if kc != nil {
 		kt.Release(kc, n)
+	}
+	if at != nil {
+		at.rr.exitBreakers(int(hp), en.start, now, err != nil)
 	}
 }
 

@@ -97,7 +97,66 @@ func (f Fallback) String() string {
 	return fmt.Sprintf("Fallback(%d)", uint8(f))
 }
 
+// BreakerStrategy makes a rule a circuit breaker, and says what trips it
+// (see Rule.Breaker).
+type BreakerStrategy uint8
+
+const (
+	// NotBreaker: the rule is not a circuit breaker (the default).
+	NotBreaker BreakerStrategy = iota
+	// SlowRatio opens when the share of requests slower than MaxRT among
+	// the completions in the breaker's window reaches Threshold.
+	SlowRatio
+	// ErrorRatio opens when the share of failed requests reaches it.
+	ErrorRatio
+	// ErrorCount opens when the failed requests in the window reach it.
+	ErrorCount
+)
+
+// String returns the strategy's name as rule files write it ("SlowRatio",
+// "ErrorRatio", "ErrorCount"; "None" for NotBreaker).
+func (s BreakerStrategy) String() string {
+	switch s {
+	case NotBreaker:
+		return "None"
+	case SlowRatio:
+		return "SlowRatio"
+	case ErrorRatio:
+		return "ErrorRatio"
+	case ErrorCount:
+		return "ErrorCount"
+	}
+	return fmt.Sprintf("BreakerStrategy(%d)", uint8(s))
+}
+
+// BreakerState is a circuit breaker's state.
+type BreakerState uint8
+
+const (
+	// BreakerClosed admits every request and counts their completions.
+	BreakerClosed BreakerState = iota
+	// BreakerOpen refuses every request until its RetryTimeout has passed.
+	BreakerOpen
+	// BreakerHalfOpen has admitted its one probe, and refuses every other
+	// request until the probe completes (or its ProbeTimeout passes).
+	BreakerHalfOpen
+)
+
+// String returns the state's name ("Closed", "Open", "HalfOpen").
+func (s BreakerState) String() string {
+	switch s {
+	case BreakerClosed:
+		return "Closed"
+	case BreakerOpen:
+		return "Open"
+	case BreakerHalfOpen:
+		return "HalfOpen"
+	}
+	return fmt.Sprintf("BreakerState(%d)", uint8(s))
+}
+
 var (
+	breakerNames  = []BreakerStrategy{NotBreaker, SlowRatio, ErrorRatio, ErrorCount}
 	metricNames   = []Metric{QPS, Concurrency}
 	behaviorNames = []Behavior{Reject, WarmUp, Throttle, WarmUpThrottle, GCRA}
 	fallbackNames = []Fallback{FallbackLocal, FallbackOpen, FallbackClosed}
@@ -159,5 +218,16 @@ func (f Fallback) MarshalText() ([]byte, error) {
 // UnmarshalText implements encoding.TextUnmarshaler.
 func (f *Fallback) UnmarshalText(text []byte) (err error) {
 	*f, err = parseEnum("fallback", fallbackNames, text)
+	return err
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s BreakerStrategy) MarshalText() ([]byte, error) {
+	return checkEnum("breaker strategy", breakerNames, s, s.String())
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *BreakerStrategy) UnmarshalText(text []byte) (err error) {
+	*s, err = parseEnum("breaker strategy", breakerNames, text)
 	return err
 }

@@ -25,10 +25,13 @@ const (
 	ReasonQueue
 	// ReasonGlobal: the global token source refused (or failed closed).
 	ReasonGlobal
+	// ReasonBreaker: a circuit breaker is open, or half-open with its
+	// probe out (Refusal.Breaker says which).
+	ReasonBreaker
 )
 
 // String returns the reason's name ("flow", "concurrency", "queue",
-// "global").
+// "global", "breaker").
 func (r Reason) String() string {
 	switch r {
 	case ReasonFlow:
@@ -39,6 +42,8 @@ func (r Reason) String() string {
 		return "queue"
 	case ReasonGlobal:
 		return "global"
+	case ReasonBreaker:
+		return "breaker"
 	}
 	return fmt.Sprintf("Reason(%d)", uint8(r))
 }
@@ -58,6 +63,8 @@ type BlockError struct {
 	// refusal is what the Entry of a request it refused carries, to lead
 	// back to it (Entry.Refusal).
 	refusal *slots.Slot[site]
+	// state is a breaker refusal's breaker state.
+	state BreakerState
 }
 
 func newBlockError(r *Rule, reason Reason) *BlockError {
@@ -75,6 +82,8 @@ func newKeyBlockError(r *Rule, reason Reason, threshold float64) *BlockError {
 	}
 	e.refusal = slots.Sentinel(&site{be: e})
 	switch {
+	case r.Breaker != NotBreaker:
+		// A breaker has no quota.
 	case r.Metric == Concurrency:
 		e.quota = int64(threshold)
 	case r.Behavior == Throttle || r.Behavior == WarmUpThrottle:

@@ -23,6 +23,7 @@ type kind struct {
 // kinds lists every rule kind, in the order they are told apart: a new
 // kind is one file and one line here.
 var kinds = [...]*kind{
+	&breakerKind,
 	&dryRunKind,
 	&perKeyKind,
 	&concurrencyKind,

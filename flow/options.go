@@ -23,6 +23,8 @@ type config struct {
 	source       TokenSource
 	sleep        sleepFunc
 	maxKeys      int
+	// breakerListener is WithBreakerListener's function (nil: none).
+	breakerListener func(BreakerChange)
 }
 
 // sleepFunc waits for d or until ctx ends.

@@ -113,6 +113,43 @@ type Rule struct {
 	// bucket on the server (see the global package), and its local
 	// fallback window is span-exact too.
 	SpanExact bool
+	// Breaker makes the rule a circuit breaker on its resource (default
+	// NotBreaker). Closed, it admits, and counts each admitted request's
+	// completion (at Exit: failed when Exit's error is not nil; slow when
+	// it took longer than MaxRT) in a window of its own of StatInterval in
+	// Buckets buckets. When a completion fails (ErrorRatio, ErrorCount)
+	// or is slow (SlowRatio) and the window holds at least MinRequests
+	// completions, of which the bad ones reach Threshold (a share in
+	// [0, 1] for the ratios, a whole count >= 1 for ErrorCount), it opens:
+	// it refuses every request (ReasonBreaker) for RetryTimeout. Then it
+	// admits exactly one request, the probe, however many arrive at once,
+	// and refuses the others; the probe's completion closes it (good, its
+	// window starting afresh) or opens it again (bad). A probe that has
+	// not completed after ProbeTimeout gives its place to the next
+	// request. Metric QPS and Behavior Reject only; not Global, PerKey,
+	// related, span-exact or dry run. A resource's breakers decide after
+	// its other rules admitted a request (and before its Global rules),
+	// so a request another rule refuses is never the probe.
+	Breaker BreakerStrategy
+	// MaxRT is the longest a request may take before a SlowRatio breaker
+	// counts it slow (required there: > 0, at most an hour).
+	MaxRT time.Duration
+	// MinRequests is the fewest completions a breaker's window must hold
+	// before it may open (required for SlowRatio and ErrorRatio, default 1
+	// for ErrorCount; at most 10^6).
+	MinRequests int
+	// RetryTimeout is how long an open breaker refuses every request
+	// before it admits a probe (required for a breaker: > 0, at most an
+	// hour). A refusal's RetryAfter is the time until the next probe.
+	RetryTimeout time.Duration
+	// ProbeTimeout is how long a breaker's probe holds its place before
+	// the next request may be the probe (default RetryTimeout; at most an
+	// hour).
+	ProbeTimeout time.Duration
+	// Buckets is the number of buckets of a breaker's window (default 10,
+	// at most 100; StatInterval must be a whole number of milliseconds
+	// per bucket).
+	Buckets int
 }
 
 // KeyLimit is a specific key's threshold in a PerKey rule. A Key longer
@@ -182,6 +219,9 @@ func (r Rule) withDefaults() Rule {
 	}
 	if len(r.Keys) > 0 {
 		r.Keys = append([]KeyLimit(nil), r.Keys...) // the caller's slice stays theirs
+	}
+	if r.Breaker != NotBreaker {
+		r.withBreakerDefaults()
 	}
 	return r
 }
@@ -274,7 +314,7 @@ func (r *Rule) validate(i int) error {
 // window: a window admits whole requests, so 0.5/s over 1 s would admit
 // nothing and 2.5/s over 1 s only 2. The error says how to write it.
 func (r *Rule) validateWhole(i int, field string, t float64) error {
-	if r.Metric != QPS || r.Behavior != Reject && r.Behavior != WarmUp || r.RelatedResource != "" || wholePerWindow(t, r.StatInterval) {
+	if r.Metric != QPS || r.Behavior != Reject && r.Behavior != WarmUp || r.RelatedResource != "" || r.Breaker != NotBreaker || wholePerWindow(t, r.StatInterval) {
 		return nil
 	}
 	per := t * r.StatInterval.Seconds()
@@ -320,6 +360,11 @@ func (r *Rule) validateUnused(i int) error {
 		{"LocalShare", r.LocalShare, r.LocalShare != 0, r.Global && r.Fallback == FallbackLocal, "Global rules with Fallback Local"},
 		{"MaxKeys", r.MaxKeys, r.MaxKeys != 0, r.PerKey, "PerKey rules"},
 		{"Keys", len(r.Keys), len(r.Keys) != 0, r.PerKey, "PerKey rules"},
+		{"MaxRT", r.MaxRT, r.MaxRT != 0, r.Breaker == SlowRatio, "SlowRatio breaker rules"},
+		{"MinRequests", r.MinRequests, r.MinRequests != 0, r.Breaker != NotBreaker, "breaker rules"},
+		{"RetryTimeout", r.RetryTimeout, r.RetryTimeout != 0, r.Breaker != NotBreaker, "breaker rules"},
+		{"ProbeTimeout", r.ProbeTimeout, r.ProbeTimeout != 0, r.Breaker != NotBreaker, "breaker rules"},
+		{"Buckets", r.Buckets, r.Buckets != 0, r.Breaker != NotBreaker, "breaker rules"},
 	} {
 		if f.set && !f.used {
 			return r.errorf(i, f.name, f.value, "is used only by "+f.where+" and must be left zero here")

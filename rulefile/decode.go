@@ -48,7 +48,8 @@ type rawKey struct {
 
 // The keys of a rule, in the order the normal form writes them.
 var ruleKeys = []string{"id", "resource", "metric", "threshold", "statInterval", "behavior", "warmUpPeriod",
-	"coldFactor", "maxQueueing", "burst", "relatedResource", "global", "fallback", "localShare", "perKey", "maxKeys", "keys", "dryRun", "spanExact"}
+	"coldFactor", "maxQueueing", "burst", "relatedResource", "global", "fallback", "localShare", "perKey", "maxKeys", "keys", "dryRun", "spanExact",
+	"breaker", "maxRT", "minRequests", "retryTimeout", "probeTimeout", "buckets"}
 
 // decoder turns a file's syntax tree into rules, with errors placed.
 type decoder struct{ name string }
@@ -432,17 +433,17 @@ func (d *decoder) rule(i int, r *rawRule) (flow.Rule, error) {
 	for _, key := range r.order {
 		n := at(key)
 		switch key {
-		case "metric", "behavior", "fallback":
+		case "metric", "behavior", "fallback", "breaker":
 			s, err := d.str(n, key, rule)
 			if err != nil {
 				return out, err
 			}
 			into := map[string]interface{ UnmarshalText([]byte) error }{
-				"metric": &out.Metric, "behavior": &out.Behavior, "fallback": &out.Fallback}[key]
+				"metric": &out.Metric, "behavior": &out.Behavior, "fallback": &out.Fallback, "breaker": &out.Breaker}[key]
 			if err := into.UnmarshalText([]byte(s)); err != nil {
 				return out, d.errAt(n, rule, "%s", strings.TrimPrefix(err.Error(), "flow: "))
 			}
-		case "statInterval", "warmUpPeriod", "maxQueueing":
+		case "statInterval", "warmUpPeriod", "maxQueueing", "maxRT", "retryTimeout", "probeTimeout":
 			v, err := d.duration(n, key, rule)
 			if err != nil {
 				return out, err
@@ -450,7 +451,11 @@ func (d *decoder) rule(i int, r *rawRule) (flow.Rule, error) {
 			if v == 0 && key == "statInterval" {
 				return out, d.errAt(n, rule, "statInterval: 0 is no window: leave the key out for the default (1s)")
 			}
-			*map[string]*time.Duration{"statInterval": &out.StatInterval, "warmUpPeriod": &out.WarmUpPeriod, "maxQueueing": &out.MaxQueueing}[key] = v
+			if v == 0 && (key == "retryTimeout" || key == "probeTimeout") {
+				return out, d.errAt(n, rule, "%s: 0 is no timeout: leave the key out for the default", key)
+			}
+			*map[string]*time.Duration{"statInterval": &out.StatInterval, "warmUpPeriod": &out.WarmUpPeriod, "maxQueueing": &out.MaxQueueing,
+				"maxRT": &out.MaxRT, "retryTimeout": &out.RetryTimeout, "probeTimeout": &out.ProbeTimeout}[key] = v
 		case "coldFactor", "localShare":
 			v, err := d.num(n, key, rule)
 			if err != nil {
@@ -460,7 +465,7 @@ func (d *decoder) rule(i int, r *rawRule) (flow.Rule, error) {
 				return out, d.errAt(n, rule, "%s: 0 would read as the default: leave the key out for it", key)
 			}
 			*map[string]*float64{"coldFactor": &out.ColdFactor, "localShare": &out.LocalShare}[key] = v
-		case "maxKeys", "burst":
+		case "maxKeys", "burst", "minRequests", "buckets":
 			v, err := d.integer(n, key, rule)
 			if err != nil {
 				return out, err
@@ -468,7 +473,7 @@ func (d *decoder) rule(i int, r *rawRule) (flow.Rule, error) {
 			if v == 0 {
 				return out, d.errAt(n, rule, "%s: 0 would read as the default: leave the key out for it", key)
 			}
-			*map[string]*int{"maxKeys": &out.MaxKeys, "burst": &out.Burst}[key] = v
+			*map[string]*int{"maxKeys": &out.MaxKeys, "burst": &out.Burst, "minRequests": &out.MinRequests, "buckets": &out.Buckets}[key] = v
 		case "relatedResource":
 			if out.RelatedResource, err = d.str(n, key, rule); err != nil {
 				return out, err

@@ -65,7 +65,7 @@ func ruleFields(r flow.Rule) []field {
 	add := func(key, value string) { fs = append(fs, field{key, value}) }
 	d := r.WithDefaults()
 	blank := flow.Rule{Resource: r.Resource, Metric: r.Metric, Behavior: r.Behavior, Global: r.Global,
-		Fallback: r.Fallback, PerKey: r.PerKey}.WithDefaults()
+		Fallback: r.Fallback, PerKey: r.PerKey, Breaker: r.Breaker, RetryTimeout: r.RetryTimeout}.WithDefaults()
 	if r.ID != "" {
 		add("id", quote(r.ID))
 	}
@@ -122,6 +122,22 @@ func ruleFields(r flow.Rule) []field {
 	}
 	if r.SpanExact {
 		add("spanExact", "true")
+	}
+	if r.Breaker != flow.NotBreaker {
+		add("breaker", r.Breaker.String())
+		if r.MaxRT != 0 {
+			add("maxRT", dur(r.MaxRT))
+		}
+		if d.MinRequests != blank.MinRequests {
+			add("minRequests", strconv.Itoa(d.MinRequests))
+		}
+		add("retryTimeout", dur(r.RetryTimeout))
+		if d.ProbeTimeout != d.RetryTimeout {
+			add("probeTimeout", dur(d.ProbeTimeout))
+		}
+		if d.Buckets != blank.Buckets {
+			add("buckets", strconv.Itoa(d.Buckets))
+		}
 	}
 	return fs
 }

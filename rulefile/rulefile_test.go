@@ -470,3 +470,25 @@ func TestFormatFileKeepsCommentsOfFlowLists(t *testing.T) {
 		assert.Equal(t, tc.want, string(out), "from %q", tc.src)
 	}
 }
+
+// A breaker rule reads from its keys, formats to its normal form and back;
+// an unknown strategy is an error at its key listing the valid ones.
+func TestBreakerRulesReadAndFormat(t *testing.T) {
+	src := "rules:\n  - id: dep\n    resource: payments\n    threshold: 0.5\n    statInterval: 2s\n    breaker: SlowRatio\n    maxRT: 200ms\n" +
+		"    minRequests: 20\n    retryTimeout: 10s\n    probeTimeout: 3s\n    buckets: 20\n"
+	rules, err := Check("b.yaml", []byte(src))
+	require.NoError(t, err)
+	require.Len(t, rules, 1)
+	assert.Equal(t, flow.Rule{ID: "dep", Resource: "payments", Threshold: 0.5, Breaker: flow.SlowRatio, MaxRT: 200 * time.Millisecond,
+		MinRequests: 20, RetryTimeout: 10 * time.Second, ProbeTimeout: 3 * time.Second, StatInterval: 2 * time.Second, Buckets: 20}, rules[0])
+	out, err := Format(rules)
+	require.NoError(t, err)
+	assert.Equal(t, src, string(out))
+
+	_, err = Check("b.yaml", []byte("rules:\n  - resource: a\n    threshold: 3\n    breaker: ErrorCounts\n    retryTimeout: 1s\n"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `b.yaml:4:14: rule "a": unknown breaker strategy "ErrorCounts" (valid: None, SlowRatio, ErrorRatio, ErrorCount)`)
+	_, err = Check("b.yaml", []byte("rules:\n  - resource: a\n    threshold: 0.5\n    breaker: ErrorRatio\n    retryTimeout: 1s\n"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "minRequests must be in [1, 1000000]")
+}

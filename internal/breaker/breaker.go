@@ -177,6 +177,27 @@ func (b *Breaker) Enter(now int64) (ok, probe bool, retry int64) {
 	}
 }
 
+// GiveBack gives back the place of the probe admitted at at (a later rule
+// refused the request): the next request may be the probe, as if the
+// probe's timeout had passed (within the first ProbeTimeout of the clock,
+// at ProbeTimeout).
+func (b *Breaker) GiveBack(at int64) {
+	b.word.CompareAndSwap(pack(HalfOpen, at), pack(HalfOpen, at-b.cfg.ProbeTimeout))
+}
+
+// Wait is how long from now until the breaker would admit a request: 0
+// closed, else until its next probe may go.
+func (b *Breaker) Wait(now int64) int64 {
+	s, at := unpack(b.word.Load())
+	switch s {
+	case Open:
+		return max(at+b.cfg.RetryTimeout-now, 0)
+	case HalfOpen:
+		return max(at+b.cfg.ProbeTimeout-now, 0)
+	}
+	return 0
+}
+
 // Exit counts the completion at now of a request admitted at start (the
 // now its Enter was given), failed or not, and moves the state: a
 // closed breaker may trip; the probe's outcome closes or reopens a

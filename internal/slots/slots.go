@@ -37,6 +37,9 @@ type Slot[O any] struct {
 	// n and p are the holder's count and stripe hint, stored like kc (the
 	// Entry has no room for them beside the word).
 	n, p atomic.Int32
+	// at is where the holder's Exit has more to do (flow: the breakers of
+	// its resource), stored like kc; nil: nothing more.
+	at atomic.Pointer[O]
 	// owner is whose slots these are (flow's Exit needs its engine).
 	owner *O
 	// overflow is set on slots of the overflow list, which go back to it.
@@ -99,8 +102,9 @@ func (sl *Slot[O]) Owner() *O { return sl.owner }
 
 // Claim takes a free slot on stripe p for an admission of n (counted in
 // its node's concurrency if counted; in key state kc of table kt if kc is
-// not nil) and returns it with the word to release it with, which is odd.
-func (s *Slots[O]) Claim(p int, n int32, counted bool, kc *keytable.State, kt *keytable.Table) (*Slot[O], uint64) {
+// not nil; with at for its Exit, if not nil) and returns it with the word
+// to release it with, which is odd.
+func (s *Slots[O]) Claim(p int, n int32, counted bool, kc *keytable.State, kt *keytable.Table, at *O) (*Slot[O], uint64) {
 	flags := uint64(slotHeld)
 	if counted {
 		flags |= slotCounted
@@ -128,6 +132,9 @@ func (s *Slots[O]) Claim(p int, n int32, counted bool, kc *keytable.State, kt *k
 	if sl.n.Load() != n {
 		sl.n.Store(n)
 	}
+	if sl.at.Load() != at {
+		sl.at.Store(at)
+	}
 	if sl.p.Load() != int32(p) {
 		sl.p.Store(int32(p))
 	}
@@ -137,6 +144,9 @@ func (s *Slots[O]) Claim(p int, n int32, counted bool, kc *keytable.State, kt *k
 // Holder returns the count and stripe hint Claim stored in sl; read before
 // Release, they are the holder's when the release succeeds.
 func (sl *Slot[O]) Holder() (n, p int32) { return sl.n.Load(), sl.p.Load() }
+
+// At returns the at Claim stored in sl, read as Holder.
+func (sl *Slot[O]) At() *O { return sl.at.Load() }
 
 func (s *Slots[O]) claimOverflow(flags uint64) (*Slot[O], uint64) {
 	s.mu.Lock()

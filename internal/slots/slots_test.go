@@ -18,14 +18,14 @@ type owner struct{ name string }
 func TestReleaseOnceWhateverCopiesExit(t *testing.T) {
 	o := &owner{"engine"}
 	s := New(o)
-	sl, w := s.Claim(0, 1, false, nil, nil)
+	sl, w := s.Claim(0, 1, false, nil, nil, nil)
 	assert.Same(t, o, sl.Owner())
 	assert.Equal(t, uint64(1), w&1, "a claim's word is odd")
 	_, _, ok := s.Release(sl, w)
 	require.True(t, ok)
 	_, _, ok = s.Release(sl, w)
 	assert.False(t, ok, "a copy of the Entry exits after it")
-	sl2, w2 := s.Claim(0, 1, false, nil, nil)
+	sl2, w2 := s.Claim(0, 1, false, nil, nil, nil)
 	if sl2 == sl {
 		assert.NotEqual(t, w, w2, "a later generation: the stale word cannot release it")
 		_, _, ok = s.Release(sl, w)
@@ -43,7 +43,7 @@ func TestReleaseReturnsWhatWasCounted(t *testing.T) {
 	s := New(&owner{})
 	kt := keytable.New(keytable.Config{Kind: keytable.Conc, MaxKeys: 16, Now: func() int64 { return 0 }})
 	st := kt.Get("k")
-	sl, w := s.Claim(1, 3, true, st, kt)
+	sl, w := s.Claim(1, 3, true, st, kt, nil)
 	assert.True(t, Counted(w))
 	n, p := sl.Holder()
 	assert.Equal(t, [2]int32{3, 1}, [2]int32{n, p}, "the holder's count and stripe")
@@ -53,7 +53,7 @@ func TestReleaseReturnsWhatWasCounted(t *testing.T) {
 	assert.Same(t, kt, gotKt)
 	_, _, ok = s.Release(sl, w)
 	assert.False(t, ok, "not twice")
-	sl, w = s.Claim(1, 1, false, nil, nil)
+	sl, w = s.Claim(1, 1, false, nil, nil, nil)
 	assert.False(t, Counted(w))
 	kc, _, ok = s.Release(sl, w)
 	require.True(t, ok)
@@ -70,7 +70,7 @@ func TestClaimsOverflowWhenTheRingIsHeld(t *testing.T) {
 	}
 	var all []held
 	for range 4 * ringSize {
-		sl, w := s.Claim(0, 1, false, nil, nil)
+		sl, w := s.Claim(0, 1, false, nil, nil, nil)
 		all = append(all, held{sl, w})
 	}
 	overflow := 0
@@ -86,7 +86,7 @@ func TestClaimsOverflowWhenTheRingIsHeld(t *testing.T) {
 	}
 	n := len(s.all)
 	for range overflow {
-		sl, w := s.Claim(0, 1, false, nil, nil)
+		sl, w := s.Claim(0, 1, false, nil, nil, nil)
 		defer s.Release(sl, w)
 	}
 	assert.Equal(t, n, len(s.all), "overflow slots are reused, not made anew")
@@ -102,7 +102,7 @@ func TestHammerReleasesEachAdmissionOnce(t *testing.T) {
 	for i := range g {
 		wg.Go(func() {
 			for range m {
-				sl, w := s.Claim(i, 1, i%2 == 0, nil, nil)
+				sl, w := s.Claim(i, 1, i%2 == 0, nil, nil, nil)
 				claims.Add(1)
 				var inner sync.WaitGroup
 				for range 2 {
@@ -124,7 +124,7 @@ func TestHammerReleasesEachAdmissionOnce(t *testing.T) {
 func TestClaimAndReleaseAllocateNothing(t *testing.T) {
 	s := New(&owner{})
 	assert.Zero(t, testing.AllocsPerRun(1000, func() {
-		sl, w := s.Claim(0, 1, false, nil, nil)
+		sl, w := s.Claim(0, 1, false, nil, nil, nil)
 		s.Release(sl, w)
 	}))
 }
@@ -133,7 +133,7 @@ func BenchmarkClaimRelease(b *testing.B) {
 	s := New(&owner{})
 	b.ReportAllocs()
 	for b.Loop() {
-		sl, w := s.Claim(0, 1, false, nil, nil)
+		sl, w := s.Claim(0, 1, false, nil, nil, nil)
 		s.Release(sl, w)
 	}
 }

@@ -1,0 +1,278 @@
+package flow
+
+import (
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/atomic"
+
+	"github.com/leapflow/leapflow/stat/stattest"
+)
+
+var errDependency = errors.New("dependency failed")
+
+// changes records what a breaker listener is told.
+type changes struct {
+	mu  sync.Mutex
+	all []BreakerChange
+}
+
+func (c *changes) add(ch BreakerChange) {
+	c.mu.Lock()
+	c.all = append(c.all, ch)
+	c.mu.Unlock()
+}
+
+func (c *changes) moves() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for _, ch := range c.all {
+		out = append(out, ch.From.String()+">"+ch.To.String())
+	}
+	return out
+}
+
+// fail enters resource and exits with an error; it reports whether the
+// request was admitted.
+func fail(e *Engine, resource string) bool {
+	en, err := e.Entry(resource)
+	if err != nil {
+		return false
+	}
+	en.Exit(errDependency)
+	return true
+}
+
+// An error-count breaker through the engine, on a fake clock: failures
+// open it; open, it refuses with its own reason, state and the time until
+// the next probe; then exactly one probe goes, and the others are refused
+// as half-open; a good probe closes it. The listener hears each change
+// once.
+func TestBreakerOpensProbesAndCloses(t *testing.T) {
+	clock := stattest.NewClock(time.Second)
+	var heard changes
+	e, _ := newEngine(t, clock, WithBreakerListener(heard.add))
+	load(t, e, Rule{ID: "dep-breaker", Resource: "dep", Breaker: ErrorCount, Threshold: 2, RetryTimeout: 5 * time.Second})
+
+	require.True(t, fail(e, "dep"))
+	require.True(t, try(e, "dep"), "one failure of two")
+	require.True(t, fail(e, "dep"))
+	clock.Advance(time.Second)
+	en, err := e.Entry("dep")
+	require.ErrorIs(t, err, ErrBlocked)
+	rf := en.Refusal()
+	assert.Equal(t, ReasonBreaker, rf.Err.Reason)
+	assert.Equal(t, BreakerOpen, rf.Breaker)
+	assert.Equal(t, 4*time.Second, rf.RetryAfter, "until the next probe")
+	assert.Contains(t, err.Error(), "ErrorCount breaker, open")
+
+	clock.Advance(4 * time.Second)
+	probe, err := e.Entry("dep")
+	require.NoError(t, err, "the probe")
+	en, err = e.Entry("dep")
+	require.ErrorIs(t, err, ErrBlocked)
+	assert.Equal(t, BreakerHalfOpen, en.Refusal().Breaker)
+	assert.Equal(t, 5*time.Second, en.Refusal().RetryAfter, "the probe holds its place for ProbeTimeout (RetryTimeout by default)")
+	clock.Advance(30 * time.Millisecond)
+	probe.Exit(nil)
+	assert.True(t, try(e, "dep"), "closed")
+	assert.True(t, fail(e, "dep"), "closed, its window afresh: one failure")
+	assert.True(t, try(e, "dep"))
+
+	assert.Equal(t, []string{"Closed>Open", "Open>HalfOpen", "HalfOpen>Closed"}, heard.moves())
+	heard.mu.Lock()
+	defer heard.mu.Unlock()
+	assert.Equal(t, BreakerChange{Resource: "dep", Rule: "dep-breaker", From: BreakerClosed, To: BreakerOpen, Value: 2, At: time.Second}, heard.all[0])
+	assert.Equal(t, float64(30*time.Millisecond), heard.all[2].Value, "the probe's response time")
+}
+
+// A failed probe opens the breaker again; a probe that never exits gives
+// its place to the next request after ProbeTimeout; a slow-ratio breaker
+// counts slow completions, not errors.
+func TestBreakerProbeOutcomesAndTimeout(t *testing.T) {
+	clock := stattest.NewClock(time.Second)
+	e, _ := newEngine(t, clock)
+	load(t, e, Rule{Resource: "slow", Breaker: SlowRatio, Threshold: 0.5, MaxRT: 100 * time.Millisecond, MinRequests: 2,
+		RetryTimeout: time.Second, ProbeTimeout: 2 * time.Second})
+	exitAfter := func(d time.Duration, err error) bool {
+		en, e2 := e.Entry("slow")
+		if e2 != nil {
+			return false
+		}
+		clock.Advance(d)
+		en.Exit(err)
+		return true
+	}
+	require.True(t, exitAfter(10*time.Millisecond, errDependency), "fast: an error is not slow")
+	require.True(t, exitAfter(10*time.Millisecond, nil))
+	require.True(t, exitAfter(150*time.Millisecond, nil), "1 slow of 3")
+	require.True(t, exitAfter(150*time.Millisecond, nil), "2 slow of 4: open")
+	assert.False(t, try(e, "slow"))
+
+	clock.Advance(time.Second)
+	require.True(t, exitAfter(101*time.Millisecond, nil), "a slow probe")
+	assert.False(t, try(e, "slow"), "open again")
+
+	clock.Advance(time.Second)
+	_, err := e.Entry("slow") // a probe that never exits
+	require.NoError(t, err)
+	clock.Advance(1999 * time.Millisecond)
+	assert.False(t, try(e, "slow"), "the probe holds its place")
+	clock.Advance(time.Millisecond)
+	require.True(t, exitAfter(time.Millisecond, nil), "its place, given to the next request: a fast probe")
+	assert.True(t, try(e, "slow"), "closed")
+}
+
+// However many goroutines arrive at once when the retry timeout has passed,
+// the engine admits exactly one of them, the probe.
+func TestBreakerAdmitsExactlyOneProbeAtAnyConcurrency(t *testing.T) {
+	for _, g := range []int{1, 2, 8, 64, 256, 1024} {
+		clock := stattest.NewClock(time.Second)
+		e, _ := newEngine(t, clock)
+		load(t, e, Rule{Resource: "dep", Breaker: ErrorCount, Threshold: 1, RetryTimeout: time.Second})
+		require.True(t, fail(e, "dep"))
+		for round := range 3 {
+			clock.Advance(time.Second)
+			var admitted atomic.Int64
+			var probes sync.Map
+			start := make(chan struct{})
+			var wg sync.WaitGroup
+			for i := range g {
+				wg.Go(func() {
+					<-start
+					if en, err := e.Entry("dep"); err == nil {
+						admitted.Inc()
+						probes.Store(i, en)
+					}
+				})
+			}
+			close(start)
+			wg.Wait()
+			require.EqualValues(t, 1, admitted.Load(), "g=%d round %d", g, round)
+			probes.Range(func(_, v any) bool {
+				en := v.(Entry)
+				en.Exit(errDependency) // open again
+				return true
+			})
+		}
+	}
+}
+
+// Allow cannot count a completion: on a resource with a breaker it is
+// refused as on one with a Concurrency rule.
+func TestAllowOnABreakerNeedsExit(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(time.Second))
+	load(t, e, Rule{Resource: "dep", Breaker: ErrorRatio, Threshold: 0.5, MinRequests: 10, RetryTimeout: time.Second},
+		Rule{Resource: "conc", Metric: Concurrency, Threshold: 10})
+	_, err := e.Allow("dep")
+	require.ErrorIs(t, err, ErrNeedsExit)
+	_, errConc := e.Allow("conc")
+	require.ErrorIs(t, errConc, ErrNeedsExit)
+}
+
+// A reload that keeps a breaker rule keeps its state; one that changes it
+// starts it afresh, closed.
+func TestBreakerStateSurvivesAReloadThatKeepsItsRule(t *testing.T) {
+	clock := stattest.NewClock(time.Second)
+	e, _ := newEngine(t, clock)
+	rule := Rule{ID: "b", Resource: "dep", Breaker: ErrorCount, Threshold: 1, RetryTimeout: time.Minute}
+	load(t, e, rule, Rule{Resource: "other", Threshold: 10})
+	require.True(t, fail(e, "dep"))
+	require.False(t, try(e, "dep"))
+	load(t, e, rule) // the other rule goes
+	assert.False(t, try(e, "dep"), "still open")
+	rule.Threshold = 2
+	load(t, e, rule)
+	assert.True(t, try(e, "dep"), "a changed rule starts closed")
+}
+
+// A breaker beside a Concurrency rule counts the completions of the
+// requests that rule counted (their Entry claims a slot).
+func TestBreakerCountsBesideAConcurrencyRule(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(time.Second))
+	load(t, e, Rule{Resource: "dep", Metric: Concurrency, Threshold: 5},
+		Rule{Resource: "dep", Breaker: ErrorCount, Threshold: 2, RetryTimeout: time.Second})
+	require.True(t, fail(e, "dep"))
+	require.True(t, fail(e, "dep"))
+	en, err := e.Entry("dep")
+	require.ErrorIs(t, err, ErrBlocked)
+	assert.Equal(t, ReasonBreaker, en.Refusal().Err.Reason)
+}
+
+// A probe that a later rule refuses gives its place back: the next request
+// may be the probe.
+func TestAProbeRefusedByAnotherRuleGivesItsPlaceBack(t *testing.T) {
+	clock := stattest.NewClock(time.Second)
+	src := &fakeSource{}
+	e, _ := newEngine(t, clock, WithTokenSource(src))
+	load(t, e, Rule{Resource: "dep", Breaker: ErrorCount, Threshold: 1, RetryTimeout: time.Second},
+		Rule{Resource: "dep", Threshold: 100, Global: true, Fallback: FallbackClosed})
+	src.allow.Store(true)
+	require.True(t, fail(e, "dep"), "open")
+	clock.Advance(time.Second)
+	src.allow.Store(false)
+	assert.False(t, try(e, "dep"), "the probe, refused by the Global rule")
+	src.allow.Store(true)
+	assert.True(t, try(e, "dep"), "the next request is the probe")
+}
+
+// Bad breaker rules are refused naming the field, and change nothing.
+func TestBadBreakerRulesAreRefused(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(time.Second))
+	good := Rule{Resource: "dep", Breaker: ErrorRatio, Threshold: 0.5, MinRequests: 5, RetryTimeout: time.Second}
+	load(t, e, good)
+	for _, tc := range []struct {
+		field string
+		edit  func(r *Rule)
+	}{
+		{"Threshold", func(r *Rule) { r.Threshold = 1.5 }},
+		{"MinRequests", func(r *Rule) { r.MinRequests = 0 }},
+		{"RetryTimeout", func(r *Rule) { r.RetryTimeout = 0 }},
+		{"ProbeTimeout", func(r *Rule) { r.ProbeTimeout = -time.Second }},
+		{"MaxRT", func(r *Rule) { r.Breaker, r.MaxRT = SlowRatio, -time.Millisecond }},
+		{"MaxRT", func(r *Rule) { r.MaxRT = time.Millisecond }},
+		{"Breaker", func(r *Rule) { r.Breaker = 9 }},
+		{"Breaker", func(r *Rule) { r.PerKey = true }},
+		{"Threshold", func(r *Rule) { r.Breaker, r.Threshold = ErrorCount, 2.5 }},
+		{"StatInterval", func(r *Rule) { r.Buckets = 7 }},
+		{"Buckets", func(r *Rule) { r.Buckets = 101 }},
+		{"MinRequests", func(r *Rule) { r.Breaker, r.Threshold, r.RetryTimeout = NotBreaker, 5, 0 }},
+	} {
+		bad := good
+		tc.edit(&bad)
+		err := e.LoadRules([]Rule{{Resource: "other", Threshold: 1}, bad})
+		var re *RuleError
+		require.ErrorAs(t, err, &re, "%+v", bad)
+		assert.Equal(t, tc.field, re.Field, "%v", err)
+		assert.Equal(t, 1, re.Index)
+	}
+	assert.Len(t, e.Rules(), 1, "nothing changed")
+}
+
+// Entry and Exit on a resource with a breaker allocate nothing, closed or
+// refusing.
+func TestBreakerEntryExitAllocatesNothing(t *testing.T) {
+	clock := stattest.NewClock(time.Second)
+	e, _ := newEngine(t, clock)
+	load(t, e, Rule{Resource: "dep", Threshold: 1e9},
+		Rule{Resource: "dep", Breaker: SlowRatio, Threshold: 0.5, MaxRT: time.Second, MinRequests: 5, RetryTimeout: time.Second},
+		Rule{Resource: "open", Breaker: ErrorCount, Threshold: 1, RetryTimeout: time.Hour})
+	r, err := e.Resource("dep")
+	require.NoError(t, err)
+	assert.Zero(t, testing.AllocsPerRun(1000, func() {
+		en, err := r.Entry()
+		if err == nil {
+			en.Exit(nil)
+		}
+	}))
+	require.True(t, fail(e, "open"))
+	assert.Zero(t, testing.AllocsPerRun(1000, func() {
+		en, _ := e.Entry("open")
+		_ = en.Refusal()
+	}))
+}
