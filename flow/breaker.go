@@ -103,7 +103,11 @@ func validateBreaker(r *Rule, i int) error {
 func compileBreaker(c *compiling) {
 	r, e := c.r, c.e
 	b := keep(c, c.old.breakers, c.next.breakers, func(b *breaker.Breaker, was *Rule) (*breaker.Breaker, bool) {
-		return b, breakerConfig(was) == breakerConfig(r)
+		if breakerConfig(was) == breakerConfig(r) {
+			return b, true
+		}
+		c.next.retire(b, was, c.now) // its requests in flight exit into it, unheard
+		return nil, false
 	}, func() *breaker.Breaker {
 		resource, rule := r.Resource, r.Name()
 		var changed func(breaker.Transition)
@@ -122,6 +126,38 @@ func compileBreaker(c *compiling) {
 	open.msg = fmt.Sprintf("flow: %s blocked by rule %s (%s breaker, open)", names.Abbrev(r.Resource), names.Abbrev(r.Name()), r.Breaker)
 	probed.msg = fmt.Sprintf("flow: %s blocked by rule %s (%s breaker, half-open: its probe is out)", names.Abbrev(r.Resource), names.Abbrev(r.Name()), r.Breaker)
 	c.rr.breakers = append(c.rr.breakers, breakerRule{b: b, open: open, probed: probed})
+}
+
+// retire stops the reports of breaker b of rule r, replaced or removed by
+// the rule set being built at now: if it was not closed, the listener is
+// told it is (the breaker in force, if any, starts closed) once the set is
+// in force (resets).
+func (next *ruleSet) retire(b *breaker.Breaker, r *Rule, now int64) {
+	if s := b.Retire(); s != breaker.Closed {
+		next.resets = append(next.resets, BreakerChange{Resource: r.Resource, Rule: r.Name(), From: BreakerState(s), To: BreakerClosed,
+			At: time.Duration(now)})
+	}
+}
+
+// retireBreakers retires the breakers of old's rules that next does not
+// keep, and tells the listener of every breaker reset (see retire).
+func (e *Engine) retireBreakers(old, next *ruleSet) {
+	for k, kb := range old.breakers {
+		if nb, ok := next.breakers[k]; !ok || nb.v != kb.v {
+			if _, listed := next.breakers[k]; !listed {
+				next.retire(kb.v, kb.r, e.now())
+			}
+		}
+	}
+	if l := e.breakerListener; l != nil {
+		for _, ch := range next.resets {
+			func() {
+				defer func() { _ = recover() }()
+				l(ch)
+			}()
+		}
+	}
+	next.resets = nil
 }
 
 // breakerConfig is the breaker of rule r.
@@ -178,10 +214,15 @@ func (rr *resourceRules) giveBackProbes(probes uint8, t int64) {
 // given back and the request counted blocked.
 func (e *Engine) enterBreakers(rr *resourceRules, p int, now, n int64, r window.Reservation) (Entry, error) {
 	var rf refusal
-	if _, ok := rr.takeBreakers(now, &rf); !ok {
+	probes, ok := rr.takeBreakers(now, &rf)
+	if !ok {
 		r.Cancel()
 		e.count(rr.node, p, now, metric.Block, n)
 		return blocked(rf.be, 0, rf.rm)
+	}
+	slot := rr.brkSlot
+	if probes != 0 {
+		slot = rr.probeSlot
 	}
 	node := rr.node
 	if rr.singleApart {
@@ -189,7 +230,7 @@ func (e *Engine) enterBreakers(rr *resourceRules, p int, now, n int64, r window.
 	} else if node.Dropped() {
 		node = e.recount(node, p, now, metric.Pass, n)
 	}
-	return Entry{node: node, slot: rr.brkSlot, start: now, meta: holdsNothing(n, p)}, nil
+	return Entry{node: node, slot: slot, start: now, meta: holdsNothing(n, p)}, nil
 }
 
 // releaseBreakers gives back the probes h took (a later rule refused the
@@ -210,9 +251,9 @@ func (rr *resourceRules) breakersWait(now, retry int64) int64 {
 // on a resource without breakers pays only the test that leads here.
 //
 //go:noinline
-func (rr *resourceRules) exitBreakers(p int, start, now int64, failed bool) {
+func (rr *resourceRules) exitBreakers(p int, start, now int64, failed, probe bool) {
 	for i := range rr.breakers {
-		rr.breakers[i].b.Exit(p, start, now, failed)
+		rr.breakers[i].b.Exit(p, start, now, failed, probe)
 	}
 }
 
@@ -237,8 +278,11 @@ type BreakerChange struct {
 // engine's circuit breakers (Rule.Breaker), exactly once per change, by
 // the goroutine whose request made it (an Entry admitting the probe, an
 // Exit that trips the breaker or ends the probe), after the state changed
-// and outside anything the engine holds. fn must not block: hand slow work
-// to a goroutine or a channel of your own.
+// and outside anything the engine holds. A reload that changes or removes
+// the rule of a breaker that is not closed reports it closed (the breaker
+// in force starts closed), from LoadRules, which holds the engine's load
+// lock: fn must not load rules. fn must not block: hand slow work to a
+// goroutine or a channel of your own. A panic in fn is dropped.
 func WithBreakerListener(fn func(BreakerChange)) Option {
 	return func(c *config) { c.breakerListener = fn }
 }

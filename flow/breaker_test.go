@@ -1,6 +1,7 @@
 package flow
 
 import (
+	"context"
 	"errors"
 	"sync"
 	"testing"
@@ -275,4 +276,242 @@ func TestBreakerEntryExitAllocatesNothing(t *testing.T) {
 		en, _ := e.Entry("open")
 		_ = en.Refusal()
 	}))
+}
+
+// A request admitted while closed for a later instant (WithWait), that
+// exits while the breaker is half-open at that instant, is not the probe:
+// only the probe's completion ends the half-open period.
+func TestARequestWaitingForTheProbesInstantIsNotTheProbe(t *testing.T) {
+	clock := stattest.NewClock(time.Second)
+	var heard changes
+	e, _ := newEngine(t, clock, WithBreakerListener(heard.add))
+	load(t, e, Rule{Resource: "dep", Threshold: 4},
+		Rule{Resource: "dep", Breaker: ErrorCount, Threshold: 1, RetryTimeout: 500 * time.Millisecond})
+	c, err := e.Entry("dep")
+	require.NoError(t, err)
+	for range 3 {
+		require.True(t, try(e, "dep")) // the window (4/s) is full
+	}
+	a, err := e.Entry("dep", WithWait(5*time.Second))
+	require.NoError(t, err, "waits for the next window")
+	t.Logf("A.Start=%v", time.Duration(a.Start()))
+	c.Exit(errDependency) // opens at 1s
+	require.False(t, try(e, "dep"), "open")
+
+	clock.Set(time.Duration(a.Start()))
+	p, err := e.Entry("dep") // the probe, at S
+	require.NoError(t, err, "the probe")
+	t.Logf("P.Start=%v", time.Duration(p.Start()))
+	clock.Advance(10 * time.Millisecond)
+	a.Exit(nil) // admitted before the breaker opened: should count for nothing
+	t.Logf("moves after A's exit: %v", heard.moves())
+	assert.Equal(t, []string{"Closed>Open", "Open>HalfOpen"}, heard.moves(), "A is not the probe")
+	clock.Advance(10 * time.Millisecond)
+	p.Exit(errDependency) // the real probe fails
+	t.Logf("moves after P's failed exit: %v", heard.moves())
+	assert.False(t, try(e, "dep"), "the probe failed: open again")
+}
+
+// Requests waiting for the probe's bucket, admitted while closed, leave
+// the probe's outcome to the probe.
+func TestWaitersOfOneBucketLeaveTheProbeItsOwnOutcome(t *testing.T) {
+	clock := stattest.NewClock(time.Second)
+	var heard changes
+	e, _ := newEngine(t, clock, WithBreakerListener(heard.add))
+	load(t, e, Rule{Resource: "dep", Threshold: 4},
+		Rule{Resource: "dep", Breaker: ErrorCount, Threshold: 1, RetryTimeout: 300 * time.Millisecond})
+	c, err := e.Entry("dep")
+	require.NoError(t, err)
+	for range 3 {
+		require.True(t, try(e, "dep"))
+	}
+	a, err := e.Entry("dep", WithWait(5*time.Second))
+	require.NoError(t, err)
+	clock.Advance(100 * time.Millisecond)
+	c.Exit(errDependency)                                    // open at 1.1s
+	clock.Advance(300*time.Millisecond + 3*time.Millisecond) // 1.403s: past the retry timeout, before A's start
+	p, err := e.Entry("dep", WithWait(5*time.Second))
+	require.NoError(t, err, "the probe, waiting for the same bucket")
+	t.Logf("A.Start=%v P.Start=%v", time.Duration(a.Start()), time.Duration(p.Start()))
+	clock.Set(time.Duration(a.Start()) + 5*time.Millisecond)
+	a.Exit(nil)
+	assert.Equal(t, []string{"Closed>Open", "Open>HalfOpen"}, heard.moves(), "A (admitted while closed) is not the probe")
+	p.Exit(errDependency)
+	t.Logf("moves: %v", heard.moves())
+	assert.False(t, try(e, "dep"), "the probe failed: open again")
+}
+
+// A reservation admitted while closed for the probe's instant is not the
+// probe.
+func TestAReservationIsNotTakenForTheProbe(t *testing.T) {
+	clock := stattest.NewClock(time.Second)
+	var heard changes
+	e, _ := newEngine(t, clock, WithBreakerListener(heard.add))
+	load(t, e, Rule{Resource: "dep", Threshold: 2},
+		Rule{Resource: "dep", Breaker: ErrorCount, Threshold: 1, RetryTimeout: 500 * time.Millisecond})
+	c, err := e.Entry("dep")
+	require.NoError(t, err)
+	require.True(t, try(e, "dep"))
+	r, err := e.Reserve("dep", WithWait(5*time.Second))
+	require.NoError(t, err)
+	c.Exit(errDependency)
+	clock.Advance(r.Delay())
+	p, err := e.Entry("dep")
+	require.NoError(t, err, "the probe")
+	a, err := r.Entry()
+	require.NoError(t, err, "the reservation goes through the open breaker")
+	a.Exit(nil)
+	assert.Equal(t, []string{"Closed>Open", "Open>HalfOpen"}, heard.moves())
+	p.Exit(errDependency)
+	assert.False(t, try(e, "dep"), "the probe failed: open again")
+}
+
+// A probe given back (a later rule refused it) frees its place at once,
+// however early in the engine's time.
+func TestAProbeGivenBackEarlyInEngineTimeFreesItsPlace(t *testing.T) {
+	clock := stattest.NewClock(time.Second)
+	src := &fakeSource{}
+	e, _ := newEngine(t, clock, WithTokenSource(src))
+	load(t, e, Rule{Resource: "dep", Breaker: ErrorCount, Threshold: 1, RetryTimeout: time.Second, ProbeTimeout: time.Minute},
+		Rule{Resource: "dep", Threshold: 100, Global: true, Fallback: FallbackClosed})
+	src.allow.Store(true)
+	require.True(t, fail(e, "dep"), "open")
+	clock.Advance(time.Second)
+	src.allow.Store(false)
+	assert.False(t, try(e, "dep"), "the probe, refused by the Global rule")
+	src.allow.Store(true)
+	en, err := e.Entry("dep")
+	if err != nil {
+		t.Logf("refused: %v retryAfter=%v", err, en.Refusal().RetryAfter)
+	}
+	assert.NoError(t, err, "the next request is the probe")
+}
+
+// A reload that changes an open breaker's rule reports it closed.
+func TestAReloadThatChangesAnOpenBreakerReportsItClosed(t *testing.T) {
+	clock := stattest.NewClock(time.Second)
+	var heard changes
+	e, _ := newEngine(t, clock, WithBreakerListener(heard.add))
+	rule := Rule{ID: "b", Resource: "dep", Breaker: ErrorCount, Threshold: 1, RetryTimeout: time.Minute}
+	load(t, e, rule)
+	require.True(t, fail(e, "dep"))
+	require.False(t, try(e, "dep"))
+	rule.Threshold = 2
+	load(t, e, rule)
+	require.True(t, try(e, "dep"), "closed now")
+	t.Logf("heard: %v", heard.moves())
+	assert.Equal(t, []string{"Closed>Open", "Open>Closed"}, heard.moves(), "the listener should hear it close")
+}
+
+// A breaker replaced by a reload reports nothing more, whatever its
+// requests in flight do at Exit.
+func TestAReplacedBreakerReportsNothing(t *testing.T) {
+	clock := stattest.NewClock(time.Second)
+	var heard changes
+	e, _ := newEngine(t, clock, WithBreakerListener(heard.add))
+	rule := Rule{ID: "b", Resource: "dep", Breaker: ErrorCount, Threshold: 2, RetryTimeout: time.Minute}
+	load(t, e, rule)
+	inflight := make([]Entry, 3)
+	for i := range inflight {
+		var err error
+		inflight[i], err = e.Entry("dep")
+		require.NoError(t, err)
+	}
+	rule.Threshold = 3 // changed: a fresh breaker
+	load(t, e, rule)
+	inflight[0].Exit(errDependency)
+	inflight[1].Exit(errDependency) // the old breaker trips
+	t.Logf("heard: %v", heard.moves())
+	assert.True(t, try(e, "dep"), "the breaker in force is closed")
+	assert.Empty(t, heard.moves(), "nothing changed in the breaker in force")
+}
+
+// A listener's panic is dropped: the request that made the change
+// completes, and the breaker goes on.
+func TestAListenersPanicIsDropped(t *testing.T) {
+	clock := stattest.NewClock(time.Second)
+	boom := false
+	e, _ := newEngine(t, clock, WithBreakerListener(func(c BreakerChange) {
+		if boom {
+			panic("listener")
+		}
+	}))
+	load(t, e, Rule{Resource: "dep", Threshold: 100},
+		Rule{Resource: "dep", Breaker: ErrorCount, Threshold: 1, RetryTimeout: time.Second, ProbeTimeout: time.Minute})
+	require.True(t, fail(e, "dep"))
+	clock.Advance(time.Second)
+	boom = true
+	func() {
+		defer func() { t.Logf("recovered: %v", recover()) }()
+		_, _ = e.Entry("dep")
+	}()
+	boom = false
+	en, err := e.Entry("dep")
+	if err != nil {
+		t.Logf("after the panic: %v, retry %v", err, en.Refusal().RetryAfter)
+	}
+	s, _ := e.Snapshot("dep")
+	t.Logf("snapshot after: %+v", s)
+}
+
+// A listener may enter requests itself.
+func TestAListenerMayEnter(t *testing.T) {
+	clock := stattest.NewClock(time.Second)
+	var e *Engine
+	calls := 0
+	e, _ = newEngine(t, clock, WithBreakerListener(func(c BreakerChange) {
+		calls++
+		if calls > 5 {
+			return
+		}
+		if en, err := e.Entry("dep"); err == nil {
+			en.Exit(nil)
+		}
+		_ = e.LoadRules(e.Rules())
+	}))
+	load(t, e, Rule{Resource: "dep", Breaker: ErrorCount, Threshold: 1, RetryTimeout: time.Second})
+	require.True(t, fail(e, "dep"))
+	clock.Advance(time.Second)
+	assert.True(t, try(e, "dep"))
+	t.Logf("calls %d", calls)
+}
+
+// A completion a bucket behind (a small clock step back) is counted, one
+// bucket or many.
+func TestACompletionBehindItsBucketIsCounted(t *testing.T) {
+	clock := stattest.NewClock(time.Second)
+	e, _ := newEngine(t, clock)
+	load(t, e, Rule{Resource: "dep", Breaker: ErrorCount, Threshold: 3, StatInterval: 100 * time.Millisecond, Buckets: 1, RetryTimeout: time.Second})
+	clock.Set(time.Second + 250*time.Millisecond)
+	require.True(t, fail(e, "dep"))
+	require.True(t, fail(e, "dep"))
+	clock.Set(time.Second + 190*time.Millisecond) // back 60 ms
+	require.True(t, fail(e, "dep"))
+	clock.Set(time.Second + 250*time.Millisecond)
+	require.True(t, fail(e, "dep"))
+	assert.False(t, try(e, "dep"), "4 failures within 100 ms: open")
+}
+
+// A probe taken for a later instant whose wait is cancelled frees its
+// place at once.
+func TestACancelledWaitingProbeFreesItsPlaceAtOnce(t *testing.T) {
+	clock := stattest.NewClock(10 * time.Second)
+	e, _ := newEngine(t, clock)
+	load(t, e, Rule{Resource: "dep", Threshold: 10, StatInterval: 10 * time.Second},
+		Rule{Resource: "dep", Breaker: ErrorCount, Threshold: 1, RetryTimeout: time.Second, ProbeTimeout: time.Second})
+	for range 60 {
+		require.True(t, try(e, "dep"))
+	}
+	require.True(t, fail(e, "dep")) // open; 61 of 100 used
+	clock.Advance(time.Second)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	w, err := e.Entry("dep", WithCount(50), WithWait(time.Hour), WithContext(ctx))
+	t.Logf("W: start %v err %v", time.Duration(w.Start()), err)
+	require.ErrorIs(t, err, context.Canceled)
+	en, err := e.Entry("dep")
+	if err != nil {
+		t.Logf("refused: %v, retry %v", err, en.Refusal().RetryAfter)
+	}
+	assert.NoError(t, err, "no probe is out: this one is the probe")
 }

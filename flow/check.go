@@ -569,7 +569,7 @@ func (e *Engine) finish(rr *resourceRules, h *held, p int, now, wait int64, earl
 	}
 	if len(rr.breakers) > 0 {
 		// Its Exit is counted by the breakers: its slot leads back to them.
-		return e.admittedBreakers(rr, node, p, now, n, h.conc, h.kc), nil
+		return e.admittedBreakers(rr, node, p, now, n, h.conc, h.kc, h.probes != 0), nil
 	}
 	return e.admitted(node, p, now, n, h.conc, h.kc, rr.keyConc.t), nil
 }
@@ -577,11 +577,15 @@ func (e *Engine) finish(rr *resourceRules, h *held, p int, now, wait int64, earl
 // admittedBreakers is admitted on a resource with breakers: its Entry's
 // slot (the resource's breaker sentinel, or a claim that records it) leads
 // its Exit back to them.
-func (e *Engine) admittedBreakers(rr *resourceRules, node *stats.Node, p int, start, n int64, counted bool, kc *keytable.State) Entry {
-	if !counted && kc == nil {
-		return Entry{node: node, slot: rr.brkSlot, start: start, meta: holdsNothing(n, p)}
+func (e *Engine) admittedBreakers(rr *resourceRules, node *stats.Node, p int, start, n int64, counted bool, kc *keytable.State, probe bool) Entry {
+	st, sent := &rr.brkSite, rr.brkSlot
+	if probe {
+		st, sent = &rr.probeSite, rr.probeSlot
 	}
-	sl, w := e.slots.Claim(p, int32(n), counted, kc, rr.keyConc.t, &rr.brkSite)
+	if !counted && kc == nil {
+		return Entry{node: node, slot: sent, start: start, meta: holdsNothing(n, p)}
+	}
+	sl, w := e.slots.Claim(p, int32(n), counted, kc, rr.keyConc.t, st)
 	return Entry{node: node, slot: sl, start: start, meta: w}
 }
 

@@ -41,6 +41,9 @@ type ruleSet struct {
 	// breakers are the circuit breakers, kept while their rule is
 	// unchanged.
 	breakers map[ruleKey]kept[*breaker.Breaker]
+	// resets are the breakers that compile retired while not closed, to
+	// report once the set is in force.
+	resets []BreakerChange
 }
 
 // ruleKey identifies a rule across reloads: a rule is the same rule when
@@ -123,6 +126,8 @@ type site struct {
 	// windowGroup.refusalKeyed).
 	group int
 	keyed bool
+	// probe marks the site of the Entries of breaker probes.
+	probe bool
 }
 
 // resourceRules is everything Entry needs for one resource with rules.
@@ -184,10 +189,13 @@ type resourceRules struct {
 	needsExit error
 	// breakers are the resource's circuit breakers; brkSite leads an
 	// admission's Exit back to them (its slot, when it holds nothing, is
-	// brkSlot).
-	breakers []breakerRule
-	brkSite  site
-	brkSlot  *slots.Slot[site]
+	// brkSlot), probeSite a probe's (probeSlot): only a probe's Exit ends
+	// a half-open period.
+	breakers  []breakerRule
+	brkSite   site
+	brkSlot   *slots.Slot[site]
+	probeSite site
+	probeSlot *slots.Slot[site]
 	// policy is the quota of the resource's strictest QPS rule of its own
 	// (the least per second; not a related-resource rule, which limits
 	// another resource's rate), for Engine.Policy; nil: none.
@@ -280,6 +288,8 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stats.Node, bounds []Boun
 		if len(rr.breakers) > 0 {
 			rr.brkSite = site{e: e, rr: rr}
 			rr.brkSlot = slots.Sentinel(&rr.brkSite)
+			rr.probeSite = site{e: e, rr: rr, probe: true}
+			rr.probeSlot = slots.Sentinel(&rr.probeSite)
 			if rr.needsExit == nil {
 				rr.needsExit = fmt.Errorf("%w: Allow on %s, which has a circuit breaker (it counts completions): use Entry and Exit", ErrNeedsExit, names.Abbrev(name))
 			}

@@ -203,6 +203,7 @@ func (e *Engine) LoadRules(rules []Rule) error {
 	e.rules.Store(next)
 	e.seedWindows(old, next)
 	e.adopt(adopting)
+	e.retireBreakers(old, next)
 	var dropped []string
 	for _, name := range resourcesOf(old.rules) {
 		if byName[name] == nil {

@@ -308,7 +308,7 @@ func (en *Entry) Exit(err error) {
 	}
 	if rr := st.rr; rr != nil {
 		// Its resource's breakers count it (st is their sentinel's site).
-		rr.exitBreakers(int(m>>2&(1<<30-1)), en.start, now, err != nil)
+		rr.exitBreakers(int(m>>2&(1<<30-1)), en.start, now, err != nil, st.probe)
 	}
 	second(node).CompleteOn(int(m>>2&(1<<30-1)), now, n, max(now-en.start, 0), err != nil)
 	if e.adopting.Load() != 0 {
@@ -345,7 +345,7 @@ func (en *Entry) release(sl *slots.Slot[site], node *stats.Node, m uint64, err e
 		kt.Release(kc, n)
 	}
 	if at != nil {
-		at.rr.exitBreakers(int(hp), en.start, now, err != nil)
+		at.rr.exitBreakers(int(hp), en.start, now, err != nil, at.probe)
 	}
 }
 

@@ -8,7 +8,9 @@
 // and the winner alone reports it. A completion is one compare-and-swap
 // on the caller's stripe of the window's newest bucket, each bucket's
 // count of requests and of bad ones in one word, so that a ratio read from
-// the window is never torn.
+// the window is never torn. A bucket's epoch is kept modulo 2^20: a cell
+// left untouched for exactly a multiple of 2^20 buckets would be read as
+// current (29 h of 100 ms buckets).
 //
 // Times are int64 nanoseconds of the caller's clock, passed in, so tests
 // drive it with plain numbers. Package flow's breaker rules are a Breaker
@@ -98,12 +100,12 @@ type Transition struct {
 }
 
 // The state word: the state in the low two bits, the instant it began
-// (ns, at least 0) above them.
+// (ns, in [-2^61, 2^61)) above them.
 const stateBits = 2
 
-func pack(s State, at int64) uint64 { return uint64(max(at, 0))<<stateBits | uint64(s) }
+func pack(s State, at int64) uint64 { return uint64(at)<<stateBits | uint64(s) }
 
-func unpack(w uint64) (State, int64) { return State(w & (1<<stateBits - 1)), int64(w >> stateBits) }
+func unpack(w uint64) (State, int64) { return State(w & (1<<stateBits - 1)), int64(w) >> stateBits }
 
 // The bucket word: the bucket's epoch (its start over the bucket length,
 // modulo 2^epochBits), its completions and its bad completions.
@@ -128,8 +130,10 @@ type Breaker struct {
 	stride int
 	mask   int
 	// changed is called with every transition, by the goroutine that
-	// made it, after the state changed (never while holding anything).
+	// made it, after the state changed (never while holding anything),
+	// until the breaker is retired.
 	changed func(Transition)
+	retired atomic.Bool
 }
 
 // New returns a closed breaker of cfg that reports transitions to changed
@@ -178,12 +182,15 @@ func (b *Breaker) Enter(now int64) (ok, probe bool, retry int64) {
 }
 
 // GiveBack gives back the place of the probe admitted at at (a later rule
-// refused the request): the next request may be the probe, as if the
-// probe's timeout had passed (within the first ProbeTimeout of the clock,
-// at ProbeTimeout).
+// refused the request, or its wait was cancelled): the next request may
+// be the probe.
 func (b *Breaker) GiveBack(at int64) {
-	b.word.CompareAndSwap(pack(HalfOpen, at), pack(HalfOpen, at-b.cfg.ProbeTimeout))
+	b.word.CompareAndSwap(pack(HalfOpen, at), pack(HalfOpen, givenBack))
 }
+
+// givenBack is the instant of a probe's place given back: long past, so
+// that the next request is the probe, and no request's start.
+const givenBack = -1 << 60
 
 // Wait is how long from now until the breaker would admit a request: 0
 // closed, else until its next probe may go.
@@ -201,9 +208,12 @@ func (b *Breaker) Wait(now int64) int64 {
 // Exit counts the completion at now of a request admitted at start (the
 // now its Enter was given), failed or not, and moves the state: a
 // closed breaker may trip; the probe's outcome closes or reopens a
-// half-open one. Completions of requests admitted before the breaker
-// opened, and of a probe whose place timed out, count for nothing.
-func (b *Breaker) Exit(p int, start, now int64, failed bool) {
+// half-open one. probe says the request was admitted as a probe (by some
+// breaker of its resource): only a probe's completion ends a half-open
+// period, and only the one that began it (its start is the period's
+// instant). Completions of requests admitted before the breaker opened,
+// and of a probe whose place timed out, count for nothing.
+func (b *Breaker) Exit(p int, start, now int64, failed, probe bool) {
 	rt := max(now-start, 0)
 	bad := failed
 	if b.cfg.Strategy == SlowRatio {
@@ -220,7 +230,7 @@ func (b *Breaker) Exit(p int, start, now int64, failed bool) {
 		if bad {
 			b.mayTrip(w, now)
 		}
-	case s == HalfOpen && start == at:
+	case s == HalfOpen && probe && start == at:
 		// The probe (no other request was admitted since it).
 		value := float64(rt)
 		to := Closed
@@ -260,10 +270,23 @@ func (b *Breaker) mayTrip(w uint64, now int64) {
 	}
 }
 
+// report tells the listener of t, unless the breaker was retired; a
+// listener's panic is dropped, so that the request that made the change
+// completes (its state already changed).
 func (b *Breaker) report(t Transition) {
-	if b.changed != nil {
-		b.changed(t)
+	if b.changed == nil || b.retired.Load() {
+		return
 	}
+	defer func() { _ = recover() }()
+	b.changed(t)
+}
+
+// Retire stops the breaker's reports (its rule changed: the one in force
+// is another), and returns its state.
+func (b *Breaker) Retire() State {
+	b.retired.Store(true)
+	s, _ := b.State()
+	return s
 }
 
 // epoch is the bucket number of now, and its place in the ring.
@@ -284,11 +307,19 @@ func (b *Breaker) count(p int, now int64, bad bool) {
 	for {
 		w := cell.Load()
 		next := e<<epochShft | inc
+		if ahead := (w>>epochShft - e) & (1<<epochBits - 1); ahead != 0 && ahead < 1<<(epochBits-2) {
+			// The cell is of a newer bucket than this late completion's
+			// (a clock read before another's): it counts there rather
+			// than wipe it.
+			e = w >> epochShft
+		}
 		if w>>epochShft == e {
-			if (w>>allShift)&countMax == countMax {
-				return // full: the ratio is read from what it holds
-			}
 			next = w + inc
+			if all := w >> allShift & countMax; all == countMax {
+				// Full: both counts halve (the ratio stays), and it goes
+				// on counting.
+				next = e<<epochShft | (all/2)<<allShift | (w>>badShift&countMax)/2<<badShift + inc
+			}
 		}
 		if cell.CompareAndSwap(w, next) {
 			return
@@ -329,7 +360,7 @@ func (b *Breaker) clear() {
 }
 
 // MaxCount is the most completions one stripe's bucket counts; past it a
-// bucket keeps its ratio and stops counting.
+// bucket halves its counts (keeping its ratio) and goes on counting.
 const MaxCount = countMax
 
 // pad keeps the cells off the lines of whatever is allocated beside them.

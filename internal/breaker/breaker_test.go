@@ -74,11 +74,11 @@ func TestErrorCountTripsProbesAndRecovers(t *testing.T) {
 	for range 3 {
 		enter(t, b, 0, false)
 	}
-	b.Exit(0, 0, 10*ms, true)
-	b.Exit(0, 0, 10*ms, true)
+	b.Exit(0, 0, 10*ms, true, true)
+	b.Exit(0, 0, 10*ms, true, true)
 	s, _ := b.State()
 	assert.Equal(t, Closed, s, "two errors of three")
-	b.Exit(0, 0, 10*ms, true)
+	b.Exit(0, 0, 10*ms, true, true)
 	s, at := b.State()
 	assert.Equal(t, Open, s)
 	assert.Equal(t, 10*ms, at)
@@ -89,14 +89,14 @@ func TestErrorCountTripsProbesAndRecovers(t *testing.T) {
 	enter(t, b, 5*sec+10*ms, true)
 	refused(t, b, 5*sec+10*ms, 2*sec) // the probe holds its place
 	refused(t, b, 6*sec, sec+10*ms)
-	b.Exit(0, 5*sec+10*ms, 6*sec, true)
+	b.Exit(0, 5*sec+10*ms, 6*sec, true, true)
 	s, at = b.State()
 	assert.Equal(t, Open, s, "a failed probe reopens")
 	assert.Equal(t, 6*sec, at)
 
 	refused(t, b, 10*sec, sec)
 	enter(t, b, 11*sec, true)
-	b.Exit(0, 11*sec, 11*sec+20*ms, false)
+	b.Exit(0, 11*sec, 11*sec+20*ms, false, true)
 	s, at = b.State()
 	assert.Equal(t, Closed, s, "a good probe closes")
 	assert.Equal(t, 11*sec+20*ms, at)
@@ -105,7 +105,7 @@ func TestErrorCountTripsProbesAndRecovers(t *testing.T) {
 
 	// A request admitted before the breaker opened completes now, failed:
 	// it counts for nothing.
-	b.Exit(0, 0, 11*sec+30*ms, true)
+	b.Exit(0, 0, 11*sec+30*ms, true, true)
 	all, _ = b.Sum(11*sec + 30*ms)
 	assert.Zero(t, all)
 	enter(t, b, 11*sec+40*ms, false)
@@ -127,7 +127,7 @@ func TestErrorRatioTripsAtItsShareAfterItsMinimum(t *testing.T) {
 	now := int64(0)
 	exit := func(failed bool) {
 		enter(t, b, now, false)
-		b.Exit(0, now, now+ms, failed)
+		b.Exit(0, now, now+ms, failed, true)
 	}
 	exit(true)
 	exit(true)
@@ -156,7 +156,7 @@ func TestSlowRatioCountsSlowRequests(t *testing.T) {
 		if i%2 == 0 {
 			rt = 101 * ms
 		}
-		b.Exit(0, 0, rt, i == 1) // the failure is fast: not counted bad
+		b.Exit(0, 0, rt, i == 1, true) // the failure is fast: not counted bad
 	}
 	all, bad := b.Sum(101 * ms)
 	assert.Equal(t, [2]int64{5, 3}, [2]int64{all, bad})
@@ -165,12 +165,12 @@ func TestSlowRatioCountsSlowRequests(t *testing.T) {
 	assert.InDelta(t, 0.6, rec.all()[0].Value, 1e-12)
 
 	enter(t, b, 6*sec, true)
-	b.Exit(0, 6*sec, 6*sec+100*ms+1, false)
+	b.Exit(0, 6*sec, 6*sec+100*ms+1, false, true)
 	s, _ = b.State()
 	assert.Equal(t, Open, s, "a slow probe reopens")
 	assert.Equal(t, float64(100*ms+1), rec.all()[2].Value)
 	enter(t, b, 12*sec, true)
-	b.Exit(0, 12*sec, 12*sec+100*ms, true)
+	b.Exit(0, 12*sec, 12*sec+100*ms, true, true)
 	s, _ = b.State()
 	assert.Equal(t, Closed, s, "a probe at MaxRT closes, failed or not")
 }
@@ -181,16 +181,16 @@ func TestSlowRatioCountsSlowRequests(t *testing.T) {
 func TestAProbeThatNeverExitsGivesItsPlaceBack(t *testing.T) {
 	b, rec := newBreaker(Config{Strategy: ErrorCount, Threshold: 1, MinRequests: 1})
 	enter(t, b, 0, false)
-	b.Exit(0, 0, 0, true)
+	b.Exit(0, 0, 0, true, true)
 	enter(t, b, 5*sec, true) // never exits in time
 	refused(t, b, 6*sec, sec)
 	enter(t, b, 7*sec, true)
 	refused(t, b, 7*sec, 2*sec)
-	b.Exit(0, 5*sec, 7*sec+ms, true) // the first probe, late
+	b.Exit(0, 5*sec, 7*sec+ms, true, true) // the first probe, late
 	s, at := b.State()
 	assert.Equal(t, HalfOpen, s)
 	assert.Equal(t, 7*sec, at)
-	b.Exit(0, 7*sec, 7*sec+2*ms, false)
+	b.Exit(0, 7*sec, 7*sec+2*ms, false, true)
 	s, _ = b.State()
 	assert.Equal(t, Closed, s)
 	assert.Len(t, rec.all(), 3, "closed to open, open to half-open, half-open to closed: %v", rec.all())
@@ -213,7 +213,7 @@ func TestWindowSumsMatchTheOracle(t *testing.T) {
 		for range 2000 {
 			now += rng.Int64N(bucketLen / 2)
 			bad := rng.IntN(3) == 0
-			b.Exit(rng.IntN(64), now, now, bad)
+			b.Exit(rng.IntN(64), now, now, bad, true)
 			log = append(log, done{now, bad})
 			if rng.IntN(10) == 0 {
 				e := now / bucketLen
@@ -240,7 +240,7 @@ func TestExactlyOneProbePerHalfOpenPeriod(t *testing.T) {
 	for _, g := range []int{1, 2, 4, 16, 64, 256, 1024} {
 		b, rec := newBreaker(Config{Strategy: ErrorCount, Threshold: 1, MinRequests: 1})
 		enter(t, b, 0, false)
-		b.Exit(0, 0, 0, true)
+		b.Exit(0, 0, 0, true, true)
 		now := int64(0)
 		for round := range 5 {
 			now += 5 * sec
@@ -263,7 +263,7 @@ func TestExactlyOneProbePerHalfOpenPeriod(t *testing.T) {
 			wg.Wait()
 			require.EqualValues(t, 1, probes.Load(), "g=%d round %d", g, round)
 			require.EqualValues(t, 1, admitted.Load(), "g=%d round %d", g, round)
-			b.Exit(0, now, now, true) // the probe fails: open again
+			b.Exit(0, now, now, true, true) // the probe fails: open again
 		}
 		opened := 0
 		for _, tr := range rec.all() {
@@ -284,7 +284,7 @@ func TestConcurrentCompletionsCountOnceAndTripOnce(t *testing.T) {
 		for i := range g {
 			wg.Go(func() {
 				for j := range each {
-					b.Exit(i, 0, sec, j%4 == 0)
+					b.Exit(i, 0, sec, j%4 == 0, true)
 				}
 			})
 		}
@@ -327,7 +327,7 @@ func BenchmarkClosedEnterExit(b *testing.B) {
 		for pb.Next() {
 			now += 100
 			if ok, _, _ := br.Enter(now); ok {
-				br.Exit(p, now, now+10, false)
+				br.Exit(p, now, now+10, false, true)
 			}
 		}
 	})
@@ -339,6 +339,6 @@ func TestClosedEnterExitAllocatesNothing(t *testing.T) {
 	assert.Zero(t, testing.AllocsPerRun(1000, func() {
 		now += ms
 		br.Enter(now)
-		br.Exit(0, now, now+1, now%3 == 0)
+		br.Exit(0, now, now+1, now%3 == 0, true)
 	}))
 }
