@@ -143,10 +143,8 @@ func (next *ruleSet) retire(b *breaker.Breaker, r *Rule, now int64) {
 // keep, and tells the listener of every breaker reset (see retire).
 func (e *Engine) retireBreakers(old, next *ruleSet) {
 	for k, kb := range old.breakers {
-		if nb, ok := next.breakers[k]; !ok || nb.v != kb.v {
-			if _, listed := next.breakers[k]; !listed {
-				next.retire(kb.v, kb.r, e.now())
-			}
+		if _, kept := next.breakers[k]; !kept { // a changed rule's was retired by compile
+			next.retire(kb.v, kb.r, e.now())
 		}
 	}
 	if l := e.breakerListener; l != nil {

@@ -18,7 +18,7 @@ import (
 //
 // A comment inside a keys list moves above the list, and the comments of
 // a key the normal form leaves out (a default) move above its rule. None
-// is lost: formatFile checks that its output holds every one.
+// is lost: formatData checks that its output holds every one.
 type fileComments struct {
 	head, tail []string
 	rules      []*ruleComments
@@ -128,24 +128,6 @@ func (c *fileComments) of(i int) *ruleComments {
 		return nil
 	}
 	return c.rules[i]
-}
-
-// count is how many comments c holds.
-func (c *fileComments) count() int {
-	n := len(c.tail)
-	for _, h := range c.head {
-		if h != "" {
-			n++
-		}
-	}
-	for _, r := range c.rules {
-		n += len(r.head)
-		for _, h := range r.heads {
-			n += len(h)
-		}
-		n += len(r.line)
-	}
-	return n
 }
 
 // writeLines writes comment lines at an indent ("" for a blank line).
