@@ -515,3 +515,43 @@ func TestACancelledWaitingProbeFreesItsPlaceAtOnce(t *testing.T) {
 	}
 	assert.NoError(t, err, "no probe is out: this one is the probe")
 }
+
+// MarkError makes Exit count a failure whatever it is given: an Exception
+// in the statistics and a failure for the breakers, on an Entry that
+// holds nothing and on one that claimed a slot; a blocked or exited Entry
+// ignores it.
+func TestMarkErrorCountsAFailure(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		rules []Rule
+	}{
+		{"holds nothing", nil},
+		{"claims a slot", []Rule{{Resource: "dep", Metric: Concurrency, Threshold: 5}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := stattest.NewClock(time.Second)
+			e, _ := newEngine(t, clock)
+			load(t, e, append(tc.rules, Rule{Resource: "dep", Breaker: ErrorCount, Threshold: 2, RetryTimeout: time.Second})...)
+			good, err := e.Entry("dep")
+			require.NoError(t, err)
+			good.Exit(nil)
+			for range 2 {
+				en, err := e.Entry("dep")
+				require.NoError(t, err)
+				en.MarkError()
+				en.Exit(nil)
+				en.MarkError() // exited: nothing
+				en.Exit(nil)
+			}
+			en, err := e.Entry("dep")
+			require.ErrorIs(t, err, ErrBlocked, "two marked failures open it")
+			assert.Equal(t, ReasonBreaker, en.Refusal().Err.Reason)
+			en.MarkError() // blocked: nothing
+			en.Exit(nil)
+			snap, ok := e.Snapshot("dep")
+			require.True(t, ok)
+			assert.Equal(t, 2.0, snap.ExceptionQPS, "the marked exits, once each")
+			assert.Equal(t, 3.0, snap.SuccessQPS)
+		})
+	}
+}

@@ -289,9 +289,13 @@ func (en *Entry) Exit(err error) {
 		return // exited, or not admitted
 	}
 	en.meta = 0 // exited: a count of 0, no claim
+	failed := err != nil
+	if int64(m) < 0 { // MarkError's
+		m, failed = m&^markedError, true
+	}
 	sl := en.slot
 	if m&1 != 0 {
-		en.release(sl, node, m, err)
+		en.release(sl, node, m, failed)
 		return
 	}
 	// It holds nothing: m holds its count and stripe hint.
@@ -308,16 +312,34 @@ func (en *Entry) Exit(err error) {
 	}
 	if rr := st.rr; rr != nil {
 		// Its resource's breakers count it (st is their sentinel's site).
-		rr.exitBreakers(int(m>>2&(1<<30-1)), en.start, now, err != nil, st.probe)
+		rr.exitBreakers(int(m>>2&(1<<30-1)), en.start, now, failed, st.probe)
 	}
-	second(node).CompleteOn(int(m>>2&(1<<30-1)), now, n, max(now-en.start, 0), err != nil)
+	second(node).CompleteOn(int(m>>2&(1<<30-1)), now, n, max(now-en.start, 0), failed)
 	if e.adopting.Load() != 0 {
 		e.releaseAdopted(node, n)
 	}
 }
 
+// markedError is MarkError's bit in an admission's meta: above a claim's
+// word (a generation count that never reaches it) and above the count of
+// one that holds nothing (at most 2^30, from bit 32).
+const markedError = 1 << 63
+
+// MarkError marks the admitted request as failed before its Exit: Exit
+// then counts it as Exit with an error does (an Exception, and a failure
+// for the resource's circuit breakers), whatever error it is given. It is
+// for the request whose work failed where the code that exits it cannot
+// tell (a business error found deep in a handler, a response status the
+// adapter does not count). On a blocked or an exited Entry it does
+// nothing; it marks only this copy of the Entry.
+func (en *Entry) MarkError() {
+	if en.node != nil && en.meta != 0 {
+		en.meta |= markedError
+	}
+}
+
 // release is Exit for an admission that claimed sl with word m.
-func (en *Entry) release(sl *slots.Slot[site], node *stats.Node, m uint64, err error) {
+func (en *Entry) release(sl *slots.Slot[site], node *stats.Node, m uint64, failed bool) {
 	e := sl.Owner().e
 	hn, hp := sl.Holder()
 	at := sl.At()
@@ -335,7 +357,7 @@ func (en *Entry) release(sl *slots.Slot[site], node *stats.Node, m uint64, err e
 	// The completion before the concurrency ends, so that the in-flight
 	// gauge never counts a request that the concurrency no longer does
 	// (see Engine.adopt).
-	second(node).CompleteOn(int(hp), now, n, max(now-en.start, 0), err != nil)
+	second(node).CompleteOn(int(hp), now, n, max(now-en.start, 0), failed)
 	if slots.Counted(m) {
 		node.ReleaseConcurrency(n)
 	} else if e.adopting.Load() != 0 {
@@ -345,7 +367,7 @@ func (en *Entry) release(sl *slots.Slot[site], node *stats.Node, m uint64, err e
 		kt.Release(kc, n)
 	}
 	if at != nil {
-		at.rr.exitBreakers(int(hp), en.start, now, err != nil, at.probe)
+		at.rr.exitBreakers(int(hp), en.start, now, failed, at.probe)
 	}
 }
 

@@ -9,12 +9,13 @@
 //
 // # Blocked
 //
-// A blocked call fails with codes.ResourceExhausted (BlockStatus), whose
-// details are a google.rpc.RetryInfo with the delay after which the rule
-// would admit the call, when the rule can say (see flow.Refusal.RetryAfter),
-// and a google.rpc.ErrorInfo (domain "leapflow", reason RATE_LIMITED or
-// CONCURRENCY_LIMITED) whose metadata name the resource, the rule, the
-// quota and its window. A client reads the delay with RetryDelay.
+// A blocked call fails with codes.ResourceExhausted (BlockStatus), or
+// codes.Unavailable when a circuit breaker refused it, whose details are a
+// google.rpc.RetryInfo with the delay after which the rule would admit the
+// call, when the rule can say (see flow.Refusal.RetryAfter; a breaker:
+// until its next probe), and a google.rpc.ErrorInfo (domain "leapflow",
+// reason RATE_LIMITED, CONCURRENCY_LIMITED or CIRCUIT_OPEN) whose
+// metadata name the resource, the rule, the quota and its window. A client reads the delay with RetryDelay.
 // WithBlockStatus replaces the status. On the client side the call is
 // refused before anything is sent.
 //
@@ -26,9 +27,10 @@
 // # Exceptions
 //
 // A handler's (or, on the client, the call's) error counts as an
-// exception when WithExceptions's function says so; by default
-// IsException: codes Unknown, Internal, Unavailable, DataLoss and
-// DeadlineExceeded, which say the service failed rather than the caller.
+// exception, the failure circuit breakers count, when WithExceptions's
+// function says so; by default IsException: codes Unknown, Internal,
+// Unavailable, DataLoss and DeadlineExceeded, which say the service failed
+// rather than the caller.
 // A server handler that panics, or on a client whatever the interceptor
 // calls, is counted as an exception and the panic goes on.
 //
@@ -301,19 +303,25 @@ const (
 	Domain                = "leapflow"
 	ReasonRateLimited     = "RATE_LIMITED"
 	ReasonConcurrencyFull = "CONCURRENCY_LIMITED"
+	ReasonCircuitOpen     = "CIRCUIT_OPEN"
 )
 
 // BlockStatus is the status a blocked call fails with by default:
-// codes.ResourceExhausted with the block error's message, a RetryInfo
+// codes.ResourceExhausted (codes.Unavailable for a circuit breaker's
+// refusal) with the block error's message, a RetryInfo
 // detail when the rule says when it would admit the call, and an
 // ErrorInfo naming the resource ("resource"), the rule ("rule", its ID or
-// resource), why ("reason": flow, concurrency, queue or global), and the
+// resource), why ("reason": flow, concurrency, queue, global or breaker), and the
 // quota ("quota", and "window" as a Go duration; in flight when it is 0s).
 //
 // The ErrorInfo of a rule is marshalled once and kept in a small table,
 // so a blocked call costs one small RetryInfo and the status.
 func BlockStatus(b Blocked) *status.Status {
-	p := &spb.Status{Code: int32(codes.ResourceExhausted), Message: b.Err.Error()}
+	code := codes.ResourceExhausted
+	if b.Err.Reason == flow.ReasonBreaker {
+		code = codes.Unavailable // the service is failing, not the caller too fast
+	}
+	p := &spb.Status{Code: int32(code), Message: b.Err.Error()}
 	if b.RetryAfter >= 0 {
 		// RetryInfo{retry_delay (1): Duration{seconds (1), nanos (2)}}.
 		d := durationpb.New(b.RetryAfter)
@@ -371,8 +379,11 @@ func errorInfo(b Blocked) *anypb.Any {
 			"window":   window.String(),
 		},
 	}
-	if b.Err.Reason == flow.ReasonConcurrency {
+	switch b.Err.Reason {
+	case flow.ReasonConcurrency:
 		info.Reason = ReasonConcurrencyFull
+	case flow.ReasonBreaker:
+		info.Reason = ReasonCircuitOpen
 	}
 	a, err := anypb.New(info)
 	if err != nil {

@@ -490,3 +490,50 @@ func TestEveryRefusalCarriesRetryInfo(t *testing.T) {
 	assert.Equal(t, 1400*ms, d, "alice's pass at 100 ms leaves her 2 s window (of 500 ms buckets) at 2 s")
 	assert.Equal(t, "each", detailInfo(t, err).Metadata["rule"])
 }
+
+// A circuit breaker counts the calls that fail with an exception's code
+// (the default codes, or WithExceptions's) and, open, refuses calls with
+// Unavailable, the wait until its next probe as RetryInfo and an
+// ErrorInfo of reason CIRCUIT_OPEN; its probe's success closes it.
+func TestBreakerCountsFailedCallsAndAnswersUnavailable(t *testing.T) {
+	fail := func(msg string) error {
+		if msg == "ok" {
+			return nil
+		}
+		c, _ := strconv.Atoi(msg)
+		return status.Error(codes.Code(c), "asked to fail")
+	}
+	breaker := flow.Rule{ID: "say-breaker", Resource: grpcflowtest.Say, Breaker: flow.ErrorCount, Threshold: 2, RetryTimeout: 10 * time.Second}
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name       string
+		opts       []Option
+		bad, clean codes.Code
+	}{
+		{"default codes", nil, codes.Internal, codes.NotFound},
+		{"WithExceptions", []Option{WithExceptions(func(err error) bool { return status.Code(err) == codes.NotFound })}, codes.NotFound, codes.Internal},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := stattest.NewClock(time.Second)
+			eng := engine(t, clock, breaker)
+			conn := serve(t, New(eng, tc.opts...), fail)
+			for range 3 {
+				require.Equal(t, tc.clean, status.Code(say(ctx, conn, strconv.Itoa(int(tc.clean))))) // not failures
+			}
+			require.Equal(t, tc.bad, status.Code(say(ctx, conn, strconv.Itoa(int(tc.bad)))))
+			require.Equal(t, tc.bad, status.Code(say(ctx, conn, strconv.Itoa(int(tc.bad)))))
+			clock.Advance(4 * time.Second)
+			err := say(ctx, conn, "ok")
+			require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+			d, ok := RetryDelay(err)
+			require.True(t, ok)
+			assert.Equal(t, 6*time.Second, d, "until the next probe")
+			ei := detailInfo(t, err)
+			assert.Equal(t, ReasonCircuitOpen, ei.Reason)
+			assert.Equal(t, "breaker", ei.Metadata["reason"])
+			clock.Advance(6 * time.Second)
+			require.NoError(t, say(ctx, conn, "ok"), "the probe")
+			require.NoError(t, say(ctx, conn, "ok"), "closed")
+		})
+	}
+}

@@ -9,8 +9,10 @@ import (
 
 // RefusalFields returns the status and the header fields (name, value) the
 // default block handler answers b with: 429 Too Many Requests, or 503
-// Service Unavailable for a Concurrency rule's refusal when
-// concurrency503; Retry-After when the rule can say; RateLimit-Policy and
+// Service Unavailable for a circuit breaker's refusal (flow.ReasonBreaker:
+// the service behind is failing, not the caller too fast), and for a
+// Concurrency rule's when concurrency503; Retry-After when the rule can
+// say (a breaker: until its next probe); RateLimit-Policy and
 // RateLimit when it has a quota (see the package doc). It is for adapters
 // of servers that are not net/http, so that their answers carry the same
 // fields; names are as the drafts spell them, values ready to send.
@@ -36,7 +38,7 @@ func RefusalFields(b Blocked, concurrency503 bool) (status int, fields [][2]stri
 			[2]string{"RateLimit-Policy", policyField(name, q, win)},
 			[2]string{"RateLimit", field})
 	}
-	if concurrency503 && b.Err.Reason == flow.ReasonConcurrency {
+	if b.Err.Reason == flow.ReasonBreaker || concurrency503 && b.Err.Reason == flow.ReasonConcurrency {
 		status = http.StatusServiceUnavailable
 	}
 	return status, fields

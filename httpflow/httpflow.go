@@ -1,8 +1,10 @@
 // Package httpflow puts leapflow in front of net/http handlers: each request
 // enters a resource (by default its ServeMux route pattern), optionally
 // under a caller key for PerKey rules; a blocked request gets 429 Too Many
-// Requests with Retry-After and the IETF RateLimit fields; 5xx responses
-// and panics are counted as exceptions.
+// Requests with Retry-After and the IETF RateLimit fields (503 Service
+// Unavailable when a circuit breaker refused it); 5xx responses and
+// panics are counted as exceptions, the failures a circuit breaker
+// counts (WithExceptions chooses the statuses).
 //
 //	mux := http.NewServeMux()
 //	mux.Handle("GET /items/{id}", items)
@@ -44,11 +46,12 @@
 // # Blocked
 //
 // The default block handler answers 429 Too Many Requests (503 Service
-// Unavailable for a Concurrency rule with WithConcurrency503), with:
+// Unavailable for a circuit breaker, and for a Concurrency rule with
+// WithConcurrency503), with:
 //   - Retry-After: the seconds, rounded up and at least 1, until the rule
 //     would admit the request (QPS Reject rules: until enough of the window
 //     has left it; Throttle: until its slot is within the queue), when the
-//     rule can say;
+//     rule can say (a circuit breaker: until its next probe);
 //   - RateLimit-Policy and RateLimit as defined by
 //     draft-ietf-httpapi-ratelimit-headers-09 (structured-field Lists of one
 //     item named after the rule, with q and w; r and t). The draft counts
@@ -145,8 +148,8 @@ func WithHeadersOnAdmit() Option { return func(c *config) { c.onAdmit = true } }
 // (a full registry) instead of letting it through.
 func WithFailClosed() Option { return func(c *config) { c.failClosed = true } }
 
-// WithExceptions decides which response statuses count as exceptions
-// (default: 500 and above).
+// WithExceptions decides which response statuses count as exceptions,
+// the failures circuit breakers count (default: 500 and above).
 func WithExceptions(fn func(status int) bool) Option {
 	return func(c *config) { c.isException = fn }
 }

@@ -608,3 +608,46 @@ func TestEveryRefusalSaysWhenToRetry(t *testing.T) {
 	assert.Equal(t, `"all";q=3;w=1`, resp.Header.Get("RateLimit-Policy"), "the route's rule refused first")
 	assert.Equal(t, "2", resp.Header.Get("Retry-After"), "and a's key waits longer: 1.7 s")
 }
+
+// A circuit breaker counts the responses that are exceptions (5xx, or
+// WithExceptions's statuses) and, open, answers 503 with Retry-After until
+// its next probe, and no RateLimit fields (a breaker has no quota); its
+// probe's success closes it.
+func TestBreakerCountsFailedResponsesAndAnswers503(t *testing.T) {
+	breaker := flow.Rule{ID: "dep", Resource: "GET /x", Breaker: flow.ErrorCount, Threshold: 2, RetryTimeout: 10 * time.Second}
+	for _, tc := range []struct {
+		name       string
+		opts       []Option
+		bad, clean int
+	}{
+		{"default statuses", nil, http.StatusBadGateway, http.StatusNotFound},
+		{"WithExceptions", []Option{WithExceptions(func(status int) bool { return status == http.StatusConflict })}, http.StatusConflict, http.StatusInternalServerError},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := stattest.NewClock(time.Second)
+			eng := engine(t, clock, breaker)
+			var answer atomic.Int64
+			mux := http.NewServeMux()
+			mux.Handle("GET /x", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(int(answer.Load())) }))
+			srv := httptest.NewServer(New(eng, tc.opts...).Middleware(mux))
+			defer srv.Close()
+			c := srv.Client()
+			answer.Store(int64(tc.clean))
+			for range 3 {
+				require.Equal(t, tc.clean, get(t, c, srv.URL+"/x").StatusCode, "not failures")
+			}
+			answer.Store(int64(tc.bad))
+			require.Equal(t, tc.bad, get(t, c, srv.URL+"/x").StatusCode)
+			require.Equal(t, tc.bad, get(t, c, srv.URL+"/x").StatusCode)
+			clock.Advance(4 * time.Second)
+			resp := get(t, c, srv.URL+"/x")
+			require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+			assert.Equal(t, "6", resp.Header.Get("Retry-After"), "until the next probe")
+			assert.Empty(t, resp.Header.Get("RateLimit-Policy"))
+			clock.Advance(6 * time.Second)
+			answer.Store(http.StatusOK)
+			require.Equal(t, http.StatusOK, get(t, c, srv.URL+"/x").StatusCode, "the probe")
+			require.Equal(t, http.StatusOK, get(t, c, srv.URL+"/x").StatusCode, "closed")
+		})
+	}
+}
