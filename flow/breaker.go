@@ -284,3 +284,57 @@ type BreakerChange struct {
 func WithBreakerListener(fn func(BreakerChange)) Option {
 	return func(c *config) { c.breakerListener = fn }
 }
+
+// BreakerStatus is a circuit breaker's state, as Engine.Breakers reads it.
+type BreakerStatus struct {
+	Rule  Rule
+	State BreakerState
+	// Since is the engine's time its state began (for a breaker closed
+	// since its rule was loaded, the load).
+	Since time.Duration
+	// RetryAfter is how long until it admits a request: 0 closed, else
+	// until its next probe may go.
+	RetryAfter time.Duration
+	// Transitions counts its changes into each state since its rule was
+	// loaded (kept by reloads that keep the rule), by BreakerState.
+	Transitions [3]int64
+	// Tripped is the Value of its last trip (see BreakerChange), 0 if it
+	// never tripped.
+	Tripped float64
+	// Completed and Failed are what its window counts now: completions,
+	// and the bad ones among them (failed, or slow for SlowRatio).
+	Completed, Failed int64
+}
+
+// Breakers returns the circuit breakers in force (Rule.Breaker), in load
+// order, with their state and window now.
+func (e *Engine) Breakers() []BreakerStatus {
+	set := e.ruleSet()
+	if len(set.breakers) == 0 {
+		return nil
+	}
+	of := make(map[*Rule]*breaker.Breaker, len(set.breakers))
+	for _, kb := range set.breakers {
+		of[kb.r] = kb.v
+	}
+	now := e.now()
+	out := make([]BreakerStatus, 0, len(of))
+	for i := range set.rules {
+		b := of[&set.rules[i]]
+		if b == nil {
+			continue
+		}
+		s, at := b.State()
+		all, bad := b.Sum(now)
+		st := BreakerStatus{Rule: set.rules[i], State: BreakerState(s), Since: time.Duration(at), RetryAfter: time.Duration(b.Wait(now)),
+			Tripped: b.Tripped(), Completed: all, Failed: bad}
+		if at == breaker.GivenBack {
+			st.Since = time.Duration(now) // a probe given back: its place is free
+		}
+		for s := range st.Transitions {
+			st.Transitions[s] = b.Transitions(breaker.State(s))
+		}
+		out = append(out, st)
+	}
+	return out
+}

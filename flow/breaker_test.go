@@ -555,3 +555,47 @@ func TestMarkErrorCountsAFailure(t *testing.T) {
 		})
 	}
 }
+
+// Breakers reads each breaker's state, the time until its next probe, its
+// transitions (kept by a reload that keeps the rule), what last tripped
+// it and its window.
+func TestBreakersReadsStateTransitionsAndWindow(t *testing.T) {
+	clock := stattest.NewClock(time.Second)
+	e, _ := newEngine(t, clock)
+	rules := []Rule{{Resource: "other", Threshold: 10},
+		{ID: "dep-breaker", Resource: "dep", Breaker: ErrorRatio, Threshold: 0.5, MinRequests: 4, RetryTimeout: 5 * time.Second}}
+	load(t, e, rules...)
+	require.True(t, try(e, "dep"))
+	require.True(t, fail(e, "dep"))
+	bs := e.Breakers()
+	require.Len(t, bs, 1)
+	assert.Equal(t, "dep-breaker", bs[0].Rule.ID)
+	assert.Equal(t, BreakerClosed, bs[0].State)
+	assert.Equal(t, time.Second, bs[0].Since, "closed since the load")
+	assert.Equal(t, [2]int64{2, 1}, [2]int64{bs[0].Completed, bs[0].Failed})
+
+	clock.Advance(500 * time.Millisecond)
+	require.True(t, fail(e, "dep"))
+	require.True(t, fail(e, "dep"), "3 of 4 failed in its second: it opens")
+	clock.Advance(time.Second)
+	load(t, e, rules...) // keeps the rule
+	bs = e.Breakers()
+	require.Len(t, bs, 1)
+	assert.Equal(t, BreakerOpen, bs[0].State)
+	assert.Equal(t, 1500*time.Millisecond, bs[0].Since)
+	assert.Equal(t, 4*time.Second, bs[0].RetryAfter)
+	assert.Equal(t, [3]int64{0, 1, 0}, bs[0].Transitions)
+	assert.Equal(t, 0.75, bs[0].Tripped)
+
+	clock.Advance(4*time.Second - 1)
+	require.False(t, try(e, "dep"))
+	clock.Advance(1)
+	require.True(t, try(e, "dep"), "the probe closes it")
+	bs = e.Breakers()
+	assert.Equal(t, BreakerClosed, bs[0].State)
+	assert.Equal(t, [3]int64{1, 1, 1}, bs[0].Transitions, "closed, open, half-open: one each")
+	assert.Equal(t, [2]int64{0, 0}, [2]int64{bs[0].Completed, bs[0].Failed}, "a closing probe clears the window")
+
+	load(t, e, rules[0])
+	assert.Empty(t, e.Breakers())
+}

@@ -19,6 +19,7 @@ package breaker
 
 import (
 	"go.uber.org/atomic"
+	"math"
 
 	"github.com/leapflow/leapflow/internal/cpu"
 )
@@ -134,6 +135,10 @@ type Breaker struct {
 	// until the breaker is retired.
 	changed func(Transition)
 	retired atomic.Bool
+	// into counts the transitions into each state; tripped is the Value
+	// of the last closed-to-open one (float64 bits).
+	into    [3]atomic.Int64
+	tripped atomic.Uint64
 }
 
 // New returns a closed breaker of cfg that reports transitions to changed
@@ -185,12 +190,12 @@ func (b *Breaker) Enter(now int64) (ok, probe bool, retry int64) {
 // refused the request, or its wait was cancelled): the next request may
 // be the probe.
 func (b *Breaker) GiveBack(at int64) {
-	b.word.CompareAndSwap(pack(HalfOpen, at), pack(HalfOpen, givenBack))
+	b.word.CompareAndSwap(pack(HalfOpen, at), pack(HalfOpen, GivenBack))
 }
 
-// givenBack is the instant of a probe's place given back: long past, so
+// GivenBack is the instant of a probe's place given back: long past, so
 // that the next request is the probe, and no request's start.
-const givenBack = -1 << 60
+const GivenBack = -1 << 60
 
 // Wait is how long from now until the breaker would admit a request: 0
 // closed, else until its next probe may go.
@@ -274,12 +279,23 @@ func (b *Breaker) mayTrip(w uint64, now int64) {
 // listener's panic is dropped, so that the request that made the change
 // completes (its state already changed).
 func (b *Breaker) report(t Transition) {
+	b.into[t.To].Add(1)
+	if t.From == Closed {
+		b.tripped.Store(math.Float64bits(t.Value))
+	}
 	if b.changed == nil || b.retired.Load() {
 		return
 	}
 	defer func() { _ = recover() }()
 	b.changed(t)
 }
+
+// Transitions returns how many times the breaker went into state s.
+func (b *Breaker) Transitions(s State) int64 { return b.into[s].Load() }
+
+// Tripped returns the Value of the breaker's last trip (closed to open),
+// 0 if it never tripped.
+func (b *Breaker) Tripped() float64 { return math.Float64frombits(b.tripped.Load()) }
 
 // Retire stops the breaker's reports (its rule changed: the one in force
 // is another), and returns its state.
