@@ -73,6 +73,7 @@ type Collector struct {
 	threshold                                    *prometheus.Desc
 	reloads, reloadFailed, wouldBlock            *prometheus.Desc
 	unreached                                    *prometheus.Desc
+	breakerState, breakerTransitions             *prometheus.Desc
 	reloader                                     Reloader
 }
 
@@ -98,22 +99,25 @@ func New(eng *flow.Engine, opts ...Option) *Collector {
 		return prometheus.NewDesc("leapflow_"+name, help, append([]string{"resource"}, labels...), nil)
 	}
 	c := &Collector{
-		eng:        eng,
-		totals:     map[string]*totals{},
-		passed:     desc("requests_passed_total", "Requests admitted."),
-		blocked:    desc("requests_blocked_total", "Requests blocked by a rule."),
-		occupied:   desc("requests_occupied_total", "Requests admitted against a future window (priority borrowing), also counted as passed."),
-		completed:  desc("requests_completed_total", "Admitted requests that exited."),
-		failed:     desc("requests_failed_total", "Admitted requests that exited with an error, also counted as completed."),
-		duration:   desc("request_duration_seconds", "Response times of the completed requests."),
-		inflight:   desc("requests_inflight", "Requests admitted and not exited."),
-		fallbacks:  desc("fallback_decisions_total", "Requests a global rule decided by its fallback because its token source failed."),
-		evictions:  desc("key_evictions_total", "Keys a per-key rule evicted from its table while their window held admissions."),
-		forgotten:  desc("keys_forgotten_total", "Evicted keys a per-key rule forgot while their window held admissions: seen again, they start afresh."),
-		threshold:  desc("rule_threshold", "A rule's threshold: requests per second (metric qps) or in flight (metric concurrency).", "rule", "metric"),
-		wouldBlock: desc("rule_would_block_total", "Requests a dry-run rule would have blocked (it blocks nothing).", "rule"),
-		unreached:  desc("rule_unreached", "1 for a rule that cannot take effect as named: its resource saw no request while requests went to a catch-all resource such as http:unmatched (flow.Engine.Unreached).", "rule"),
-		reloads:    prometheus.NewDesc("leapflow_rule_reloads_total", "Rule sets a rule source applied.", nil, nil),
+		eng:          eng,
+		totals:       map[string]*totals{},
+		passed:       desc("requests_passed_total", "Requests admitted."),
+		blocked:      desc("requests_blocked_total", "Requests blocked by a rule."),
+		occupied:     desc("requests_occupied_total", "Requests admitted against a future window (priority borrowing), also counted as passed."),
+		completed:    desc("requests_completed_total", "Admitted requests that exited."),
+		failed:       desc("requests_failed_total", "Admitted requests that exited with an error, also counted as completed."),
+		duration:     desc("request_duration_seconds", "Response times of the completed requests."),
+		inflight:     desc("requests_inflight", "Requests admitted and not exited."),
+		fallbacks:    desc("fallback_decisions_total", "Requests a global rule decided by its fallback because its token source failed."),
+		evictions:    desc("key_evictions_total", "Keys a per-key rule evicted from its table while their window held admissions."),
+		forgotten:    desc("keys_forgotten_total", "Evicted keys a per-key rule forgot while their window held admissions: seen again, they start afresh."),
+		threshold:    desc("rule_threshold", "A rule's threshold: requests per second (metric qps) or in flight (metric concurrency).", "rule", "metric"),
+		wouldBlock:   desc("rule_would_block_total", "Requests a dry-run rule would have blocked (it blocks nothing).", "rule"),
+		unreached:    desc("rule_unreached", "1 for a rule that cannot take effect as named: its resource saw no request while requests went to a catch-all resource such as http:unmatched (flow.Engine.Unreached).", "rule"),
+		breakerState: desc("breaker_state", "A circuit breaker's state: 0 closed, 1 open, 2 half-open (flow.BreakerState).", "rule"),
+		breakerTransitions: desc("breaker_transitions_total",
+			"A circuit breaker's changes of state, by the state it went into (closed, open, half_open), since its rule was loaded.", "rule", "to"),
+		reloads: prometheus.NewDesc("leapflow_rule_reloads_total", "Rule sets a rule source applied.", nil, nil),
 		reloadFailed: prometheus.NewDesc("leapflow_rule_reload_failed",
 			"1 while the rule source's latest update failed (the rules in force stay), else 0.", nil, nil),
 	}
@@ -154,7 +158,8 @@ func (c *Collector) add(batch []stat.Second) {
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.passed, c.blocked, c.occupied, c.completed, c.failed,
-		c.duration, c.inflight, c.fallbacks, c.evictions, c.forgotten, c.threshold, c.wouldBlock, c.unreached} {
+		c.duration, c.inflight, c.fallbacks, c.evictions, c.forgotten, c.threshold, c.wouldBlock, c.unreached,
+		c.breakerState, c.breakerTransitions} {
 		ch <- d
 	}
 	if c.reloader != nil {
@@ -220,8 +225,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		thresholds[k] += float64(d.WouldBlock)
 	}
 	for _, rule := range c.eng.Rules() {
-		if rule.DryRun {
-			continue
+		if rule.DryRun || rule.Breaker != flow.NotBreaker {
+			continue // a breaker's threshold is a share or a count of failures
 		}
 		k := ruleKey{rule.Resource, rule.Name(), "qps"}
 		if rule.Metric == flow.Concurrency {
@@ -249,6 +254,44 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	c.unreachedRules(ch)
+	c.breakers(ch)
+}
+
+// breakers sends each circuit breaker's state and transitions. Breakers
+// without IDs on one resource share a name: their transitions are
+// summed, and the state shown is the one that refuses most (open, then
+// half-open).
+func (c *Collector) breakers(ch chan<- prometheus.Metric) {
+	type sum struct {
+		state flow.BreakerState
+		into  [3]int64
+	}
+	refuses := [3]int{flow.BreakerClosed: 0, flow.BreakerOpen: 2, flow.BreakerHalfOpen: 1}
+	sums := map[[2]string]*sum{}
+	var keys [][2]string
+	for _, b := range c.eng.Breakers() {
+		k := [2]string{b.Rule.Resource, b.Rule.Name()}
+		s := sums[k]
+		if s == nil {
+			s = &sum{state: b.State}
+			sums[k] = s
+			keys = append(keys, k)
+		}
+		if refuses[b.State] > refuses[s.state] {
+			s.state = b.State
+		}
+		for i, n := range b.Transitions {
+			s.into[i] += n
+		}
+	}
+	to := [3]string{flow.BreakerClosed: "closed", flow.BreakerOpen: "open", flow.BreakerHalfOpen: "half_open"}
+	for _, k := range keys {
+		s := sums[k]
+		ch <- prometheus.MustNewConstMetric(c.breakerState, prometheus.GaugeValue, float64(s.state), label(k[0]), label(k[1]))
+		for i, n := range s.into {
+			ch <- prometheus.MustNewConstMetric(c.breakerTransitions, prometheus.CounterValue, float64(n), label(k[0]), label(k[1]), to[i])
+		}
+	}
 }
 
 // unreachedRules sends a 1 for each rule that cannot take effect as

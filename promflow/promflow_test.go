@@ -334,3 +334,41 @@ func TestEveryPassReachesTheCollector(t *testing.T) {
 	eng.Feed().Close()
 	assert.Equal(t, want, passedOf(t, reg, "api"))
 }
+
+// A circuit breaker's state is a gauge and its transitions a counter by
+// the state it went into; two breakers without IDs on one resource share
+// their name: the state that refuses most, the transitions summed. A
+// breaker's threshold is not a rule threshold.
+func TestBreakerStateAndTransitions(t *testing.T) {
+	clock := stattest.NewClock(time.Second)
+	eng := engine(t, clock,
+		flow.Rule{ID: "dep", Resource: "dep", Breaker: flow.ErrorCount, Threshold: 1, RetryTimeout: time.Second},
+		flow.Rule{Resource: "pair", Breaker: flow.ErrorCount, Threshold: 1, RetryTimeout: time.Second},
+		flow.Rule{Resource: "pair", Breaker: flow.SlowRatio, MaxRT: time.Second, Threshold: 0.5, MinRequests: 5, RetryTimeout: time.Second})
+	c := New(eng)
+	defer c.Close()
+	for _, res := range []string{"dep", "pair"} {
+		en, err := eng.Entry(res)
+		require.NoError(t, err)
+		en.Exit(errors.New("down")) // opens dep, and pair's ErrorCount breaker
+	}
+	clock.Advance(time.Second)
+	en, err := eng.Entry("dep")
+	require.NoError(t, err, "the probe")
+	en.Exit(nil)
+	want := `
+# HELP leapflow_breaker_state A circuit breaker's state: 0 closed, 1 open, 2 half-open (flow.BreakerState).
+# TYPE leapflow_breaker_state gauge
+leapflow_breaker_state{resource="dep",rule="dep"} 0
+leapflow_breaker_state{resource="pair",rule="pair"} 1
+# HELP leapflow_breaker_transitions_total A circuit breaker's changes of state, by the state it went into (closed, open, half_open), since its rule was loaded.
+# TYPE leapflow_breaker_transitions_total counter
+leapflow_breaker_transitions_total{resource="dep",rule="dep",to="closed"} 1
+leapflow_breaker_transitions_total{resource="dep",rule="dep",to="half_open"} 1
+leapflow_breaker_transitions_total{resource="dep",rule="dep",to="open"} 1
+leapflow_breaker_transitions_total{resource="pair",rule="pair",to="closed"} 0
+leapflow_breaker_transitions_total{resource="pair",rule="pair",to="half_open"} 0
+leapflow_breaker_transitions_total{resource="pair",rule="pair",to="open"} 1
+`
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want), "leapflow_breaker_state", "leapflow_breaker_transitions_total", "leapflow_rule_threshold"))
+}
