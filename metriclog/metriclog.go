@@ -9,7 +9,11 @@
 // block, success and exception counts; the mean response time of the
 // completed requests in whole milliseconds (0 when none completed);
 // occupied passes (priority borrowing); the most requests in flight a
-// Concurrency rule counted. An eleventh field, "partial", marks
+// Concurrency rule counted. On a resource with circuit breakers
+// (flow.Rule.Breaker) a field "breaker:STATE:N" follows: the state of its
+// breakers when the line was written (Closed, Open or HalfOpen; of
+// several, the one that refuses most) and N, how many times they opened
+// since the resource's previous line. A last field, "partial", marks
 // the second still running when the writer closed. In resource names '%',
 // '|', CR and LF are written as %25, %7C, %0D and %0A, so every line
 // splits into its fields; Read undoes it.
@@ -90,9 +94,13 @@ func newConfig(opts []Option) (config, error) {
 
 // Writer appends an engine's completed seconds to a file.
 type Writer struct {
-	feed    *flow.Feed
-	cancel  func()
-	lines   chan []stat.Second
+	eng    *flow.Engine
+	feed   *flow.Feed
+	cancel func()
+	lines  chan batch
+	// opened is, by resource, how many times its breakers had opened when
+	// its last line was queued (read on the feed's goroutine only).
+	opened  map[string]int64
 	done    chan struct{}
 	path    string
 	out     sink // the file, through lumberjack (tests fail it on purpose)
@@ -109,6 +117,20 @@ type Writer struct {
 	// what a failed write wrote past mark is taken back.
 	mark, tried                      int64
 	written, lost, lostSecs, errored atomic.Int64
+}
+
+// batch is a delivery of the feed, with the breaker field of each
+// resource that has breakers.
+type batch struct {
+	secs     []stat.Second
+	breakers map[string]breakerField
+}
+
+// breakerField is a line's breaker field: the state of the resource's
+// breakers, and how many times they opened since its previous line.
+type breakerField struct {
+	state  flow.BreakerState
+	opened int64
 }
 
 // sink is where the lines go: a lumberjack.Logger.
@@ -186,8 +208,8 @@ func NewWriter(eng *flow.Engine, path string, opts ...Option) (*Writer, error) {
 	if err := endLine(l.Filename); err != nil {
 		return nil, fmt.Errorf("metriclog: %w", err)
 	}
-	w := &Writer{feed: eng.Feed(), lines: make(chan []stat.Second, 64), done: make(chan struct{}), path: l.Filename, out: l,
-		onError: o.onError}
+	w := &Writer{eng: eng, feed: eng.Feed(), lines: make(chan batch, 64), done: make(chan struct{}), path: l.Filename, out: l,
+		onError: o.onError, opened: map[string]int64{}}
 	go w.run()
 	w.cancel = w.feed.Subscribe(w.take)
 	w.feed.Start()
@@ -200,7 +222,7 @@ func (w *Writer) take(b []stat.Second) {
 	if len(b) == 0 {
 		return
 	}
-	c := append([]stat.Second(nil), b...) // the feed reuses b
+	c := batch{secs: append([]stat.Second(nil), b...), breakers: w.breakers(b)} // the feed reuses b
 	if w.closing.Load() {
 		w.lines <- c
 		return
@@ -208,9 +230,48 @@ func (w *Writer) take(b []stat.Second) {
 	select {
 	case w.lines <- c:
 	default:
-		w.lost.Add(int64(len(c)))
+		w.lost.Add(int64(len(c.secs)))
 		w.lostSecs.Inc()
 	}
+}
+
+// breakers returns the breaker fields of the resources of b that have
+// breakers (nil: none has), read from the engine now.
+func (w *Writer) breakers(b []stat.Second) map[string]breakerField {
+	all := w.eng.Breakers()
+	if len(all) == 0 {
+		return nil
+	}
+	refuses := [3]int{flow.BreakerClosed: 0, flow.BreakerOpen: 2, flow.BreakerHalfOpen: 1}
+	now := map[string]breakerField{}
+	for _, br := range all {
+		f, seen := now[br.Rule.Resource]
+		if !seen || refuses[br.State] > refuses[f.state] {
+			f.state = br.State
+		}
+		f.opened += br.Transitions[flow.BreakerOpen]
+		now[br.Rule.Resource] = f
+	}
+	out := map[string]breakerField{}
+	for i := range b {
+		res := b[i].Resource
+		f, ok := now[res]
+		if _, done := out[res]; done || !ok {
+			continue
+		}
+		total := f.opened
+		if was := w.opened[res]; total >= was {
+			f.opened -= was
+		} // else a reload replaced the breakers: they count afresh
+		w.opened[res] = total
+		out[res] = f
+	}
+	for res := range w.opened {
+		if _, ok := now[res]; !ok {
+			delete(w.opened, res) // its breakers went
+		}
+	}
+	return out
 }
 
 // run writes each delivery. Writes to the file hold whole lines only (at
@@ -241,10 +302,22 @@ func (w *Writer) run() {
 		}
 		buf, lines = buf[:0], 0
 	}
-	for batch := range w.lines {
+	last := map[string]int{}
+	for b := range w.lines {
 		ok = true
-		for i := range batch {
-			line = AppendLine(line[:0], &batch[i])
+		clear(last)
+		for i := range b.secs {
+			if _, has := b.breakers[b.secs[i].Resource]; has {
+				last[b.secs[i].Resource] = i
+			}
+		}
+		for i := range b.secs {
+			s := &b.secs[i]
+			f, hasBreakers := b.breakers[s.Resource]
+			if hasBreakers && last[s.Resource] != i {
+				f.opened = 0 // the resource's last line of the batch says them
+			}
+			line = appendLine(line[:0], s, f, hasBreakers)
 			if len(buf)+len(line) > chunk {
 				write()
 			}
@@ -335,7 +408,10 @@ func endLine(path string) error {
 }
 
 // AppendLine appends s's line (with its newline) to dst.
-func AppendLine(dst []byte, s *stat.Second) []byte {
+func AppendLine(dst []byte, s *stat.Second) []byte { return appendLine(dst, s, breakerField{}, false) }
+
+// appendLine is AppendLine with the breaker field f, when hasBreakers.
+func appendLine(dst []byte, s *stat.Second, f breakerField, hasBreakers bool) []byte {
 	t := s.Time.UTC()
 	dst = strconv.AppendInt(dst, t.UnixMilli(), 10)
 	dst = append(dst, '|')
@@ -349,6 +425,12 @@ func AppendLine(dst []byte, s *stat.Second) []byte {
 	for _, v := range [...]int64{s.Pass, s.Block, s.Success, s.Exception, rt, s.Occupied, s.MaxConcurrency} {
 		dst = append(dst, '|')
 		dst = strconv.AppendInt(dst, v, 10)
+	}
+	if hasBreakers {
+		dst = append(dst, "|breaker:"...)
+		dst = append(dst, f.state.String()...)
+		dst = append(dst, ':')
+		dst = strconv.AppendInt(dst, f.opened, 10)
 	}
 	if s.Partial {
 		dst = append(dst, "|partial"...)
@@ -376,15 +458,34 @@ type Line struct {
 	// AvgRT is the mean response time, in whole milliseconds.
 	AvgRT          time.Duration
 	MaxConcurrency int64
-	Partial        bool
+	// Breaker is the state of the resource's circuit breakers when the
+	// line was written ("Closed", "Open" or "HalfOpen"; "" for a resource
+	// without breakers), and BreakerOpened how many times they opened
+	// since its previous line.
+	Breaker       string
+	BreakerOpened int64
+	Partial       bool
 }
 
 // ParseLine parses one line (without its newline). Its error names the
 // field and value.
 func ParseLine(s string) (Line, error) {
 	f := strings.Split(s, "|")
-	if len(f) != 10 && !(len(f) == 11 && f[10] == "partial") {
-		return Line{}, fmt.Errorf("metriclog: %d fields, want 10 (or 11 ending in partial): %q", len(f), s)
+	partial := len(f) > 10 && f[len(f)-1] == "partial"
+	if partial {
+		f = f[:len(f)-1]
+	}
+	var brk string
+	var opened int64
+	if len(f) == 11 {
+		var err error
+		if brk, opened, err = parseBreaker(f[10]); err != nil {
+			return Line{}, err
+		}
+		f = f[:10]
+	}
+	if len(f) != 10 {
+		return Line{}, fmt.Errorf("metriclog: %d fields, want 10 (then a breaker field, then partial, each if any): %q", len(f), s)
 	}
 	var v [8]int64
 	for i, name := range [...]string{"timestamp", "pass", "block", "success", "exception", "rt", "occupied", "concurrency"} {
@@ -405,8 +506,26 @@ func ParseLine(s string) (Line, error) {
 	return Line{
 		Time: time.UnixMilli(v[0]).UTC(), Resource: res,
 		Pass: v[1], Block: v[2], Success: v[3], Exception: v[4], AvgRT: time.Duration(v[5]) * time.Millisecond,
-		Occupied: v[6], MaxConcurrency: v[7], Partial: len(f) == 11,
+		Occupied: v[6], MaxConcurrency: v[7], Breaker: brk, BreakerOpened: opened, Partial: partial,
 	}, nil
+}
+
+// parseBreaker parses a line's breaker field, "breaker:STATE:N".
+func parseBreaker(field string) (state string, opened int64, err error) {
+	parts := strings.Split(field, ":")
+	if len(parts) != 3 || parts[0] != "breaker" {
+		return "", 0, fmt.Errorf("metriclog: field breaker: %q is not breaker:STATE:N", field)
+	}
+	switch parts[1] {
+	case "Closed", "Open", "HalfOpen":
+	default:
+		return "", 0, fmt.Errorf("metriclog: field breaker: state %q is not Closed, Open or HalfOpen", parts[1])
+	}
+	n, err := strconv.ParseInt(parts[2], 10, 64)
+	if err != nil || n < 0 {
+		return "", 0, fmt.Errorf("metriclog: field breaker: %q is not a count", parts[2])
+	}
+	return parts[1], n, nil
 }
 
 func unescape(s string) (string, error) {

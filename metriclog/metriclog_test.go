@@ -1,6 +1,7 @@
 package metriclog
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -151,11 +152,15 @@ func TestReopenedWritersShareOneMill(t *testing.T) {
 // TestParseErrors: a bad line names its field and value, and its number.
 func TestParseErrors(t *testing.T) {
 	for line, want := range map[string]string{
-		"1|2026-12-01 00:00:00|r|1|2|3|4|5|6":       "9 fields",
-		"x|2026-12-01 00:00:00|r|1|2|3|4|5|6|7":     "field timestamp",
-		"1|2026-12-01 00:00:00|r|1|b|3|4|5|6|7":     "field block",
-		"1|2026-12-01 00:00:00|%zz|1|2|3|4|5|6|7":   "field resource",
-		"1|2026-12-01 00:00:00|r|1|2|3|4|5|6|7|odd": "11 fields",
+		"1|2026-12-01 00:00:00|r|1|2|3|4|5|6":                        "9 fields",
+		"x|2026-12-01 00:00:00|r|1|2|3|4|5|6|7":                      "field timestamp",
+		"1|2026-12-01 00:00:00|r|1|b|3|4|5|6|7":                      "field block",
+		"1|2026-12-01 00:00:00|%zz|1|2|3|4|5|6|7":                    "field resource",
+		"1|2026-12-01 00:00:00|r|1|2|3|4|5|6|7|odd":                  "field breaker",
+		"1|2026-12-01 00:00:00|r|1|2|3|4|5|6|7|breaker:Ajar:1":       "state \"Ajar\"",
+		"1|2026-12-01 00:00:00|r|1|2|3|4|5|6|7|breaker:Open:-1":      "field breaker",
+		"1|2026-12-01 00:00:00|r|1|2|3|4|5|6|7|breaker:Open:1|x|y":   "13 fields",
+		"1|2026-12-01 00:00:00|r|1|2|3|4|5|6|breaker:Open:1|partial": "field concurrency",
 	} {
 		_, err := ParseLine(line)
 		require.Error(t, err, line)
@@ -171,6 +176,49 @@ func TestParseErrors(t *testing.T) {
 	l, err := ParseLine(strings.TrimSuffix(string(AppendLine(nil, &s)), "\n"))
 	require.NoError(t, err)
 	assert.Equal(t, Line{Time: s.Time.UTC(), Resource: "r", Pass: 1, Success: 4, AvgRT: 2 * time.Millisecond}, l)
+	l, err = ParseLine("1|2026-12-01 00:00:00|r|1|2|3|4|5|6|7|breaker:HalfOpen:2|partial")
+	require.NoError(t, err)
+	assert.Equal(t, [3]any{"HalfOpen", int64(2), true}, [3]any{l.Breaker, l.BreakerOpened, l.Partial})
+}
+
+// The line of a resource with circuit breakers carries their state when
+// written and how many times they opened since its previous line; other
+// resources' lines have no breaker field.
+func TestBreakerFieldSaysStateAndOpenings(t *testing.T) {
+	clock := stattest.NewClock(0)
+	eng := engine(t, clock, 16)
+	require.NoError(t, eng.LoadRules([]flow.Rule{{Resource: "dep", Breaker: flow.ErrorCount, Threshold: 1, RetryTimeout: 1500 * time.Millisecond}}))
+	path := filepath.Join(t.TempDir(), "metrics.log")
+	w, err := NewWriter(eng, path)
+	require.NoError(t, err)
+	clock.Set(100 * time.Millisecond)
+	enter(t, eng, "plain", 1, nil)
+	enter(t, eng, "dep", 1, errors.New("down")) // opens it
+	_, err = eng.Entry("dep")
+	require.ErrorIs(t, err, flow.ErrBlocked)
+	clock.Set(2100 * time.Millisecond)
+	eng.Feed().Poll()                           // second 0 is out: dep open, opened once
+	enter(t, eng, "dep", 1, errors.New("down")) // the probe fails: open again
+	clock.Set(3600 * time.Millisecond)
+	enter(t, eng, "dep", 1, nil) // the probe closes it
+	clock.Set(5 * time.Second)
+	require.NoError(t, w.Close())
+
+	var dep []Line
+	for _, l := range readAll(t, path) {
+		switch l.Resource {
+		case "plain":
+			assert.Empty(t, l.Breaker)
+		case "dep":
+			dep = append(dep, l)
+		}
+	}
+	require.Len(t, dep, 3, "%v", dep)
+	assert.Equal(t, [2]any{"Open", int64(1)}, [2]any{dep[0].Breaker, dep[0].BreakerOpened})
+	// Seconds 2 and 3 go out together: the state when written, the
+	// opening (by the failed probe) on the resource's last line of them.
+	assert.Equal(t, [2]any{"Closed", int64(0)}, [2]any{dep[1].Breaker, dep[1].BreakerOpened})
+	assert.Equal(t, [2]any{"Closed", int64(1)}, [2]any{dep[2].Breaker, dep[2].BreakerOpened})
 }
 
 // A delivery larger than the writer's buffer is written whole lines at a
