@@ -2,6 +2,7 @@ package dashboard
 
 import (
 	"context"
+	"errors"
 	"net/http/httptest"
 	"os/exec"
 	"strconv"
@@ -54,7 +55,8 @@ func TestPageInABrowser(t *testing.T) {
 	eng, err := flow.New()
 	require.NoError(t, err)
 	require.NoError(t, eng.LoadRules([]flow.Rule{{ID: "api-limit", Resource: "api", Threshold: 1000},
-		{ID: "typo", Resource: "GET /itemz", Threshold: 10}}))
+		{ID: "typo", Resource: "GET /itemz", Threshold: 10},
+		{ID: "dep-breaker", Resource: "dep", Breaker: flow.ErrorCount, Threshold: 1, RetryTimeout: time.Hour}}))
 	t.Cleanup(eng.Feed().Close)
 	h, err := New(eng, WithToken("t0ken"))
 	require.NoError(t, err)
@@ -131,4 +133,26 @@ func TestPageInABrowser(t *testing.T) {
 	apiBadge, err := chromedp.Run(ctx, chromedp.Evaluate[bool](badge("api")+` !== null`))
 	require.NoError(t, err)
 	assert.False(t, apiBadge, "a rule with traffic has none")
+
+	// A resource with a circuit breaker has a badge of its state, which
+	// turns when the breaker trips.
+	breaker := `document.querySelector('tr[data-resource="dep"] .badge.breaker')`
+	_, err = chromedp.Run(ctx, chromedp.Poll[bool](breaker+` !== null`, chromedp.WithPollingTimeout(20*time.Second)))
+	require.NoError(t, err, "the breaker's badge")
+	closed, err := chromedp.Run(ctx, chromedp.Evaluate[string](breaker+`.textContent`))
+	require.NoError(t, err)
+	assert.Equal(t, "breaker closed", closed)
+	apiBreaker, err := chromedp.Run(ctx, chromedp.Evaluate[bool](
+		`document.querySelector('tr[data-resource="api"] .badge.breaker') !== null`))
+	require.NoError(t, err)
+	assert.False(t, apiBreaker, "a resource without a breaker has no breaker badge")
+	en, err := eng.Entry("dep")
+	require.NoError(t, err)
+	en.Exit(errors.New("dependency down"))
+	_, err = chromedp.Run(ctx, chromedp.Poll[bool](breaker+` !== null && `+breaker+`.textContent === "breaker open"`,
+		chromedp.WithPollingTimeout(20*time.Second)))
+	require.NoError(t, err, "the badge turns when the breaker trips")
+	open, err := chromedp.Run(ctx, chromedp.Evaluate[string](breaker+`.className`))
+	require.NoError(t, err)
+	assert.Equal(t, "badge breaker open", open)
 }

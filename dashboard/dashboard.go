@@ -144,6 +144,13 @@ type Row struct {
 	// (http:unmatched) does (flow.Engine.Unreached). The page shows a
 	// badge.
 	Unreached bool `json:"unreached,omitempty"`
+	// Breaker is the state of the resource's circuit breakers
+	// (Rule.Breaker): "closed", "open" or "half-open", the one that
+	// refuses most where it has several; empty without one. The page
+	// shows a badge. BreakerRetryMS is, when not closed, the milliseconds
+	// until its next probe may go.
+	Breaker        string `json:"breaker,omitempty"`
+	BreakerRetryMS int64  `json:"breakerRetryMs,omitempty"`
 }
 
 // Tick is what the page gets every second.
@@ -299,6 +306,12 @@ func (s *server) buildTick(now int64) []byte {
 	for _, r := range s.eng.Unreached() {
 		unreached[r.Resource] = true
 	}
+	breakers := map[string]flow.BreakerStatus{}
+	for _, b := range s.eng.Breakers() {
+		if cur, ok := breakers[b.Rule.Resource]; !ok || refusesMore(b.State, cur.State) {
+			breakers[b.Rule.Resource] = b
+		}
+	}
 	s.mu.Lock()
 	rows := make([]Row, 0, len(s.latest)+len(rules))
 	for res, p := range s.latest {
@@ -329,12 +342,34 @@ func (s *server) buildTick(now int64) []byte {
 	for i := range rows {
 		rows[i].Rules = strings.Join(rules[rows[i].Resource], "; ")
 		rows[i].Unreached = unreached[rows[i].Resource]
+		if b, ok := breakers[rows[i].Resource]; ok {
+			rows[i].Breaker = breakerWords[b.State]
+			rows[i].BreakerRetryMS = b.RetryAfter.Milliseconds()
+		}
 		if snap, ok := s.eng.Snapshot(rows[i].Resource); ok {
 			rows[i].Inflight = snap.Inflight
 		}
 	}
 	b, _ := json.Marshal(Tick{Time: now, Rows: rows})
 	return b
+}
+
+// breakerWords names a breaker's state on the page.
+var breakerWords = [...]string{flow.BreakerClosed: "closed", flow.BreakerOpen: "open", flow.BreakerHalfOpen: "half-open"}
+
+// refusesMore reports whether a breaker in state a refuses more than one in
+// b: open refuses all, half-open all but its probe, closed none.
+func refusesMore(a, b flow.BreakerState) bool {
+	rank := func(s flow.BreakerState) int {
+		switch s {
+		case flow.BreakerOpen:
+			return 2
+		case flow.BreakerHalfOpen:
+			return 1
+		}
+		return 0
+	}
+	return rank(a) > rank(b)
 }
 
 // Request limits (see the package doc).

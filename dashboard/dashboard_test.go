@@ -3,6 +3,7 @@ package dashboard
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -105,6 +106,59 @@ func TestTickAndHistory(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode, "read-only")
+}
+
+// TestTickShowsBreakerState: a resource with a circuit breaker has its
+// state in the tick, with the time until its next probe while it refuses,
+// as it goes closed, open, half-open and closed again.
+func TestTickShowsBreakerState(t *testing.T) {
+	clock := stattest.NewClock(time.Second)
+	eng := engine(t, clock, flow.Rule{ID: "dep-breaker", Resource: "dep", Breaker: flow.ErrorCount, Threshold: 1, RetryTimeout: 5 * time.Second},
+		flow.Rule{ID: "api-limit", Resource: "api", Threshold: 2})
+	h, err := New(eng)
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	state := func() (string, int64) {
+		t.Helper()
+		eng.Feed().Poll() // the page's tick is made every second, as the feed delivers
+		_, body := get(t, srv.URL+"/api/tick")
+		var tick Tick
+		require.NoError(t, json.Unmarshal([]byte(body), &tick))
+		for _, r := range tick.Rows {
+			if r.Resource == "api" {
+				assert.Empty(t, r.Breaker, "a resource without a breaker has no state")
+			}
+		}
+		for _, r := range tick.Rows {
+			if r.Resource == "dep" {
+				return r.Breaker, r.BreakerRetryMS
+			}
+		}
+		t.Fatal("no dep row")
+		return "", 0
+	}
+	s, retry := state()
+	assert.Equal(t, "closed", s)
+	assert.Zero(t, retry)
+
+	en, err := eng.Entry("dep")
+	require.NoError(t, err)
+	en.Exit(errors.New("dependency down"))
+	clock.Advance(time.Second)
+	s, retry = state()
+	assert.Equal(t, "open", s)
+	assert.Equal(t, int64(4000), retry, "the next probe 5 s after the trip")
+
+	clock.Advance(4 * time.Second)
+	probe, err := eng.Entry("dep")
+	require.NoError(t, err, "the probe")
+	s, _ = state()
+	assert.Equal(t, "half-open", s)
+	probe.Exit(nil)
+	s, retry = state()
+	assert.Equal(t, "closed", s)
+	assert.Zero(t, retry)
 }
 
 // TestAccess: with a token or basic auth, nothing is served without it.

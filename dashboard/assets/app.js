@@ -43,6 +43,17 @@
         badge.title = "This resource's rules cannot take effect as named: it sees no request while requests go unmatched. Check the names your router gives.";
         name.appendChild(badge);
       }
+      if (r.breaker) {
+        const badge = document.createElement("span");
+        badge.className = "badge breaker " + r.breaker;
+        badge.textContent = "breaker " + r.breaker;
+        badge.title = r.breaker === "closed"
+          ? "Its circuit breaker admits requests and counts their outcomes."
+          : r.breaker === "open"
+            ? "Its circuit breaker refuses every request; next probe in " + fmt((r.breakerRetryMs || 0) / 1000) + " s."
+            : "Its circuit breaker has let one probe through and refuses the rest until it decides.";
+        name.appendChild(badge);
+      }
       cell(tr, String(r.pass), "pass");
       cell(tr, String(r.block), "block" + (r.block > 0 ? " hot" : ""));
       cell(tr, String(r.success), "success");
