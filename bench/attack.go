@@ -24,6 +24,7 @@ var namedSections = []namedSection{
 	{"global-load", "instances sharing a Global rule on Redis: evenly below the limit, random arrivals against the oracle, Redis far away, a saturated CPU (about 60 s; needs redis-server)", globalLoadSection},
 	{"perkey-attack", "per-key limits under a flood of keys: distinct keys, attacker keys at their limit, keys evicted and back, memory (about 30 s)", perKeyAttack},
 	{"global-outage", "4 processes on one Global rule through a killed, restarted and paused Redis, a starved CPU and a paused process (about 90 s; needs redis-server)", globalOutage},
+	{"breaker", "circuit breaking against sony/gobreaker/v2: the pass path at 1, 2, 8 and 256 goroutines, requests admitted per half-open period at 1 to 1024 goroutines, a probe that never returns, a dead dependency tripped and healed (about 35 s)", breakerSection},
 	{"perkey-reload-soak", "per-key windows over their threshold while rules reload 10 times a second under traffic, real clock (-soak, default 60 s)", perKeyReloadSoak},
 }
 

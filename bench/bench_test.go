@@ -405,3 +405,20 @@ func assertMarkdownTables(t *testing.T, md string) {
 		assert.Equal(t, want, n, "line %d: %q", i+1, l)
 	}
 }
+
+// The breaker section's probe hammer and hung probe: leapflow admits
+// exactly one probe per half-open period at every goroutine count (the
+// hammer returns an error otherwise), and a probe that never returns
+// gives its place back after ProbeTimeout, so the breaker closes once the
+// dependency answers.
+func TestBreakerSectionOneProbePerPeriodAndAHungProbeReturns(t *testing.T) {
+	var out bytes.Buffer
+	require.NoError(t, breakerProbes(config{quick: true}, &out))
+	for _, g := range probeGoroutines {
+		assert.Regexp(t, fmt.Sprintf(`(?m)^  leapflow +%d +3 +1 +1 +\d+$`, g), out.String())
+	}
+	out.Reset()
+	breakerHungProbe(&out)
+	assert.Regexp(t, `(?m)^  leapflow +\d+ +\d+ +\d+ms$`, out.String(), "closed after a probe timeout")
+	assert.NotRegexp(t, `(?m)^  leapflow .* never$`, out.String())
+}
