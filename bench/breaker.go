@@ -25,6 +25,19 @@ import (
 
 var errDead = errors.New("dependency down")
 
+// tripOnFailure is gobreaker set as leapflow's ErrorCount 1 with a
+// RetryTimeout of timeout: open on one failure, one probe after timeout.
+func tripOnFailure(timeout time.Duration) gobreaker.Settings {
+	return gobreaker.Settings{Timeout: timeout, MaxRequests: 1,
+		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= 1 }}
+}
+
+// halfFailed is gobreaker's ReadyToTrip for leapflow's ErrorRatio 0.5
+// with MinRequests 20.
+func halfFailed(c gobreaker.Counts) bool {
+	return c.Requests >= 20 && float64(c.TotalFailures) >= 0.5*float64(c.Requests)
+}
+
 // cbTarget is one breaker under test: enter asks to pass, and when it may,
 // returns the function that reports the request's outcome.
 type cbTarget struct {
@@ -105,9 +118,7 @@ func breakerPassPath(cfg config, w io.Writer) {
 		panic(err)
 	}
 	st := gobreaker.Settings{Name: "dep", Interval: 10 * time.Second, BucketPeriod: time.Second, Timeout: time.Second,
-		ReadyToTrip: func(c gobreaker.Counts) bool {
-			return c.Requests >= 20 && float64(c.TotalFailures) >= 0.5*float64(c.Requests)
-		}}
+		ReadyToTrip: halfFailed}
 	cb := gobreaker.NewCircuitBreaker[struct{}](st)
 	two := gobreaker.NewTwoStepCircuitBreaker[struct{}](st)
 	ok := func() (struct{}, error) { return struct{}{}, nil }
@@ -158,8 +169,7 @@ func breakerProbes(cfg config, w io.Writer) error {
 			return leapflowTarget(flow.Rule{Breaker: flow.ErrorCount, Threshold: 1, RetryTimeout: retry, ProbeTimeout: time.Minute})
 		},
 		func() cbTarget {
-			return gobreakerTarget(gobreaker.Settings{Timeout: retry, MaxRequests: 1,
-				ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= 1 }})
+			return gobreakerTarget(tripOnFailure(retry))
 		},
 	}
 	var wrong []string
@@ -233,8 +243,7 @@ func breakerHungProbe(w io.Writer) {
 	fmt.Fprintf(w, "   leapflow: ProbeTimeout %v; gobreaker has no probe timeout\n", probeTimeout)
 	targets := []cbTarget{
 		leapflowTarget(flow.Rule{Breaker: flow.ErrorCount, Threshold: 1, RetryTimeout: retry, ProbeTimeout: probeTimeout}),
-		gobreakerTarget(gobreaker.Settings{Timeout: retry, MaxRequests: 1,
-			ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= 1 }}),
+		gobreakerTarget(tripOnFailure(retry)),
 	}
 	printed(w, []string{"breaker", "admitted", "refused", "closed after"}, func(row func(...string)) {
 		for _, t := range targets {
@@ -284,9 +293,7 @@ func breakerTripAndRecover(w io.Writer) {
 		},
 		func() cbTarget {
 			return gobreakerTarget(gobreaker.Settings{Interval: time.Second, BucketPeriod: 100 * time.Millisecond, Timeout: 200 * time.Millisecond,
-				MaxRequests: 1, ReadyToTrip: func(c gobreaker.Counts) bool {
-					return c.Requests >= 20 && float64(c.TotalFailures) >= 0.5*float64(c.Requests)
-				}})
+				MaxRequests: 1, ReadyToTrip: halfFailed})
 		},
 	}
 	printed(w, []string{"breaker", "sent while dead", "refused while dead", "refused after healing", "closed after healing", "closed after (each trial)"}, func(row func(...string)) {

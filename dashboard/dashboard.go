@@ -308,7 +308,7 @@ func (s *server) buildTick(now int64) []byte {
 	}
 	breakers := map[string]flow.BreakerStatus{}
 	for _, b := range s.eng.Breakers() {
-		if cur, ok := breakers[b.Rule.Resource]; !ok || refusesMore(b.State, cur.State) {
+		if cur, ok := breakers[b.Rule.Resource]; !ok || refuses[b.State] > refuses[cur.State] {
 			breakers[b.Rule.Resource] = b
 		}
 	}
@@ -357,20 +357,9 @@ func (s *server) buildTick(now int64) []byte {
 // breakerWords names a breaker's state on the page.
 var breakerWords = [...]string{flow.BreakerClosed: "closed", flow.BreakerOpen: "open", flow.BreakerHalfOpen: "half-open"}
 
-// refusesMore reports whether a breaker in state a refuses more than one in
-// b: open refuses all, half-open all but its probe, closed none.
-func refusesMore(a, b flow.BreakerState) bool {
-	rank := func(s flow.BreakerState) int {
-		switch s {
-		case flow.BreakerOpen:
-			return 2
-		case flow.BreakerHalfOpen:
-			return 1
-		}
-		return 0
-	}
-	return rank(a) > rank(b)
-}
+// refuses ranks a breaker's states by how much they refuse: open all,
+// half-open all but its probe, closed none.
+var refuses = [...]int{flow.BreakerClosed: 0, flow.BreakerOpen: 2, flow.BreakerHalfOpen: 1}
 
 // Request limits (see the package doc).
 const (
