@@ -206,8 +206,20 @@ func (rr *resourceRules) giveBackProbes(probes uint8, t int64) {
 	}
 }
 
+// breakersClosed says whether every breaker of rr is closed: they admit
+// any request, and take no probe (one load each, inlined).
+func (rr *resourceRules) breakersClosed() bool {
+	for i := range rr.breakers {
+		if !rr.breakers[i].b.Closed() {
+			return false
+		}
+	}
+	return true
+}
+
 // enterBreakers ends enterSingle's admission of n at now (r, on stripe p)
-// on a resource whose breakers decide after its window: admitted, its
+// on a resource whose breakers decide after its window, one of them not
+// closed: admitted, its
 // Entry leads its Exit back to them; refused, the window's admission is
 // given back and the request counted blocked.
 func (e *Engine) enterBreakers(rr *resourceRules, p int, now, n int64, r window.Reservation) (Entry, error) {
@@ -250,6 +262,10 @@ func (rr *resourceRules) breakersWait(now, retry int64) int64 {
 //
 //go:noinline
 func (rr *resourceRules) exitBreakers(p int, start, now int64, failed, probe bool) {
+	if bs := rr.breakers; len(bs) == 1 {
+		bs[0].b.Exit(p, start, now, failed, probe) // nothing kept across the call
+		return
+	}
 	for i := range rr.breakers {
 		rr.breakers[i].b.Exit(p, start, now, failed, probe)
 	}

@@ -90,8 +90,12 @@ func (e *Engine) enterSingle(rr *resourceRules, n int64) (Entry, error) {
 	}
 	// A now behind the newest bucket was counted in it: start there.
 	now = max(now, r.Start())
+	slot := e.none
 	if rr.singleBreakers {
-		return e.enterBreakers(rr, p, now, n, r)
+		if !rr.breakersClosed() {
+			return e.enterBreakers(rr, p, now, n, r)
+		}
+		slot = rr.brkSlot // their Exit counts it
 	}
 	node := rr.node
 	if rr.singleApart {
@@ -101,7 +105,7 @@ func (e *Engine) enterSingle(rr *resourceRules, n int64) (Entry, error) {
 		// node go meanwhile, count it again on the live one (see count).
 		node = e.recount(node, p, now, metric.Pass, n)
 	}
-	return Entry{node: node, slot: e.none, start: now, meta: holdsNothing(n, p)}, nil
+	return Entry{node: node, slot: slot, start: now, meta: holdsNothing(n, p)}, nil
 }
 
 // enterNone is Entry of one on a resource without rules: its pass counted

@@ -18,8 +18,10 @@
 package breaker
 
 import (
-	"go.uber.org/atomic"
 	"math"
+	"math/bits"
+
+	"go.uber.org/atomic"
 
 	"github.com/leapflow/leapflow/internal/cpu"
 )
@@ -124,11 +126,19 @@ const (
 type Breaker struct {
 	cfg       Config
 	bucketLen int64
-	word      atomic.Uint64
-	// cells are every stripe's bucket words, each stripe's on lines of
-	// their own: stripe p's bucket i is cells[pad+p*stride+i].
+	// An epoch is a time in ms times magic's high word, for times in ms
+	// below fast (see epoch): a multiplication where a division would
+	// cost several times as much on Exit's path.
+	magic, fast uint64
+	word        atomic.Uint64
+	// cells are every stripe's ring of bucket words, each stripe's on
+	// lines of their own: stripe p's bucket of epoch e is
+	// cells[pad+p*stride+e&ring]. A ring is the power of two at or above
+	// Buckets (indexing it is a mask), and holds the window's last
+	// Buckets epochs among older ones.
 	cells  []atomic.Uint64
 	stride int
+	ring   uint64
 	mask   int
 	// changed is called with every transition, by the goroutine that
 	// made it, after the state changed (never while holding anything),
@@ -146,9 +156,15 @@ type Breaker struct {
 func New(cfg Config, changed func(Transition)) *Breaker {
 	n := cpu.Stripes()
 	const perLine = cpu.CacheLine / 8
-	stride := (cfg.Buckets + perLine - 1) / perLine * perLine
-	return &Breaker{cfg: cfg, bucketLen: cfg.Interval / int64(cfg.Buckets), cells: make([]atomic.Uint64, pad+n*stride+pad),
-		stride: stride, mask: n - 1, changed: changed}
+	ring := 1 << bits.Len(uint(cfg.Buckets-1))
+	stride := (ring + perLine - 1) / perLine * perLine
+	b := &Breaker{cfg: cfg, bucketLen: cfg.Interval / int64(cfg.Buckets), cells: make([]atomic.Uint64, pad+n*stride+pad),
+		stride: stride, ring: uint64(ring - 1), mask: n - 1, changed: changed}
+	if ms := uint64(b.bucketLen / 1e6); ms > 1 && b.bucketLen%1e6 == 0 {
+		// hi(t * magic) is t / ms for every t with t * ms < 2^64.
+		b.magic, b.fast = math.MaxUint64/ms+1, math.MaxUint64/ms
+	}
+	return b
 }
 
 // Config returns the breaker's rule.
@@ -156,6 +172,10 @@ func (b *Breaker) Config() Config { return b.cfg }
 
 // State returns the breaker's state and when it began.
 func (b *Breaker) State() (State, int64) { return unpack(b.word.Load()) }
+
+// Closed says whether the breaker is closed: Enter would admit any
+// request. It is one load, inlined, for the callers' common case.
+func (b *Breaker) Closed() bool { return State(b.word.Load()&(1<<stateBits-1)) == Closed }
 
 // Enter decides a request at now: admitted (ok), and whether it is the
 // half-open period's probe; when refused, retry is how long until a
@@ -226,15 +246,54 @@ func (b *Breaker) Exit(p int, start, now int64, failed, probe bool) {
 	}
 	w := b.word.Load()
 	s, at := unpack(w)
+	if s != Closed {
+		b.exitOpen(w, start, now, rt, bad, probe)
+		return
+	}
+	if start < at {
+		return // admitted before the breaker last closed
+	}
+	// Count it on stripe p, in now's bucket: a cell whose word is of an
+	// older epoch starts over in the same compare-and-swap.
+	e, i := b.epoch(now)
+	inc := uint64(1) << allShift
+	if bad {
+		inc |= 1 << badShift
+	}
+	cell := &b.cells[pad+(p&b.mask)*b.stride+i]
+	for {
+		c := cell.Load()
+		ce := c >> epochShft
+		if ce != e && (ce-e)&(1<<epochBits-1) >= 1<<(epochBits-2) {
+			// An older bucket's: it starts over.
+			if cell.CompareAndSwap(c, e<<epochShft|inc) {
+				break
+			}
+			continue
+		}
+		// Now's bucket, or a newer one than this late completion's (a
+		// clock read before another's): it counts there rather than wipe
+		// it.
+		next := c + inc
+		if c>>allShift&countMax == countMax {
+			// Full: both counts halve (the ratio stays), and it goes on
+			// counting.
+			next = ce<<epochShft | (countMax/2)<<allShift | (c>>badShift&countMax)/2<<badShift + inc
+		}
+		if cell.CompareAndSwap(c, next) {
+			break
+		}
+	}
+	if bad {
+		b.mayTrip(w, now)
+	}
+}
+
+// exitOpen is Exit on a breaker not closed (state word w) of a request
+// that took rt and was bad or not.
+func (b *Breaker) exitOpen(w uint64, start, now, rt int64, bad, probe bool) {
+	s, at := unpack(w)
 	switch {
-	case s == Closed:
-		if start < at {
-			return // admitted before the breaker last closed
-		}
-		b.count(p, now, bad)
-		if bad {
-			b.mayTrip(w, now)
-		}
 	case s == HalfOpen && probe && start == at:
 		// The probe (no other request was admitted since it).
 		value := float64(rt)
@@ -307,49 +366,24 @@ func (b *Breaker) Retire() State {
 
 // epoch is the bucket number of now, and its place in the ring.
 func (b *Breaker) epoch(now int64) (uint64, int) {
-	e := max(now, 0) / b.bucketLen
-	return uint64(e) & (1<<epochBits - 1), int(e % int64(b.cfg.Buckets))
-}
-
-// count adds a completion at now on stripe p: a bucket whose word is of an
-// older epoch starts over in the same compare-and-swap.
-func (b *Breaker) count(p int, now int64, bad bool) {
-	e, i := b.epoch(now)
-	inc := uint64(1) << allShift
-	if bad {
-		inc |= 1 << badShift
+	t := uint64(max(now, 0))
+	var e uint64
+	if ms := t / 1e6; ms < b.fast {
+		e, _ = bits.Mul64(ms, b.magic)
+	} else {
+		e = t / uint64(b.bucketLen)
 	}
-	cell := &b.cells[pad+(p&b.mask)*b.stride+i]
-	for {
-		w := cell.Load()
-		next := e<<epochShft | inc
-		if ahead := (w>>epochShft - e) & (1<<epochBits - 1); ahead != 0 && ahead < 1<<(epochBits-2) {
-			// The cell is of a newer bucket than this late completion's
-			// (a clock read before another's): it counts there rather
-			// than wipe it.
-			e = w >> epochShft
-		}
-		if w>>epochShft == e {
-			next = w + inc
-			if all := w >> allShift & countMax; all == countMax {
-				// Full: both counts halve (the ratio stays), and it goes
-				// on counting.
-				next = e<<epochShft | (all/2)<<allShift | (w>>badShift&countMax)/2<<badShift + inc
-			}
-		}
-		if cell.CompareAndSwap(w, next) {
-			return
-		}
-	}
+	return e & (1<<epochBits - 1), int(e & b.ring)
 }
 
 // Sum returns the completions and bad completions in the window ending at
-// now: the buckets of the last Buckets epochs.
+// now: the buckets of the last Buckets epochs (a ring's other cells hold
+// older ones).
 func (b *Breaker) Sum(now int64) (all, bad int64) {
 	e, _ := b.epoch(now)
 	n := uint64(b.cfg.Buckets)
 	for p := 0; p <= b.mask; p++ {
-		cells := b.cells[pad+p*b.stride:][:b.cfg.Buckets]
+		cells := b.cells[pad+p*b.stride:][:b.ring+1]
 		for j := range cells {
 			w := cells[j].Load()
 			if (e-w>>epochShft)&(1<<epochBits-1) >= n {

@@ -1,6 +1,8 @@
 package breaker
 
 import (
+	"math/bits"
+	"math/rand/v2"
 	"testing"
 	"time"
 )
@@ -14,6 +16,13 @@ func TestAFullBucketKeepsCounting(t *testing.T) {
 	b.Reset(now)
 	for range MaxCount {
 		b.Exit(0, now, now, false, false)
+	}
+	b.Exit(0, now, now, true, false)
+	if all, bad := b.Sum(now); all < MaxCount/2 || bad != 1 {
+		t.Fatalf("a full bucket, then a failure: %d completions, %d failed; want the good ones halved, not dropped", all, bad)
+	}
+	if s, _ := b.State(); s != Closed {
+		t.Fatalf("1 failure in %d: %v", MaxCount/2, s)
 	}
 	for range 3 * MaxCount {
 		b.Exit(0, now, now, true, false)
@@ -42,5 +51,32 @@ func TestALateCompletionCountsInTheNewerBucket(t *testing.T) {
 	t.Logf("all %d bad %d", all, bad)
 	if bad < 2 {
 		t.Errorf("the two failures at t1 were lost: %d", bad)
+	}
+}
+
+// A time's bucket (its epoch, by a multiplication where it can) is the
+// time over the bucket length, and its cell in the ring the epoch modulo
+// the ring, for bucket lengths of whole and broken ms, at times from 0 to
+// 2^63 ns.
+func TestEpochIsTheTimeOverTheBucketLength(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	lens := []int64{1e6, 2e6, 3e6, 7e6, 100e6, 999e6, 1e9, 3600e9, 1e6 + 1, 1234567}
+	for _, n := range []int{1, 3, 10, 64, 100} {
+		for _, bl := range lens {
+			b := New(Config{Strategy: ErrorCount, Threshold: 1, MinRequests: 1, Interval: bl * int64(n), Buckets: n,
+				RetryTimeout: sec, ProbeTimeout: sec}, nil)
+			ring := uint64(1)<<bits.Len(uint(n-1)) - 1
+			for i := range 20000 {
+				now := rng.Int64N(1 << (1 + i%62))
+				if i%7 == 0 {
+					now = (now/bl)*bl - int64(i%2) // a bucket's edge, and the ns before it
+				}
+				want := uint64(max(now, 0) / bl)
+				e, idx := b.epoch(now)
+				if e != want&(1<<epochBits-1) || uint64(idx) != want&ring {
+					t.Fatalf("buckets %d of %d ns, now %d: epoch %d cell %d, want %d cell %d", n, bl, now, e, idx, want&(1<<epochBits-1), want&ring)
+				}
+			}
+		}
 	}
 }
