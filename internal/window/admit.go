@@ -161,12 +161,18 @@ func (w *Window) lease(b *ring.WindowWrap[bucket], s *stripe, now, n, threshold 
 			g := b.Value.granted.Load()
 			room := threshold - base - g - b.Value.directSum() - a.Pending()
 			if room < n {
+				if b.Value.spread.Load() && w.reclaim(b) {
+					continue // the leases' unused tokens are the bucket's again
+				}
 				// No room; unless a rotation made b old, when the caller
 				// retries on the newest bucket.
 				return threshold - room, !a.Newest(b)
 			}
 			l = min(max(n, room/(leaseShare*int64(len(b.Value.stripes)))), max(n, maxLease))
 			if b.Value.granted.CompareAndSwap(g, g+l) {
+				if l > n && !b.Value.spread.Load() {
+					b.Value.spread.Store(true)
+				}
 				break
 			}
 			// Lost to another lease on this bucket; re-read and re-check.
@@ -183,6 +189,25 @@ func (w *Window) lease(b *ring.WindowWrap[bucket], s *stripe, now, n, threshold 
 			return 0, true // the caller moves to the newest bucket
 		}
 	}
+}
+
+// reclaim gives back to bucket b the tokens that stripes hold leased and
+// unused, unless their requests use them meanwhile (see unlease), for a
+// request that found no room: a caller whose goroutine moved to another P
+// would otherwise be refused while its old P's stripe holds what the
+// window has left. It reports whether it swept (once per spread of leases,
+// so that a full window's refusals stay one load).
+func (w *Window) reclaim(b *ring.WindowWrap[bucket]) bool {
+	if !b.Value.spread.CompareAndSwap(true, false) {
+		return false
+	}
+	for i := range b.Value.stripes {
+		s := &b.Value.stripes[i]
+		if spare := s.c[stripeTaken].Load() - s.c[stripeUsed].Load(); spare > 0 {
+			unlease(b, s, spare)
+		}
+	}
+	return true
 }
 
 // passExcept sums Pass over the buckets valid at now, skipping b.

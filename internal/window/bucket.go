@@ -97,7 +97,11 @@ type bucket struct {
 	// occupied counts borrowed admissions folded in.
 	granted  atomic.Int64
 	occupied atomic.Int64
-	_        [cpu.CacheLine - 16]byte
+	// spread is set when a lease gave a stripe more than its request:
+	// tokens a stripe may hold unused while requests on other stripes
+	// find no room (see Window.reclaim).
+	spread atomic.Bool
+	_      [cpu.CacheLine - 20]byte
 
 	// maxConc is the largest concurrency seen: read on every update and
 	// written only when it improves.

@@ -241,6 +241,9 @@ func (l *bucketLog) maxWindow(interval, bucketLen int64) (worst int64, at int64)
 	return worst, at
 }
 
+// Admission never lets a window hold more than its threshold, at any
+// concurrency, from any mix of stripes, with borrows, as leases spread
+// over stripes and go back to the bucket.
 func TestReserveNeverExceedsThreshold(t *testing.T) {
 	gs := []int{1, 2, 8, 64, 1000}
 	if testing.Short() {
@@ -287,7 +290,16 @@ func TestReserveNeverExceedsThreshold(t *testing.T) {
 							}
 							continue
 						}
-						if w.Reserve(now, n, threshold) {
+						// Half on the caller's P's stripe, half on any
+						// stripe: a goroutine that moved from one P to
+						// another, leaving a lease behind.
+						ok := false
+						if k%2 == 0 {
+							ok = w.Reserve(now, n, threshold)
+						} else {
+							_, ok = w.AdmitOn(rng.IntN(sh.stripes), now, n, threshold)
+						}
+						if ok {
 							admitted.Add(n)
 						}
 					}
@@ -424,4 +436,39 @@ func TestRoomIn(t *testing.T) {
 	assert.Zero(t, testing.AllocsPerRun(100, func() { _, _, _ = w.RoomIn(now, 1, 6) }))
 	_, _, ok := w.RoomIn(now, 11, 10)
 	assert.False(t, ok, "larger than the threshold: never")
+}
+
+// A window admits its whole threshold whichever stripes the requests come
+// from: tokens leased to one stripe and left unused there (its goroutine
+// moved to another P) go back to the bucket when a request on another
+// stripe finds no room, and a stripe then admits nothing past the
+// threshold.
+func TestAdmitsTheWholeThresholdAcrossStripes(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, stripes := range []int{2, 4, 64} {
+		for _, threshold := range []int64{100, 1000, 100_000} {
+			for trial := range 20 {
+				w := newWindow(t, 1, time.Second, WithStripes(stripes))
+				now := 5 * int64(time.Second)
+				var admitted int64
+				p := rng.IntN(stripes)
+				for admitted < threshold {
+					if rng.IntN(8) == 0 {
+						p = rng.IntN(stripes) // the goroutine moved
+					}
+					n := min(1+rng.Int64N(3), threshold-admitted)
+					if _, ok := w.AdmitOn(p, now, n, threshold); !ok {
+						t.Fatalf("%d stripes, threshold %d, trial %d: %d refused on stripe %d after %d admitted", stripes, threshold, trial, n, p, admitted)
+					}
+					admitted += n
+				}
+				for q := range stripes {
+					if _, ok := w.AdmitOn(q, now, 1, threshold); ok {
+						t.Fatalf("%d stripes, threshold %d: stripe %d admitted past the threshold", stripes, threshold, q)
+					}
+				}
+				assert.Equal(t, threshold, w.Sum(now, Pass))
+			}
+		}
+	}
 }
