@@ -51,6 +51,7 @@ import (
 	"time"
 
 	"github.com/leapflow/leapflow/flow"
+	"github.com/leapflow/leapflow/internal/breakers"
 	"github.com/leapflow/leapflow/metriclog"
 	"github.com/leapflow/leapflow/stat"
 )
@@ -306,10 +307,10 @@ func (s *server) buildTick(now int64) []byte {
 	for _, r := range s.eng.Unreached() {
 		unreached[r.Resource] = true
 	}
-	breakers := map[string]flow.BreakerStatus{}
+	brk := map[string]flow.BreakerStatus{}
 	for _, b := range s.eng.Breakers() {
-		if cur, ok := breakers[b.Rule.Resource]; !ok || refuses[b.State] > refuses[cur.State] {
-			breakers[b.Rule.Resource] = b
+		if cur, ok := brk[b.Rule.Resource]; !ok || breakers.Worse(b.State, cur.State) {
+			brk[b.Rule.Resource] = b
 		}
 	}
 	s.mu.Lock()
@@ -342,7 +343,7 @@ func (s *server) buildTick(now int64) []byte {
 	for i := range rows {
 		rows[i].Rules = strings.Join(rules[rows[i].Resource], "; ")
 		rows[i].Unreached = unreached[rows[i].Resource]
-		if b, ok := breakers[rows[i].Resource]; ok {
+		if b, ok := brk[rows[i].Resource]; ok {
 			rows[i].Breaker = breakerWords[b.State]
 			rows[i].BreakerRetryMS = b.RetryAfter.Milliseconds()
 		}
@@ -356,10 +357,6 @@ func (s *server) buildTick(now int64) []byte {
 
 // breakerWords names a breaker's state on the page.
 var breakerWords = [...]string{flow.BreakerClosed: "closed", flow.BreakerOpen: "open", flow.BreakerHalfOpen: "half-open"}
-
-// refuses ranks a breaker's states by how much they refuse: open all,
-// half-open all but its probe, closed none.
-var refuses = [...]int{flow.BreakerClosed: 0, flow.BreakerOpen: 2, flow.BreakerHalfOpen: 1}
 
 // Request limits (see the package doc).
 const (

@@ -53,6 +53,7 @@ import (
 	"gopkg.in/natefinch/lumberjack.v2"
 
 	"github.com/leapflow/leapflow/flow"
+	"github.com/leapflow/leapflow/internal/breakers"
 	"github.com/leapflow/leapflow/stat"
 )
 
@@ -242,11 +243,10 @@ func (w *Writer) breakers(b []stat.Second) map[string]breakerField {
 	if len(all) == 0 {
 		return nil
 	}
-	refuses := [3]int{flow.BreakerClosed: 0, flow.BreakerOpen: 2, flow.BreakerHalfOpen: 1}
 	now := map[string]breakerField{}
 	for _, br := range all {
 		f, seen := now[br.Rule.Resource]
-		if !seen || refuses[br.State] > refuses[f.state] {
+		if !seen || breakers.Worse(br.State, f.state) {
 			f.state = br.State
 		}
 		f.opened += br.Transitions[flow.BreakerOpen]

@@ -50,6 +50,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/leapflow/leapflow/flow"
+	"github.com/leapflow/leapflow/internal/breakers"
 	"github.com/leapflow/leapflow/stat"
 )
 
@@ -266,7 +267,6 @@ func (c *Collector) breakers(ch chan<- prometheus.Metric) {
 		state flow.BreakerState
 		into  [3]int64
 	}
-	refuses := [3]int{flow.BreakerClosed: 0, flow.BreakerOpen: 2, flow.BreakerHalfOpen: 1}
 	sums := map[[2]string]*sum{}
 	var keys [][2]string
 	for _, b := range c.eng.Breakers() {
@@ -277,7 +277,7 @@ func (c *Collector) breakers(ch chan<- prometheus.Metric) {
 			sums[k] = s
 			keys = append(keys, k)
 		}
-		if refuses[b.State] > refuses[s.state] {
+		if breakers.Worse(b.State, s.state) {
 			s.state = b.State
 		}
 		for i, n := range b.Transitions {
