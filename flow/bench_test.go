@@ -152,6 +152,35 @@ func BenchmarkBreakerEntryExit(b *testing.B) {
 	}
 }
 
+// BenchmarkSystemEntryExit is BenchmarkResourceEntryExit's pass path on an
+// inbound resource that also holds a SystemBBR rule, its CPU reading over
+// the threshold: the rule sheds, and its check admits (fewer in flight
+// than the resource has shown it completes).
+func BenchmarkSystemEntryExit(b *testing.B) {
+	for name, clock := range benchClocks(b) {
+		m := &fakeMeter{}
+		m.set(0.95)
+		e, err := New(WithClock(clock), WithCPU(m))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := e.LoadRules([]Rule{{Resource: "inbound", Threshold: 1e12},
+			{Resource: "inbound", System: SystemBBR, Threshold: 0.8}}); err != nil {
+			b.Fatal(err)
+		}
+		r, err := e.Resource("inbound")
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run("clock="+name, func(b *testing.B) {
+			sweepEntryExit(b, r)
+			if s := e.Systems(); len(s) != 1 || !s[0].Shedding {
+				b.Fatalf("the rule is not shedding: %+v", s)
+			}
+		})
+	}
+}
+
 // BenchmarkNoRuleEntryExit is Entry+Exit through the handle of a resource
 // without rules: its statistics alone, the least a counted request costs.
 func BenchmarkNoRuleEntryExit(b *testing.B) {

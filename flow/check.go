@@ -84,6 +84,11 @@ func (e *Engine) enterSingle(rr *resourceRules, n int64) (Entry, error) {
 	} else if now = e.cached.Load(); d&e.refreshMask == 0 || e.behind.Load() {
 		now = e.pins.Refresh(e.coarse, now)
 	}
+	if g := rr.system; g != nil {
+		if i, ok := g.admits(now); !ok {
+			return e.refuseSystem(rr, p, now, n, i)
+		}
+	}
 	r, ok := rr.single.AdmitOn(p, now, n, rr.singleLimit)
 	if !ok {
 		return e.refuseSingle(rr, p, now, n, r.Seen())
@@ -276,7 +281,8 @@ func (e *Engine) block(rr *resourceRules, h *held, p int, now int64, q *request,
 // The stages of take, in its order: a refusal's at is its stage << 8 |
 // the refusing rule's index among its kind's rules.
 const (
-	stageKeyConcurrency = iota << 8
+	stageSystem = iota << 8
+	stageKeyConcurrency
 	stageConcurrency
 	stageWindows
 	stageKeyed
@@ -434,8 +440,15 @@ func (e *Engine) take(rr *resourceRules, h *held, p int, now int64, q *request) 
 	var wait int64
 	var rf refusal
 	ok, stage := true, 0
-	if rr.keyConc.t != nil {
-		ok = rr.takeKeyConcurrency(h, q, &rf)
+	if rr.system != nil {
+		// First: a request the system rules shed takes nothing.
+		var i int
+		if i, ok = rr.system.admits(now); !ok {
+			rf, stage = rr.system.refusal(i), stageSystem
+		}
+	}
+	if ok && rr.keyConc.t != nil {
+		ok, stage = rr.takeKeyConcurrency(h, q, &rf), stageKeyConcurrency
 	}
 	if ok && rr.concLimit >= 0 {
 		ok, stage = rr.takeConcurrency(h, now, q.n, &rf), stageConcurrency

@@ -145,6 +145,8 @@ type resourceRules struct {
 	// singleBreakers is set when breakers decide after single admitted a
 	// request (see enterBreakers).
 	singleBreakers bool
+	// system is the resource's system rules (nil: none), asked first.
+	system *systemGuard
 	// refusal is what the Entry of a request single refused carries, to
 	// lead back to these rules when its retry time is read (site: e and
 	// these rules).
@@ -360,7 +362,7 @@ func (e *Engine) shortPaths(rr *resourceRules) {
 	}
 	if len(rr.groups) == 0 && rr.concLimit < 0 && len(rr.related) == 0 && len(rr.paced) == 0 &&
 		rr.keyConc.t == nil && len(rr.keyed) == 1 && rr.keyed[0].t.Kind() == keytable.Window && len(rr.shadows) == 0 && len(rr.gcras) == 0 &&
-		len(rr.breakers) == 0 {
+		len(rr.breakers) == 0 && rr.system == nil {
 		rr.singleKey = &rr.keyed[0]
 	}
 	if len(rr.gcras) == 1 && rr.rules == 1 && len(rr.shadows) == 0 {

@@ -58,6 +58,8 @@ type Engine struct {
 	maxKeys     int
 	// breakerListener is told of every breaker's changes (nil: no one).
 	breakerListener func(BreakerChange)
+	// cpu is the CPU reading of system rules (nil: none).
+	cpu CPUMeter
 
 	rules atomic.Pointer[ruleSet]
 	mu    sync.Mutex // serialises LoadRules
@@ -85,6 +87,7 @@ func New(opts ...Option) (*Engine, error) {
 		sleep:           cfg.sleep,
 		maxKeys:         cfg.maxKeys,
 		breakerListener: cfg.breakerListener,
+		cpu:             cfg.cpu,
 	}
 	e.site = site{e: e}
 	e.slots = slots.New(&e.site)
@@ -272,6 +275,9 @@ func (e *Engine) normalise(rules []Rule) ([]Rule, error) {
 		}
 		if r.Global && e.source == nil {
 			return nil, r.errorf(i, "Global", true, "needs an engine made WithTokenSource")
+		}
+		if (r.System == SystemCPU || r.System == SystemBBR) && e.cpu == nil {
+			return nil, r.errorf(i, "System", r.System, "reads the CPU usage: it needs an engine made WithCPU")
 		}
 		// A resource's throttling and global rules are held on the stack
 		// during Entry, so their number per resource is bounded.

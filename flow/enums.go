@@ -155,7 +155,41 @@ func (s BreakerState) String() string {
 	return fmt.Sprintf("BreakerState(%d)", uint8(s))
 }
 
+// SystemCheck makes a rule a system rule, and says what it checks (see
+// Rule.System).
+type SystemCheck uint8
+
+const (
+	// NotSystem: the rule is not a system rule (the default).
+	NotSystem SystemCheck = iota
+	// SystemCPU refuses while the CPU usage is over Threshold.
+	SystemCPU
+	// SystemRT refuses while the resource's average RT is over MaxRT.
+	SystemRT
+	// SystemBBR refuses, while the CPU usage is over Threshold (or was in
+	// the last second), requests past what the resource has shown it
+	// completes in flight.
+	SystemBBR
+)
+
+// String returns the check's name as rule files write it ("SystemCPU",
+// "SystemRT", "SystemBBR"; "None" for NotSystem).
+func (s SystemCheck) String() string {
+	switch s {
+	case NotSystem:
+		return "None"
+	case SystemCPU:
+		return "SystemCPU"
+	case SystemRT:
+		return "SystemRT"
+	case SystemBBR:
+		return "SystemBBR"
+	}
+	return fmt.Sprintf("SystemCheck(%d)", uint8(s))
+}
+
 var (
+	systemNames   = []SystemCheck{NotSystem, SystemCPU, SystemRT, SystemBBR}
 	breakerNames  = []BreakerStrategy{NotBreaker, SlowRatio, ErrorRatio, ErrorCount}
 	metricNames   = []Metric{QPS, Concurrency}
 	behaviorNames = []Behavior{Reject, WarmUp, Throttle, WarmUpThrottle, GCRA}
@@ -229,5 +263,16 @@ func (s BreakerStrategy) MarshalText() ([]byte, error) {
 // UnmarshalText implements encoding.TextUnmarshaler.
 func (s *BreakerStrategy) UnmarshalText(text []byte) (err error) {
 	*s, err = parseEnum("breaker strategy", breakerNames, text)
+	return err
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (s SystemCheck) MarshalText() ([]byte, error) {
+	return checkEnum("system check", systemNames, s, s.String())
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *SystemCheck) UnmarshalText(text []byte) (err error) {
+	*s, err = parseEnum("system check", systemNames, text)
 	return err
 }

@@ -28,10 +28,12 @@ const (
 	// ReasonBreaker: a circuit breaker is open, or half-open with its
 	// probe out (Refusal.Breaker says which).
 	ReasonBreaker
+	// ReasonSystem: a system rule (Rule.System) sheds load.
+	ReasonSystem
 )
 
 // String returns the reason's name ("flow", "concurrency", "queue",
-// "global", "breaker").
+// "global", "breaker", "system").
 func (r Reason) String() string {
 	switch r {
 	case ReasonFlow:
@@ -44,6 +46,8 @@ func (r Reason) String() string {
 		return "global"
 	case ReasonBreaker:
 		return "breaker"
+	case ReasonSystem:
+		return "system"
 	}
 	return fmt.Sprintf("Reason(%d)", uint8(r))
 }
@@ -82,8 +86,8 @@ func newKeyBlockError(r *Rule, reason Reason, threshold float64) *BlockError {
 	}
 	e.refusal = slots.Sentinel(&site{be: e})
 	switch {
-	case r.Breaker != NotBreaker:
-		// A breaker has no quota.
+	case r.Breaker != NotBreaker || r.System != NotSystem:
+		// A breaker or a system rule has no quota.
 	case r.Metric == Concurrency:
 		e.quota = int64(threshold)
 	case r.Behavior == Throttle || r.Behavior == WarmUpThrottle:

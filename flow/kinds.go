@@ -24,6 +24,7 @@ type kind struct {
 // kind is one file and one line here.
 var kinds = [...]*kind{
 	&breakerKind,
+	&systemKind,
 	&dryRunKind,
 	&perKeyKind,
 	&concurrencyKind,

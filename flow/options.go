@@ -25,6 +25,8 @@ type config struct {
 	maxKeys      int
 	// breakerListener is WithBreakerListener's function (nil: none).
 	breakerListener func(BreakerChange)
+	// cpu is WithCPU's meter (nil: none).
+	cpu CPUMeter
 }
 
 // sleepFunc waits for d or until ctx ends.

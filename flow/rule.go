@@ -150,6 +150,26 @@ type Rule struct {
 	// at most 100; StatInterval must be a whole number of milliseconds
 	// per bucket).
 	Buckets int
+	// System makes the rule an overload check on its resource, read from
+	// the resource's own statistics (default NotSystem): a resource that
+	// takes a process's inbound requests (see the package doc's "System
+	// rules") is refused (ReasonSystem) by
+	//   - SystemCPU while the CPU usage (WithCPU) is over Threshold, a
+	//     share in (0, 1];
+	//   - SystemBBR while the CPU usage is over Threshold, or was in the
+	//     last second, and the requests in flight reach the most the
+	//     resource has shown it completes: its most completions per
+	//     second in a bucket of its second window times its least RT, at
+	//     least 1 ms (Sentinel's and Kratos' BBR check);
+	//   - SystemRT while the average RT over its second window is over
+	//     MaxRT.
+	// The verdict is refreshed by the first request after it is due
+	// (every 1 ms; while a BBR rule sheds, every quarter of the least RT),
+	// so the rules cost the other requests two loads. In
+	// flight and QPS limits on the same resource are Concurrency and QPS
+	// rules. Metric QPS and Behavior Reject only; not Global, PerKey,
+	// related, span-exact, dry-run or breaker rules.
+	System SystemCheck
 }
 
 // KeyLimit is a specific key's threshold in a PerKey rule. A Key longer
@@ -314,7 +334,7 @@ func (r *Rule) validate(i int) error {
 // window: a window admits whole requests, so 0.5/s over 1 s would admit
 // nothing and 2.5/s over 1 s only 2. The error says how to write it.
 func (r *Rule) validateWhole(i int, field string, t float64) error {
-	if r.Metric != QPS || r.Behavior != Reject && r.Behavior != WarmUp || r.RelatedResource != "" || r.Breaker != NotBreaker || wholePerWindow(t, r.StatInterval) {
+	if r.Metric != QPS || r.Behavior != Reject && r.Behavior != WarmUp || r.RelatedResource != "" || r.Breaker != NotBreaker || r.System != NotSystem || wholePerWindow(t, r.StatInterval) {
 		return nil
 	}
 	per := t * r.StatInterval.Seconds()
@@ -360,7 +380,7 @@ func (r *Rule) validateUnused(i int) error {
 		{"LocalShare", r.LocalShare, r.LocalShare != 0, r.Global && r.Fallback == FallbackLocal, "Global rules with Fallback Local"},
 		{"MaxKeys", r.MaxKeys, r.MaxKeys != 0, r.PerKey, "PerKey rules"},
 		{"Keys", len(r.Keys), len(r.Keys) != 0, r.PerKey, "PerKey rules"},
-		{"MaxRT", r.MaxRT, r.MaxRT != 0, r.Breaker == SlowRatio, "SlowRatio breaker rules"},
+		{"MaxRT", r.MaxRT, r.MaxRT != 0, r.Breaker == SlowRatio || r.System == SystemRT, "SlowRatio breaker and SystemRT rules"},
 		{"MinRequests", r.MinRequests, r.MinRequests != 0, r.Breaker != NotBreaker, "breaker rules"},
 		{"RetryTimeout", r.RetryTimeout, r.RetryTimeout != 0, r.Breaker != NotBreaker, "breaker rules"},
 		{"ProbeTimeout", r.ProbeTimeout, r.ProbeTimeout != 0, r.Breaker != NotBreaker, "breaker rules"},

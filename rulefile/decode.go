@@ -49,7 +49,7 @@ type rawKey struct {
 // The keys of a rule, in the order the normal form writes them.
 var ruleKeys = []string{"id", "resource", "metric", "threshold", "statInterval", "behavior", "warmUpPeriod",
 	"coldFactor", "maxQueueing", "burst", "relatedResource", "global", "fallback", "localShare", "perKey", "maxKeys", "keys", "dryRun", "spanExact",
-	"breaker", "maxRT", "minRequests", "retryTimeout", "probeTimeout", "buckets"}
+	"breaker", "system", "maxRT", "minRequests", "retryTimeout", "probeTimeout", "buckets"}
 
 // decoder turns a file's syntax tree into rules, with errors placed.
 type decoder struct{ name string }
@@ -433,13 +433,13 @@ func (d *decoder) rule(i int, r *rawRule) (flow.Rule, error) {
 	for _, key := range r.order {
 		n := at(key)
 		switch key {
-		case "metric", "behavior", "fallback", "breaker":
+		case "metric", "behavior", "fallback", "breaker", "system":
 			s, err := d.str(n, key, rule)
 			if err != nil {
 				return out, err
 			}
 			into := map[string]interface{ UnmarshalText([]byte) error }{
-				"metric": &out.Metric, "behavior": &out.Behavior, "fallback": &out.Fallback, "breaker": &out.Breaker}[key]
+				"metric": &out.Metric, "behavior": &out.Behavior, "fallback": &out.Fallback, "breaker": &out.Breaker, "system": &out.System}[key]
 			if err := into.UnmarshalText([]byte(s)); err != nil {
 				return out, d.errAt(n, rule, "%s", strings.TrimPrefix(err.Error(), "flow: "))
 			}

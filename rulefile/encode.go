@@ -125,9 +125,14 @@ func ruleFields(r flow.Rule) []field {
 	}
 	if r.Breaker != flow.NotBreaker {
 		add("breaker", r.Breaker.String())
-		if r.MaxRT != 0 {
-			add("maxRT", dur(r.MaxRT))
-		}
+	}
+	if r.System != flow.NotSystem {
+		add("system", r.System.String())
+	}
+	if r.MaxRT != 0 {
+		add("maxRT", dur(r.MaxRT))
+	}
+	if r.Breaker != flow.NotBreaker {
 		if d.MinRequests != blank.MinRequests {
 			add("minRequests", strconv.Itoa(d.MinRequests))
 		}

@@ -155,9 +155,15 @@ func (failing) Acquire(context.Context, flow.GlobalRequest) (bool, error) {
 	return false, errors.New("rulefile: no token source")
 }
 
+// idle is a CPU meter for Check's engine, so that system rules that read
+// the CPU are checked too.
+type idle struct{}
+
+func (idle) CPUUsage() float64 { return 0 }
+
 // Check parses data and validates the rules as an engine would load them
-// (flow.Engine.CheckRules, on an engine with a token source, so global
-// rules are checked too). The error of a rule the engine refuses is placed
+// (flow.Engine.CheckRules, on an engine with a token source and a CPU
+// meter, so global and system rules are checked too). The error of a rule the engine refuses is placed
 // at its key.
 func Check(name string, data []byte) ([]flow.Rule, error) {
 	rules, raw, err := parse(name, data)
@@ -168,7 +174,7 @@ func Check(name string, data []byte) ([]flow.Rule, error) {
 	// The engine's defaults, its resource cap too: a file that names more
 	// resources than an engine holds by default fails here as it would
 	// load.
-	eng, err := flow.New(flow.WithTokenSource(failing{}))
+	eng, err := flow.New(flow.WithTokenSource(failing{}), flow.WithCPU(idle{}))
 	if err != nil {
 		return nil, err
 	}

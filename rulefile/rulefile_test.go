@@ -492,3 +492,27 @@ func TestBreakerRulesReadAndFormat(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "minRequests must be in [1, 1000000]")
 }
+
+// System rules read from their keys and format to their normal form and
+// back; an unknown check is an error at its key listing the valid ones,
+// and a CPU usage out of range names the threshold.
+func TestSystemRulesReadAndFormat(t *testing.T) {
+	src := "rules:\n  - resource: inbound\n    threshold: 1000\n" +
+		"  - id: shed\n    resource: inbound\n    threshold: 0.8\n    system: SystemBBR\n" +
+		"  - id: slow\n    resource: inbound\n    threshold: 0\n    system: SystemRT\n    maxRT: 250ms\n"
+	rules, err := Check("s.yaml", []byte(src))
+	require.NoError(t, err)
+	require.Len(t, rules, 3)
+	assert.Equal(t, flow.Rule{ID: "shed", Resource: "inbound", Threshold: 0.8, System: flow.SystemBBR}, rules[1])
+	assert.Equal(t, flow.Rule{ID: "slow", Resource: "inbound", System: flow.SystemRT, MaxRT: 250 * time.Millisecond}, rules[2])
+	out, err := Format(rules)
+	require.NoError(t, err)
+	assert.Equal(t, src, string(out))
+
+	_, err = Parse("s.yaml", []byte("rules:\n  - resource: a\n    threshold: 0.8\n    system: BBR\n"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `s.yaml:4:13: rule "a": unknown system check "BBR" (valid: None, SystemCPU, SystemRT, SystemBBR)`)
+	_, err = Check("s.yaml", []byte("rules:\n  - resource: a\n    threshold: 80\n    system: SystemCPU\n"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "threshold must be a CPU usage in (0, 1]")
+}

@@ -1,0 +1,271 @@
+package flow
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"go.uber.org/atomic"
+
+	"github.com/leapflow/leapflow/internal/cpu"
+	"github.com/leapflow/leapflow/internal/names"
+	"github.com/leapflow/leapflow/internal/stats"
+	"github.com/leapflow/leapflow/metric"
+)
+
+// CPUMeter reads the CPU usage a system rule checks: the share of the CPU
+// the process may use that it used lately, in [0, 1] (a container's
+// share under its CPU limit, for example; the cpuusage package reads it
+// from Linux's cgroups). The engine reads it at most once per refresh of
+// its system rules' verdict (every 1 ms or so while requests come), never
+// on a request's own path: a meter returns a value it keeps, read in the
+// background.
+type CPUMeter interface {
+	CPUUsage() float64
+}
+
+// WithCPU gives the engine the CPU reading that SystemCPU and SystemBBR
+// rules check; an engine without one refuses those rules. The engine
+// starts nothing: a meter that samples in the background is started and
+// stopped by its owner (cpuusage.Start, and its Close).
+func WithCPU(m CPUMeter) Option {
+	return func(c *config) { c.cpu = m }
+}
+
+// The system rules' timing: how long their verdict holds at most, and how
+// long a SystemBBR rule keeps checking after
+// the CPU usage fell below its threshold (so that the backlog the hot
+// spell left drains before everything is admitted again).
+const (
+	systemRefresh = int64(time.Millisecond)
+	systemCooling = int64(time.Second)
+	// cpuRetry is the retry hint of a SystemCPU refusal: about two
+	// readings of a meter that samples every 100 ms.
+	cpuRetry = 200 * time.Millisecond
+)
+
+var systemKind = kind{
+	is:       func(r *Rule) bool { return r.System != NotSystem },
+	validate: validateSystem,
+	compile:  compileSystem,
+	describe: func(r *Rule) string {
+		switch r.System {
+		case SystemRT:
+			return " " + r.System.String() + " over " + r.MaxRT.String()
+		}
+		return " " + r.System.String()
+	},
+}
+
+// validateSystem checks a system rule (r has its defaults); the engine
+// checks that it has the CPU meter the rule needs (normalise).
+func validateSystem(r *Rule, i int) error {
+	if r.System == NotSystem {
+		return nil
+	}
+	bad := func(field string, value any, reason string) error { return r.errorf(i, field, value, reason) }
+	switch {
+	case r.System > SystemBBR:
+		return bad("System", r.System, "must be SystemCPU, SystemBBR or SystemRT")
+	case r.Metric != QPS || r.Behavior != Reject:
+		return bad("System", r.System, "is for rules of Metric QPS and Behavior Reject")
+	case r.Global || r.PerKey || r.RelatedResource != "" || r.SpanExact || r.DryRun || r.Breaker != NotBreaker:
+		return bad("System", r.System, "is not for Global, PerKey, related, span-exact, dry-run or breaker rules")
+	case r.StatInterval != defaultStatInterval:
+		return bad("StatInterval", r.StatInterval, "must be 1s (or left zero) for a system rule: it reads the resource's second window")
+	case r.System == SystemRT:
+		if r.MaxRT <= 0 || r.MaxRT > maxBreakerTimeout {
+			return bad("MaxRT", r.MaxRT, fmt.Sprintf("must be in (0, %v]: the average RT over which a SystemRT rule refuses", maxBreakerTimeout))
+		}
+	case !(r.Threshold > 0 && r.Threshold <= 1):
+		return bad("Threshold", r.Threshold, "must be a CPU usage in (0, 1] for a "+r.System.String()+" rule")
+	}
+	return nil
+}
+
+// systemGuard is a resource's system rules and the verdict they share:
+// refreshed by the first request after it is due (one compare-and-swap
+// elects it), read by every other request in two loads.
+type systemGuard struct {
+	// next is the engine time the verdict is due for a refresh; verdict
+	// is 0 (admit) or the index + 1 of the rule that refuses.
+	next    atomic.Int64
+	verdict atomic.Int64
+	_       [cpu.CacheLine - 16]byte
+	// What the last refresh read, for Engine.Systems and the refusals:
+	// the CPU usage (float64 bits), the requests in flight, the BBR
+	// estimate of how many may be (max completions per second times min
+	// RT; 0: none yet), the average RT (ns), and the last time the CPU
+	// usage was over a SystemBBR rule's threshold.
+	cpuBits  atomic.Uint64
+	inflight atomic.Int64
+	limit    atomic.Int64
+	avgRT    atomic.Int64
+	minRT    atomic.Int64
+	hotAt    atomic.Int64
+	rules    []systemRule
+	node     *stats.Node
+	meter    CPUMeter
+}
+
+// systemRule is one system rule of a guard.
+type systemRule struct {
+	check     SystemCheck
+	threshold float64
+	maxRT     int64
+	be        *BlockError
+}
+
+// compileSystem adds a system rule to its resource's guard.
+func compileSystem(c *compiling) {
+	rr, r := c.rr, c.r
+	if rr.system == nil {
+		rr.system = &systemGuard{node: rr.node, meter: c.e.cpu}
+		rr.system.hotAt.Store(math.MinInt64 / 2)
+	}
+	be := newBlockError(r, ReasonSystem)
+	what := map[SystemCheck]string{SystemCPU: fmt.Sprintf("CPU usage over %g", r.Threshold), SystemRT: "average RT over " + r.MaxRT.String(),
+		SystemBBR: fmt.Sprintf("CPU usage over %g, and as many in flight as it completes", r.Threshold)}[r.System]
+	be.msg = fmt.Sprintf("flow: %s blocked by rule %s (%s: %s)", names.Abbrev(r.Resource), names.Abbrev(r.Name()), r.System, what)
+	rr.system.rules = append(rr.system.rules, systemRule{check: r.System, threshold: r.Threshold, maxRT: int64(r.MaxRT), be: be})
+}
+
+// admits reports whether the resource's system rules admit a request at
+// now, or which of them refuses it.
+func (g *systemGuard) admits(now int64) (int, bool) {
+	if now >= g.next.Load() {
+		g.refresh(now)
+	}
+	v := g.verdict.Load()
+	return int(v - 1), v == 0
+}
+
+// refresh computes the verdict at now, if this caller is the one to.
+func (g *systemGuard) refresh(now int64) {
+	due := g.next.Load()
+	if now < due || !g.next.CompareAndSwap(due, now+systemRefresh) {
+		return // another request refreshes it
+	}
+	var usage float64
+	if g.meter != nil {
+		usage = g.meter.CPUUsage()
+	}
+	w := g.node.Second()
+	inflight := g.node.Inflight()
+	// The least RT is at least 1 ms, as Kratos has it: a clock too coarse
+	// to see a faster request reads 0, which would refuse everything.
+	minRT, _ := w.MinRT(now)
+	minRT = max(minRT, int64(time.Millisecond))
+	limit := int64(math.Ceil(w.MaxRate(now, metric.Success) * float64(minRT) / float64(time.Second)))
+	avg := int64(w.AvgRT(now))
+	g.cpuBits.Store(math.Float64bits(usage))
+	g.inflight.Store(inflight)
+	g.limit.Store(limit)
+	g.avgRT.Store(avg)
+	g.minRT.Store(minRT)
+	verdict, shedding := int64(0), false
+	for i, r := range g.rules {
+		refuse := false
+		switch r.check {
+		case SystemCPU:
+			refuse = usage > r.threshold
+		case SystemRT:
+			refuse = avg > r.maxRT
+		case SystemBBR:
+			if usage > r.threshold {
+				g.hotAt.Store(now)
+			}
+			if now-g.hotAt.Load() < systemCooling {
+				shedding = true
+				refuse = limit > 0 && inflight > 1 && inflight >= limit
+			}
+		}
+		if refuse && verdict == 0 {
+			verdict = int64(i + 1)
+		}
+	}
+	if shedding {
+		// While shedding, the verdict follows the requests in flight
+		// closely: refreshed every quarter of the fastest completion.
+		g.next.Store(now + min(systemRefresh, minRT/4))
+	}
+	g.verdict.Store(verdict)
+}
+
+// refusal is what a refusal by rule i carries: what it saw, and when to
+// retry (a BBR rule: the fastest completion, when one in flight makes
+// room; a CPU rule: cpuRetry; an RT rule: a bucket of the window, when its
+// oldest completions leave it).
+func (g *systemGuard) refusal(i int) refusal {
+	r := &g.rules[i]
+	var seen float64
+	var retry int64
+	switch r.check {
+	case SystemCPU:
+		seen, retry = math.Float64frombits(g.cpuBits.Load()), int64(cpuRetry)
+	case SystemRT:
+		seen, retry = float64(g.avgRT.Load())/1e6, g.node.Second().BucketLen()
+	default:
+		seen, retry = float64(g.inflight.Load()), min(max(g.minRT.Load(), int64(time.Millisecond)), int64(time.Second))
+	}
+	return refusal{r.be, seen, room{retry, retry}, i}
+}
+
+// refuseSystem counts a request rr's system rules refused (rule i) and
+// returns its Entry.
+func (e *Engine) refuseSystem(rr *resourceRules, p int, now, n int64, i int) (Entry, error) {
+	rf := rr.system.refusal(i)
+	e.count(rr.node, p, now, metric.Block, n)
+	return blocked(rf.be, rf.seen, rf.rm)
+}
+
+// SystemStatus is what a resource's system rules read at their last
+// refresh, as Engine.Systems returns it.
+type SystemStatus struct {
+	// Resource is the resource the rules guard; Rules are its system
+	// rules, in load order.
+	Resource string
+	Rules    []Rule
+	// CPU is the CPU usage read (0 without a meter).
+	CPU float64
+	// Inflight is the requests in flight; Limit the BBR estimate of how
+	// many may be (its most completions per second in a bucket of the
+	// resource's second window, times its least RT; 0: no completions
+	// yet); AvgRT the average RT over the second window.
+	Inflight, Limit int64
+	AvgRT           time.Duration
+	// Shedding says whether a SystemBBR rule is checking (the CPU usage
+	// is over its threshold, or was in the last second); Refusing
+	// whether the verdict in force refuses requests.
+	Shedding, Refusing bool
+}
+
+// Systems returns, for each resource with system rules (Rule.System), in
+// load order, what its rules read at their last refresh (refreshed now if
+// no request did in the last millisecond).
+func (e *Engine) Systems() []SystemStatus {
+	set := e.ruleSet()
+	now := e.now()
+	var out []SystemStatus
+	seen := map[*systemGuard]bool{}
+	for i := range set.rules {
+		r := &set.rules[i]
+		rr := set.byResource[r.Resource]
+		if r.System == NotSystem || rr == nil || rr.system == nil || seen[rr.system] {
+			continue
+		}
+		g := rr.system
+		seen[g] = true
+		g.refresh(now)
+		st := SystemStatus{Resource: r.Resource, CPU: math.Float64frombits(g.cpuBits.Load()), Inflight: g.inflight.Load(),
+			Limit: g.limit.Load(), AvgRT: time.Duration(g.avgRT.Load()), Refusing: g.verdict.Load() != 0}
+		for j := range set.rules {
+			if o := &set.rules[j]; o.Resource == r.Resource && o.System != NotSystem {
+				st.Rules = append(st.Rules, *o)
+				st.Shedding = st.Shedding || o.System == SystemBBR && now-g.hotAt.Load() < systemCooling
+			}
+		}
+		out = append(out, st)
+	}
+	return out
+}

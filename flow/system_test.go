@@ -1,0 +1,236 @@
+package flow
+
+import (
+	"errors"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/atomic"
+
+	"github.com/leapflow/leapflow/stat/stattest"
+)
+
+// fakeMeter is a CPU reading a test sets.
+type fakeMeter struct{ bits atomic.Uint64 }
+
+func (m *fakeMeter) CPUUsage() float64 { return math.Float64frombits(m.bits.Load()) }
+func (m *fakeMeter) set(v float64)     { m.bits.Store(math.Float64bits(v)) }
+
+// serve runs a steady service on resource "in" of e for d: every 10 ms, k
+// requests enter and the ones of 10 ms before exit (an RT of 10 ms, k in
+// flight, 100k completions per second). It returns how many were
+// refused.
+func serve(t *testing.T, e *Engine, clock *stattest.Clock, k int, d time.Duration) (refused int) {
+	t.Helper()
+	var inflight []Entry
+	for end := clock.Advance(0) + d; clock.Advance(0) < end; clock.Advance(10 * time.Millisecond) {
+		for _, en := range inflight {
+			en.Exit(nil)
+		}
+		inflight = inflight[:0]
+		for range k {
+			en, err := e.Entry("in")
+			if err != nil {
+				refused++
+				continue
+			}
+			inflight = append(inflight, en)
+		}
+	}
+	for _, en := range inflight {
+		en.Exit(nil)
+	}
+	return refused
+}
+
+// A SystemBBR rule admits everything while the CPU is cool; hot, it
+// refuses requests past what the resource has shown it completes in
+// flight (most completions per second x least RT), with ReasonSystem and
+// a retry of the least RT; cooled, it keeps checking for a second, then
+// admits everything again.
+func TestSystemBBRShedsPastWhatTheResourceCompletes(t *testing.T) {
+	clock := stattest.NewClock(time.Hour)
+	m := &fakeMeter{}
+	m.set(0.3)
+	e, _ := newEngine(t, clock, WithCPU(m))
+	load(t, e, Rule{Resource: "in", Threshold: 1e12}, Rule{Resource: "in", System: SystemBBR, Threshold: 0.8})
+	// Cool: 8 per 10 ms of 10 ms each, then 30 at once: all admitted.
+	require.Zero(t, serve(t, e, clock, 8, 2*time.Second))
+	require.Zero(t, serve(t, e, clock, 30, 20*time.Millisecond))
+	require.Zero(t, serve(t, e, clock, 8, time.Second))
+	st := e.Systems()
+	require.Len(t, st, 1)
+	assert.Equal(t, int64(8), st[0].Limit, "800 completions per second x 10 ms")
+	assert.False(t, st[0].Shedding)
+
+	// Hot: 8 in flight are admitted, the 9th is refused.
+	m.set(0.9)
+	clock.Advance(2 * time.Millisecond)
+	var held []Entry
+	for range 8 {
+		en, err := e.Entry("in")
+		require.NoError(t, err)
+		held = append(held, en)
+	}
+	clock.Advance(2 * time.Millisecond) // the verdict sees the 8
+	refused, err := e.Entry("in")
+	var be *BlockError
+	require.ErrorAs(t, err, &be)
+	assert.Equal(t, ReasonSystem, be.Reason)
+	assert.Equal(t, SystemBBR, be.Rule.System)
+	assert.Equal(t, 10*time.Millisecond, refused.Refusal().RetryAfter, "the least RT")
+	st = e.Systems()
+	assert.True(t, st[0].Shedding && st[0].Refusing)
+	assert.Equal(t, int64(8), st[0].Inflight)
+	assert.InDelta(t, 0.9, st[0].CPU, 1e-9)
+
+	// One exits (after 10 ms: the least RT stays): room for one again.
+	clock.Advance(10 * time.Millisecond)
+	held[0].Exit(nil)
+	held = held[1:]
+	clock.Advance(3 * time.Millisecond)
+	en, err := e.Entry("in")
+	require.NoError(t, err)
+	held = append(held, en)
+
+	// Cooled, but within a second of the hot reading: still checked.
+	m.set(0.2)
+	clock.Advance(500 * time.Millisecond)
+	_, err = e.Entry("in")
+	require.ErrorAs(t, err, &be, "half a second after the CPU cooled, 8 in flight")
+	// A second after: admitted whatever is in flight.
+	clock.Advance(600 * time.Millisecond)
+	en, err = e.Entry("in")
+	require.NoError(t, err)
+	held = append(held, en)
+	assert.False(t, e.Systems()[0].Shedding)
+	for _, en := range held {
+		en.Exit(nil)
+	}
+}
+
+// A SystemBBR rule sheds nothing until the resource has completed
+// something: without completions it has no estimate.
+func TestSystemBBRWithoutCompletionsAdmits(t *testing.T) {
+	clock := stattest.NewClock(time.Hour)
+	m := &fakeMeter{}
+	m.set(1)
+	e, _ := newEngine(t, clock, WithCPU(m))
+	load(t, e, Rule{Resource: "in", System: SystemBBR, Threshold: 0.5})
+	for range 100 {
+		_, err := e.Entry("in")
+		require.NoError(t, err)
+		clock.Advance(time.Millisecond)
+	}
+	assert.Zero(t, e.Systems()[0].Limit)
+}
+
+// A SystemCPU rule refuses while the CPU usage is over its threshold,
+// from the first refresh after the reading turned (at most 1 ms), and
+// admits from the first refresh after it fell back.
+func TestSystemCPURefusesWhileTheCPUIsHot(t *testing.T) {
+	clock := stattest.NewClock(time.Hour)
+	m := &fakeMeter{}
+	m.set(0.5)
+	e, _ := newEngine(t, clock, WithCPU(m))
+	load(t, e, Rule{Resource: "in", System: SystemCPU, Threshold: 0.9})
+	require.True(t, try(e, "in"))
+	m.set(0.95)
+	clock.Advance(time.Millisecond)
+	en, err := e.Entry("in")
+	var be *BlockError
+	require.ErrorAs(t, err, &be)
+	assert.Equal(t, ReasonSystem, be.Reason)
+	assert.Equal(t, "system", be.Reason.String())
+	assert.Equal(t, cpuRetry, en.Refusal().RetryAfter)
+	// Through the general path too (an option on the request).
+	require.False(t, try(e, "in", WithCount(2)))
+	m.set(0.9) // at the threshold: admitted
+	clock.Advance(time.Millisecond)
+	require.True(t, try(e, "in"))
+	require.True(t, try(e, "in", WithCount(2)))
+}
+
+// A SystemRT rule refuses while the resource's average RT over its second
+// window is over MaxRT, and admits once slow completions left it.
+func TestSystemRTRefusesWhileTheAverageIsOver(t *testing.T) {
+	clock := stattest.NewClock(time.Hour)
+	e, _ := newEngine(t, clock)
+	load(t, e, Rule{Resource: "in", System: SystemRT, MaxRT: 50 * time.Millisecond})
+	en, err := e.Entry("in")
+	require.NoError(t, err)
+	clock.Advance(200 * time.Millisecond)
+	en.Exit(nil)
+	clock.Advance(time.Millisecond)
+	_, err = e.Entry("in")
+	var be *BlockError
+	require.ErrorAs(t, err, &be, "an average of 200 ms")
+	assert.Equal(t, SystemRT, be.Rule.System)
+	clock.Advance(1100 * time.Millisecond) // the slow completion left the window
+	require.True(t, try(e, "in"))
+}
+
+// Bad system rules are refused with an error naming the field and value,
+// and the rules in force stay.
+func TestSystemRulesValidate(t *testing.T) {
+	clock := stattest.NewClock(time.Hour)
+	m := &fakeMeter{}
+	withCPU, _ := newEngine(t, clock, WithCPU(m))
+	without, _ := newEngine(t, clock)
+	load(t, withCPU, Rule{Resource: "in", Threshold: 5})
+	for _, c := range []struct {
+		e    *Engine
+		r    Rule
+		want string
+	}{
+		{withCPU, Rule{Resource: "in", System: SystemBBR, Threshold: 1.5}, "Threshold"},
+		{withCPU, Rule{Resource: "in", System: SystemCPU, Threshold: -0.1}, "Threshold"},
+		{withCPU, Rule{Resource: "in", System: SystemCPU, Threshold: math.NaN()}, "Threshold"},
+		{withCPU, Rule{Resource: "in", System: SystemCPU}, "Threshold"},
+		{withCPU, Rule{Resource: "in", System: SystemRT}, "MaxRT"},
+		{withCPU, Rule{Resource: "in", System: SystemRT, MaxRT: -time.Second}, "MaxRT"},
+		{withCPU, Rule{Resource: "in", System: SystemCheck(9), Threshold: 0.5}, "System"},
+		{withCPU, Rule{Resource: "in", System: SystemBBR, Threshold: 0.5, PerKey: true}, "System"},
+		{withCPU, Rule{Resource: "in", System: SystemBBR, Threshold: 0.5, Metric: Concurrency}, "System"},
+		{without, Rule{Resource: "in", System: SystemBBR, Threshold: 0.5}, "WithCPU"},
+		{without, Rule{Resource: "in", System: SystemCPU, Threshold: 0.5}, "WithCPU"},
+	} {
+		err := c.e.LoadRules([]Rule{{Resource: "in", Threshold: 1}, c.r})
+		require.Error(t, err, "%+v", c.r)
+		assert.Contains(t, err.Error(), c.want, "%+v", c.r)
+		var re *RuleError
+		assert.True(t, errors.As(err, &re), "%v", err)
+	}
+	assert.Equal(t, 5.0, withCPU.Rules()[0].Threshold, "a refused set changes nothing")
+	// SystemRT needs no meter.
+	load(t, without, Rule{Resource: "in", System: SystemRT, MaxRT: time.Second})
+	assert.True(t, strings.Contains(without.Rules()[0].String(), "SystemRT"), without.Rules()[0].String())
+}
+
+// Entry and Exit on a resource with system rules allocate nothing,
+// admitted or refused, through the short path and the general one.
+func TestSystemRulesAllocateNothing(t *testing.T) {
+	clock := stattest.NewClock(time.Hour)
+	m := &fakeMeter{}
+	m.set(0.95)
+	e, _ := newEngine(t, clock, WithCPU(m))
+	load(t, e, Rule{Resource: "in", Threshold: 1e12}, Rule{Resource: "in", System: SystemBBR, Threshold: 0.8},
+		Rule{Resource: "hot", System: SystemCPU, Threshold: 0.9})
+	serve(t, e, clock, 4, 100*time.Millisecond)
+	h, err := e.Resource("in")
+	require.NoError(t, err)
+	for _, f := range []func(){
+		func() { en, _ := h.Entry(); en.Exit(nil) },
+		func() { en, _ := e.Entry("in", WithCount(1)); en.Exit(nil) },
+		func() { en, _ := e.Entry("hot"); en.Exit(nil) },
+		func() { _, _ = e.Allow("in") },
+	} {
+		f()
+		assert.Zero(t, testing.AllocsPerRun(200, f))
+	}
+	assert.False(t, try(e, "hot"), "the refused path was measured")
+}
