@@ -132,8 +132,8 @@ type reader struct {
 	// The previous sample: when (monotonic), and the busy and total
 	// counts (cgroup: µs of CPU time used; /proc/stat: busy and all
 	// ticks).
-	at         time.Time
-	busy, all  int64
+	at          time.Time
+	busy, all   int64
 	hasPrevious bool
 }
 
