@@ -25,6 +25,7 @@ var namedSections = []namedSection{
 	{"perkey-attack", "per-key limits under a flood of keys: distinct keys, attacker keys at their limit, keys evicted and back, memory (about 30 s)", perKeyAttack},
 	{"global-outage", "4 processes on one Global rule through a killed, restarted and paused Redis, a starved CPU and a paused process (about 90 s; needs redis-server)", globalOutage},
 	{"breaker", "circuit breaking against sony/gobreaker/v2: the pass path at 1, 2, 8 and 256 goroutines, requests admitted per half-open period at 1 to 1024 goroutines, a probe that never returns, a dead dependency tripped and healed (about 35 s)", breakerSection},
+	{"overload", "adaptive overload protection: a simulated service of fixed capacity, unloaded and at 3x overload with and without a SystemBBR rule, in simulated time: goodput, p50/p99 latency, shed requests, and two charts (about 1 s)", overloadSection},
 	{"perkey-reload-soak", "per-key windows over their threshold while rules reload 10 times a second under traffic, real clock (-soak, default 60 s)", perKeyReloadSoak},
 }
 

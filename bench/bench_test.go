@@ -422,3 +422,20 @@ func TestBreakerSectionOneProbePerPeriodAndAHungProbeReturns(t *testing.T) {
 	assert.Regexp(t, `(?m)^  leapflow +\d+ +\d+ +\d+ms$`, out.String(), "closed after a probe timeout")
 	assert.NotRegexp(t, `(?m)^  leapflow .* never$`, out.String())
 }
+
+// The overload section meets its targets in simulated time (SystemBBR's
+// goodput within 10% of capacity, p99 within 2x the unloaded one), prints
+// its three cases and draws its two charts.
+func TestOverloadSectionMeetsItsTargetsAndDraws(t *testing.T) {
+	dir := t.TempDir()
+	var out bytes.Buffer
+	require.NoError(t, overloadSection(config{out: dir}, &out))
+	for _, c := range overloadCases {
+		assert.Contains(t, out.String(), c.name)
+	}
+	for _, name := range []string{"overload-goodput.svg", "overload-latency.svg"} {
+		data, err := os.ReadFile(filepath.Join(dir, name))
+		require.NoError(t, err)
+		assertWellFormedSVG(t, name, data)
+	}
+}

@@ -157,10 +157,10 @@ type Rule struct {
 	//   - SystemCPU while the CPU usage (WithCPU) is over Threshold, a
 	//     share in (0, 1];
 	//   - SystemBBR while the CPU usage is over Threshold, or was in the
-	//     last second, and the requests in flight reach the most the
-	//     resource has shown it completes: its most completions per
-	//     second in a bucket of its second window times its least RT, at
-	//     least 1 ms (Sentinel's and Kratos' BBR check);
+	//     last second, and more requests are in flight than the resource
+	//     has shown it completes: its most completions per second in a
+	//     bucket of its second window times its least RT, at least 1 ms
+	//     (Sentinel's and Kratos' BBR check);
 	//   - SystemRT while the average RT over its second window is over
 	//     MaxRT.
 	// The verdict is refreshed by the first request after it is due

@@ -156,7 +156,8 @@ func (g *systemGuard) refresh(now int64) {
 	// to see a faster request reads 0, which would refuse everything.
 	minRT, _ := w.MinRT(now)
 	minRT = max(minRT, int64(time.Millisecond))
-	limit := int64(math.Ceil(w.MaxRate(now, metric.Success) * float64(minRT) / float64(time.Second)))
+	est := w.MaxRate(now, metric.Success) * float64(minRT) / float64(time.Second)
+	limit := int64(math.Ceil(est))
 	avg := int64(w.AvgRT(now))
 	g.cpuBits.Store(math.Float64bits(usage))
 	g.inflight.Store(inflight)
@@ -177,7 +178,10 @@ func (g *systemGuard) refresh(now int64) {
 			}
 			if now-g.hotAt.Load() < systemCooling {
 				shedding = true
-				refuse = limit > 0 && inflight > 1 && inflight >= limit
+				// Refused past the estimate, as Sentinel and Kratos
+				// compare: the request is admitted while no more are in
+				// flight before it than the estimate.
+				refuse = est > 0 && inflight > 1 && float64(inflight) > est
 			}
 		}
 		if refuse && verdict == 0 {
@@ -186,8 +190,14 @@ func (g *systemGuard) refresh(now int64) {
 	}
 	if shedding {
 		// While shedding, the verdict follows the requests in flight
-		// closely: refreshed every quarter of the fastest completion.
-		g.next.Store(now + min(systemRefresh, minRT/4))
+		// closely: an admitting one holds for a quarter of the least RT
+		// (at most 1 ms), a refusing one for 1/32 of it (a completion
+		// makes room for the next request soon).
+		period := minRT / 4
+		if verdict != 0 {
+			period = minRT / 32
+		}
+		g.next.Store(now + min(systemRefresh, period))
 	}
 	g.verdict.Store(verdict)
 }

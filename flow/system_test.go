@@ -67,16 +67,17 @@ func TestSystemBBRShedsPastWhatTheResourceCompletes(t *testing.T) {
 	assert.Equal(t, int64(8), st[0].Limit, "800 completions per second x 10 ms")
 	assert.False(t, st[0].Shedding)
 
-	// Hot: 8 in flight are admitted, the 9th is refused.
+	// Hot: admitted while no more are in flight than the estimate (8),
+	// so 9 are; the 10th is refused.
 	m.set(0.9)
 	clock.Advance(2 * time.Millisecond)
 	var held []Entry
-	for range 8 {
+	for range 9 {
 		en, err := e.Entry("in")
 		require.NoError(t, err)
 		held = append(held, en)
 	}
-	clock.Advance(2 * time.Millisecond) // the verdict sees the 8
+	clock.Advance(2 * time.Millisecond) // the verdict sees the 9
 	refused, err := e.Entry("in")
 	var be *BlockError
 	require.ErrorAs(t, err, &be)
@@ -85,7 +86,7 @@ func TestSystemBBRShedsPastWhatTheResourceCompletes(t *testing.T) {
 	assert.Equal(t, 10*time.Millisecond, refused.Refusal().RetryAfter, "the least RT")
 	st = e.Systems()
 	assert.True(t, st[0].Shedding && st[0].Refusing)
-	assert.Equal(t, int64(8), st[0].Inflight)
+	assert.Equal(t, int64(9), st[0].Inflight)
 	assert.InDelta(t, 0.9, st[0].CPU, 1e-9)
 
 	// One exits (after 10 ms: the least RT stays): room for one again.
@@ -101,7 +102,7 @@ func TestSystemBBRShedsPastWhatTheResourceCompletes(t *testing.T) {
 	m.set(0.2)
 	clock.Advance(500 * time.Millisecond)
 	_, err = e.Entry("in")
-	require.ErrorAs(t, err, &be, "half a second after the CPU cooled, 8 in flight")
+	require.ErrorAs(t, err, &be, "half a second after the CPU cooled, 9 in flight")
 	// A second after: admitted whatever is in flight.
 	clock.Advance(600 * time.Millisecond)
 	en, err = e.Entry("in")
