@@ -129,9 +129,9 @@ func compileBreaker(c *compiling) {
 }
 
 // retire stops the reports of breaker b of rule r, replaced or removed by
-// the rule set being built at now: if it was not closed, the listener is
-// told it is (the breaker in force, if any, starts closed) once the set is
-// in force (resets).
+// the rule set being built at now: if the listener last heard it was not
+// closed, it is told it is (the breaker in force, if any, starts closed),
+// before the set is in force (resets).
 func (next *ruleSet) retire(b *breaker.Breaker, r *Rule, now int64) {
 	if s := b.Retire(); s != breaker.Closed {
 		next.resets = append(next.resets, BreakerChange{Resource: r.Resource, Rule: r.Name(), From: BreakerState(s), To: BreakerClosed,
@@ -293,9 +293,11 @@ type BreakerChange struct {
 // the goroutine whose request made it (an Entry admitting the probe, an
 // Exit that trips the breaker or ends the probe), after the state changed
 // and outside anything the engine holds. A reload that changes or removes
-// the rule of a breaker that is not closed reports it closed (the breaker
-// in force starts closed), from LoadRules, which holds the engine's load
-// lock: fn must not load rules. fn must not block: hand slow work to a
+// the rule of a breaker fn last heard was not closed reports it closed
+// (the breaker in force starts closed), from LoadRules, which holds the
+// engine's load lock, after the retired breaker's reports being made and
+// before the new rules are in force: for each rule name, what fn heard
+// last is the state of the breaker in force. fn must not load rules. fn must not block: hand slow work to a
 // goroutine or a channel of your own. A panic in fn is dropped.
 func WithBreakerListener(fn func(BreakerChange)) Option {
 	return func(c *config) { c.breakerListener = fn }

@@ -599,3 +599,122 @@ func TestBreakersReadsStateTransitionsAndWindow(t *testing.T) {
 	load(t, e, rules[0])
 	assert.Empty(t, e.Breakers())
 }
+
+// A breaker whose window cells were cleared (rule load) and that then sees
+// its first failures after an idle time of 3/4..1 of 2^20 buckets never
+// counts them: the zeroed cells (epoch 0) are taken as "newer".
+// A breaker counts failures after any idle spell or clock jump: its
+// buckets' epochs wrap every 2^20 buckets, and a cell left from before
+// must read as old, not as a newer bucket that Sum skips.
+func TestABreakerCountsFailuresAfterAnyIdleSpell(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		interval time.Duration
+		buckets  int
+		idle     time.Duration
+	}{
+		{"1ms buckets, idle 14min", 10 * time.Millisecond, 10, 14 * time.Minute},
+		{"100ms buckets (default), idle 23h", time.Second, 10, 23 * time.Hour},
+		{"100ms buckets (default), idle 1h (control)", time.Second, 10, time.Hour},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := stattest.NewClock(time.Second)
+			e, _ := newEngine(t, clock)
+			load(t, e, Rule{Resource: "dep", Breaker: ErrorCount, Threshold: 5, StatInterval: tc.interval, Buckets: tc.buckets, RetryTimeout: time.Minute})
+			clock.Advance(tc.idle)
+			for i := 0; i < 100; i++ {
+				fail(e, "dep")
+			}
+			bs := e.Breakers()
+			if bs[0].State != BreakerOpen {
+				t.Fatalf("100 failures in one bucket did not trip a Threshold-5 ErrorCount breaker: state %v, window counts %d/%d",
+					bs[0].State, bs[0].Failed, bs[0].Completed)
+			}
+		})
+	}
+}
+
+// The same after a good probe closes the breaker (its window cleared to
+// zero words): at 14 min of engine time with 1 ms buckets, the closed
+// breaker counts nothing.
+func TestAdvBreakerBlindAfterProbeCloses(t *testing.T) {
+	clock := stattest.NewClock(10 * time.Minute)
+	e, _ := newEngine(t, clock)
+	load(t, e, Rule{Resource: "dep", Breaker: ErrorCount, Threshold: 5, StatInterval: 10 * time.Millisecond, Buckets: 10, RetryTimeout: 4 * time.Minute})
+	for i := 0; i < 5; i++ {
+		fail(e, "dep")
+	}
+	if s := e.Breakers()[0].State; s != BreakerOpen {
+		t.Fatalf("did not open at 10 min: %v", s)
+	}
+	clock.Advance(4 * time.Minute) // 14 min: the probe
+	if !try(e, "dep") {            // good probe: closes, clears the window
+		t.Fatal("probe refused")
+	}
+	for i := 0; i < 100; i++ {
+		fail(e, "dep")
+	}
+	if b := e.Breakers()[0]; b.State != BreakerOpen {
+		t.Fatalf("100 failures after the probe closed it: %v, window %d/%d", b.State, b.Failed, b.Completed)
+	}
+}
+
+// A breaker neither wedges open nor goes blind when the clock steps: back
+// an hour while open, forward hours and back, forward up to a day after
+// traffic in every bucket.
+func TestABreakerSurvivesClockSteps(t *testing.T) {
+	rule := Rule{Resource: "dep", Breaker: ErrorCount, Threshold: 3, RetryTimeout: 10 * time.Second}
+	t.Run("back 1h while open", func(t *testing.T) {
+		clock := stattest.NewClock(5 * time.Hour)
+		e, _ := newEngine(t, clock)
+		load(t, e, rule)
+		for range 3 {
+			fail(e, "dep")
+		}
+		clock.Advance(-time.Hour)
+		if try(e, "dep") {
+			t.Fatal("admitted right after the step")
+		}
+		clock.Advance(10 * time.Second)
+		if !try(e, "dep") {
+			t.Fatalf("wedged open after a step back: %+v", e.Breakers()[0])
+		}
+	})
+	t.Run("forward 5h while open, then back", func(t *testing.T) {
+		clock := stattest.NewClock(5 * time.Hour)
+		e, _ := newEngine(t, clock)
+		load(t, e, rule)
+		for range 3 {
+			fail(e, "dep")
+		}
+		clock.Advance(5 * time.Hour)
+		if !try(e, "dep") {
+			t.Fatal("not probing after 5h")
+		}
+		clock.Advance(-5 * time.Hour)
+		for range 3 {
+			fail(e, "dep")
+		}
+		if s := e.Breakers()[0].State; s != BreakerOpen {
+			t.Fatalf("after a step back, 3 failures leave %v", s)
+		}
+	})
+	for _, jump := range []time.Duration{time.Hour, 10 * time.Hour, 23 * time.Hour, 26 * time.Hour, 28 * time.Hour} {
+		t.Run("forward "+jump.String()+" with traffic before", func(t *testing.T) {
+			clock := stattest.NewClock(time.Second)
+			e, _ := newEngine(t, clock)
+			load(t, e, rule)
+			for i := 0; i < 100; i++ { // good traffic in every bucket
+				try(e, "dep")
+				clock.Advance(10 * time.Millisecond)
+			}
+			clock.Advance(jump)
+			for range 3 {
+				fail(e, "dep")
+			}
+			if b := e.Breakers()[0]; b.State != BreakerOpen {
+				t.Fatalf("3 failures after a %v jump: %v, window %d/%d", jump, b.State, b.Failed, b.Completed)
+			}
+		})
+	}
+}

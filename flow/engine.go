@@ -203,10 +203,12 @@ func (e *Engine) LoadRules(rules []Rule) error {
 	old := e.rules.Load()
 	next := compile(e, norm, byName, bounds, old)
 	adopting := toAdopt(old, next)
+	// The breakers the set does not keep retire first, and their resets
+	// reach the listener before any change of the breakers in force.
+	e.retireBreakers(old, next)
 	e.rules.Store(next)
 	e.seedWindows(old, next)
 	e.adopt(adopting)
-	e.retireBreakers(old, next)
 	var dropped []string
 	for _, name := range resourcesOf(old.rules) {
 		if byName[name] == nil {

@@ -9,8 +9,9 @@
 // on the caller's stripe of the window's newest bucket, each bucket's
 // count of requests and of bad ones in one word, so that a ratio read from
 // the window is never torn. A bucket's epoch is kept modulo 2^20: a cell
-// left untouched for exactly a multiple of 2^20 buckets would be read as
-// current (29 h of 100 ms buckets).
+// left untouched for a multiple of 2^20 buckets (29 h of 100 ms buckets),
+// give or take lateBuckets, is read as current or newer until time passes
+// it (at most lateBuckets buckets).
 //
 // Times are int64 nanoseconds of the caller's clock, passed in, so tests
 // drive it with plain numbers. Package flow's breaker rules are a Breaker
@@ -20,6 +21,7 @@ package breaker
 import (
 	"math"
 	"math/bits"
+	"sync"
 
 	"go.uber.org/atomic"
 
@@ -144,7 +146,15 @@ type Breaker struct {
 	// made it, after the state changed (never while holding anything),
 	// until the breaker is retired.
 	changed func(Transition)
-	retired atomic.Bool
+	// mu guards retired, heard (the state the listener was last told of)
+	// and delivering (reports being made, which Retire waits for, so that
+	// nothing it reported reaches the listener after what its caller
+	// reports next).
+	mu         sync.Mutex
+	retired    bool
+	heard      State
+	delivering int
+	delivered  sync.Cond
 	// into counts the transitions into each state; tripped is the Value
 	// of the last closed-to-open one (float64 bits).
 	into    [3]atomic.Int64
@@ -160,6 +170,7 @@ func New(cfg Config, changed func(Transition)) *Breaker {
 	stride := (ring + perLine - 1) / perLine * perLine
 	b := &Breaker{cfg: cfg, bucketLen: cfg.Interval / int64(cfg.Buckets), cells: make([]atomic.Uint64, pad+n*stride+pad),
 		stride: stride, ring: uint64(ring - 1), mask: n - 1, changed: changed}
+	b.delivered.L = &b.mu
 	if ms := uint64(b.bucketLen / 1e6); ms > 1 && b.bucketLen%1e6 == 0 {
 		// hi(t * magic) is t / ms for every t with t * ms < 2^64.
 		b.magic, b.fast = math.MaxUint64/ms+1, math.MaxUint64/ms
@@ -264,8 +275,12 @@ func (b *Breaker) Exit(p int, start, now int64, failed, probe bool) {
 	for {
 		c := cell.Load()
 		ce := c >> epochShft
-		if ce != e && (ce-e)&(1<<epochBits-1) >= 1<<(epochBits-2) {
-			// An older bucket's: it starts over.
+		if ce != e && (ce-e)&(1<<epochBits-1) > lateBuckets {
+			// An older bucket's: it starts over. (One more than
+			// lateBuckets ahead is taken for one 2^20 buckets behind: a
+			// cell idle for that long, in one of the few epochs before
+			// a whole number of cycles, would otherwise read as newer
+			// for hours, and Sum would skip what it counts.)
 			if cell.CompareAndSwap(c, e<<epochShft|inc) {
 				break
 			}
@@ -276,9 +291,15 @@ func (b *Breaker) Exit(p int, start, now int64, failed, probe bool) {
 		// it.
 		next := c + inc
 		if c>>allShift&countMax == countMax {
-			// Full: both counts halve (the ratio stays), and it goes on
-			// counting.
-			next = ce<<epochShft | (countMax/2)<<allShift | (c>>badShift&countMax)/2<<badShift + inc
+			// Full: the completions halve and it goes on counting. The
+			// bad ones halve too (the ratio stays), but for ErrorCount,
+			// which counts them, while they fit (its Threshold is
+			// below: it would have tripped).
+			bad := c >> badShift & countMax
+			if b.cfg.Strategy != ErrorCount || bad > countMax/2 {
+				bad /= 2
+			}
+			next = ce<<epochShft | (countMax/2)<<allShift | bad<<badShift + inc
 		}
 		if cell.CompareAndSwap(c, next) {
 			break
@@ -307,7 +328,7 @@ func (b *Breaker) exitOpen(w uint64, start, now, rt int64, bad, probe bool) {
 		if to == Closed {
 			// The window starts afresh. Nothing counts while half-open,
 			// so clearing it before the breaker closes loses nothing.
-			b.clear()
+			b.clear(now)
 		}
 		if b.word.CompareAndSwap(w, pack(to, now)) {
 			b.report(Transition{From: HalfOpen, To: to, At: now, Value: value})
@@ -342,10 +363,25 @@ func (b *Breaker) report(t Transition) {
 	if t.From == Closed {
 		b.tripped.Store(math.Float64bits(t.Value))
 	}
-	if b.changed == nil || b.retired.Load() {
+	if b.changed == nil {
 		return
 	}
-	defer func() { _ = recover() }()
+	b.mu.Lock()
+	if b.retired {
+		b.mu.Unlock()
+		return
+	}
+	b.heard = t.To
+	b.delivering++
+	b.mu.Unlock()
+	defer func() {
+		_ = recover()
+		b.mu.Lock()
+		if b.delivering--; b.delivering == 0 {
+			b.delivered.Broadcast()
+		}
+		b.mu.Unlock()
+	}()
 	b.changed(t)
 }
 
@@ -357,11 +393,19 @@ func (b *Breaker) Transitions(s State) int64 { return b.into[s].Load() }
 func (b *Breaker) Tripped() float64 { return math.Float64frombits(b.tripped.Load()) }
 
 // Retire stops the breaker's reports (its rule changed: the one in force
-// is another), and returns its state.
+// is another), once those being made have reached the listener, and
+// returns the state the listener was last told of (Closed if none): a
+// change not reported, as the breaker retired, is not the listener's to
+// undo. The listener must not retire breakers (load rules): Retire waits
+// for its reports.
 func (b *Breaker) Retire() State {
-	b.retired.Store(true)
-	s, _ := b.State()
-	return s
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.retired = true
+	for b.delivering > 0 {
+		b.delivered.Wait()
+	}
+	return b.heard
 }
 
 // epoch is the bucket number of now, and its place in the ring.
@@ -399,15 +443,26 @@ func (b *Breaker) Sum(now int64) (all, bad int64) {
 // Reset closes the breaker at now and forgets its window (a rule that
 // changed starts afresh); it reports nothing.
 func (b *Breaker) Reset(now int64) {
-	b.clear()
+	b.clear(now)
 	b.word.Store(pack(Closed, now))
 }
 
-func (b *Breaker) clear() {
+// clear empties the window at now: every cell holds no completions, of an
+// epoch half a cycle before now's, older than any a completion near now
+// could take for newer.
+func (b *Breaker) clear(now int64) {
+	e, _ := b.epoch(now)
+	old := (e - 1<<(epochBits-1)) & (1<<epochBits - 1) << epochShft
 	for i := range b.cells {
-		b.cells[i].Store(0)
+		b.cells[i].Store(old)
 	}
 }
+
+// lateBuckets is how far behind the newest bucket of a stripe's cell a
+// completion may be and still count there (a clock read before another's,
+// then descheduled): farther is taken for a cell left from 2^20 buckets
+// before.
+const lateBuckets = 64
 
 // MaxCount is the most completions one stripe's bucket counts; past it a
 // bucket halves its counts (keeping its ratio) and goes on counting.

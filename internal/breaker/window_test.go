@@ -80,3 +80,32 @@ func TestEpochIsTheTimeOverTheBucketLength(t *testing.T) {
 		}
 	}
 }
+
+// An ErrorCount breaker's failures are a count, not a share: halving a
+// full bucket (MaxCount completions on one stripe) halves the failures it
+// has counted, so the breaker trips only after more failures than its
+// Threshold (here 1,000,000 failures in a 1 h window, one bucket, do not
+// trip a Threshold-1e6 breaker).
+// A full bucket keeps an ErrorCount breaker's failures whole (it halves
+// its completions only): the breaker trips at its Threshold, however many
+// good completions filled the bucket.
+func TestAFullBucketKeepsErrorCountsFailures(t *testing.T) {
+	b := New(Config{Strategy: ErrorCount, Threshold: 1_000_000, MinRequests: 1,
+		Interval: int64(time.Hour), Buckets: 1, RetryTimeout: sec, ProbeTimeout: sec}, nil)
+	b.Reset(0)
+	now := int64(time.Second)
+	const fails = 999_999
+	for i := 0; i < fails; i++ {
+		b.Exit(0, now, now, true, false)
+	}
+	for i := 0; i < MaxCount-fails+1; i++ { // fill the bucket past MaxCount
+		b.Exit(0, now, now, false, false)
+	}
+	all, bad := b.Sum(now)
+	t.Logf("window after %d completions (%d failed): all=%d bad=%d", MaxCount+1, fails, all, bad)
+	b.Exit(0, now, now, true, false) // the 1,000,000th failure
+	if s, _ := b.State(); s != Open {
+		all, bad := b.Sum(now)
+		t.Fatalf("1,000,000 failures in the window did not trip a Threshold-1e6 ErrorCount breaker: state %v, window all=%d bad=%d", s, all, bad)
+	}
+}
