@@ -52,9 +52,10 @@ func browser(t *testing.T) (context.Context, func()) {
 // resources, its numbers change as traffic changes, and a hostile resource
 // name shows as text and runs nothing.
 func TestPageInABrowser(t *testing.T) {
-	eng, err := flow.New()
+	eng, err := flow.New(flow.WithCPU(cpuAt(0.95)))
 	require.NoError(t, err)
 	require.NoError(t, eng.LoadRules([]flow.Rule{{ID: "api-limit", Resource: "api", Threshold: 1000},
+		{ID: "api-shed", Resource: "api", System: flow.SystemBBR, Threshold: 0.8},
 		{ID: "typo", Resource: "GET /itemz", Threshold: 10},
 		{ID: "dep-breaker", Resource: "dep", Breaker: flow.ErrorCount, Threshold: 1, RetryTimeout: time.Hour}}))
 	t.Cleanup(eng.Feed().Close)
@@ -155,4 +156,14 @@ func TestPageInABrowser(t *testing.T) {
 	open, err := chromedp.Run(ctx, chromedp.Evaluate[string](breaker+`.className`))
 	require.NoError(t, err)
 	assert.Equal(t, "badge breaker open", open)
+
+	// A resource with system rules shows the CPU reading and the BBR
+	// estimate, shedding: the CPU reads 95%, over the rule's 80%.
+	system, err := chromedp.Run(ctx, chromedp.Evaluate[string](
+		`(document.querySelector('tr[data-resource="api"] .badge.system') || {}).className || ''`))
+	require.NoError(t, err)
+	assert.Equal(t, "badge system shedding", system)
+	text, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector('tr[data-resource="api"] .badge.system').textContent`))
+	require.NoError(t, err)
+	assert.Regexp(t, `^CPU 95% · limit \d+$`, text)
 }

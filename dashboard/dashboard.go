@@ -152,6 +152,19 @@ type Row struct {
 	// until its next probe may go.
 	Breaker        string `json:"breaker,omitempty"`
 	BreakerRetryMS int64  `json:"breakerRetryMs,omitempty"`
+	// System is set on a resource with system rules (Rule.System): the
+	// CPU usage they read, the BBR estimate of how many requests may be
+	// in flight, and whether a SystemBBR rule sheds. The page shows a
+	// badge.
+	System *System `json:"system,omitempty"`
+}
+
+// System is what a resource's system rules read (flow.SystemStatus).
+type System struct {
+	CPU      float64 `json:"cpu"`
+	Limit    int64   `json:"limit"`
+	Shedding bool    `json:"shedding"`
+	Refusing bool    `json:"refusing"`
 }
 
 // Tick is what the page gets every second.
@@ -313,6 +326,10 @@ func (s *server) buildTick(now int64) []byte {
 			brk[b.Rule.Resource] = b
 		}
 	}
+	systems := map[string]*System{}
+	for _, st := range s.eng.Systems() {
+		systems[st.Resource] = &System{CPU: st.CPU, Limit: st.Limit, Shedding: st.Shedding, Refusing: st.Refusing}
+	}
 	s.mu.Lock()
 	rows := make([]Row, 0, len(s.latest)+len(rules))
 	for res, p := range s.latest {
@@ -347,6 +364,7 @@ func (s *server) buildTick(now int64) []byte {
 			rows[i].Breaker = breakerWords[b.State]
 			rows[i].BreakerRetryMS = b.RetryAfter.Milliseconds()
 		}
+		rows[i].System = systems[rows[i].Resource]
 		if snap, ok := s.eng.Snapshot(rows[i].Resource); ok {
 			rows[i].Inflight = snap.Inflight
 		}

@@ -363,3 +363,48 @@ func TestEveryPassReachesTheHistory(t *testing.T) {
 	}
 	assert.Equal(t, want, got)
 }
+
+// cpuAt is a CPU reading a test sets.
+type cpuAt float64
+
+func (c cpuAt) CPUUsage() float64 { return float64(c) }
+
+// A resource with system rules carries what they read in the tick: the
+// CPU usage, the BBR estimate, whether the rule sheds; others carry none.
+func TestTickShowsSystemState(t *testing.T) {
+	clock := stattest.NewClock(time.Second)
+	eng, err := flow.New(flow.WithClock(clock), flow.WithCPU(cpuAt(0.9)))
+	require.NoError(t, err)
+	require.NoError(t, eng.LoadRules([]flow.Rule{{Resource: "inbound", System: flow.SystemBBR, Threshold: 0.8},
+		{Resource: "api", Threshold: 5}}))
+	t.Cleanup(eng.Feed().Close)
+	for range 10 { // 2 in flight of 20 ms at a time: an estimate of 2
+		a, err := eng.Entry("inbound")
+		require.NoError(t, err)
+		b, err := eng.Entry("inbound")
+		require.NoError(t, err)
+		clock.Advance(20 * time.Millisecond)
+		a.Exit(nil)
+		b.Exit(nil)
+	}
+	h, err := New(eng)
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	eng.Feed().Poll()
+	_, body := get(t, srv.URL+"/api/tick")
+	var tick Tick
+	require.NoError(t, json.Unmarshal([]byte(body), &tick))
+	found := false
+	for _, r := range tick.Rows {
+		switch r.Resource {
+		case "inbound":
+			found = true
+			require.NotNil(t, r.System)
+			assert.Equal(t, System{CPU: 0.9, Limit: 2, Shedding: true}, *r.System)
+		case "api":
+			assert.Nil(t, r.System)
+		}
+	}
+	assert.True(t, found, body)
+}

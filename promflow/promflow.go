@@ -75,6 +75,7 @@ type Collector struct {
 	reloads, reloadFailed, wouldBlock            *prometheus.Desc
 	unreached                                    *prometheus.Desc
 	breakerState, breakerTransitions             *prometheus.Desc
+	systemCPU, systemLimit, systemShedding       *prometheus.Desc
 	reloader                                     Reloader
 }
 
@@ -118,7 +119,11 @@ func New(eng *flow.Engine, opts ...Option) *Collector {
 		breakerState: desc("breaker_state", "A circuit breaker's state: 0 closed, 1 open, 2 half-open (flow.BreakerState).", "rule"),
 		breakerTransitions: desc("breaker_transitions_total",
 			"A circuit breaker's changes of state, by the state it went into (closed, open, half_open), since its rule was loaded.", "rule", "to"),
-		reloads: prometheus.NewDesc("leapflow_rule_reloads_total", "Rule sets a rule source applied.", nil, nil),
+		systemCPU: desc("system_cpu_usage", "The CPU usage a resource's system rules last read, in [0, 1] (flow.WithCPU)."),
+		systemLimit: desc("system_bbr_limit",
+			"The BBR estimate of how many requests may be in flight on a resource with system rules: its most completions per second times its least RT (0: no completions yet)."),
+		systemShedding: desc("system_shedding", "1 while a resource's SystemBBR rule checks requests (its CPU usage over the threshold, or in the last second), else 0."),
+		reloads:        prometheus.NewDesc("leapflow_rule_reloads_total", "Rule sets a rule source applied.", nil, nil),
 		reloadFailed: prometheus.NewDesc("leapflow_rule_reload_failed",
 			"1 while the rule source's latest update failed (the rules in force stay), else 0.", nil, nil),
 	}
@@ -160,7 +165,7 @@ func (c *Collector) add(batch []stat.Second) {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.passed, c.blocked, c.occupied, c.completed, c.failed,
 		c.duration, c.inflight, c.fallbacks, c.evictions, c.forgotten, c.threshold, c.wouldBlock, c.unreached,
-		c.breakerState, c.breakerTransitions} {
+		c.breakerState, c.breakerTransitions, c.systemCPU, c.systemLimit, c.systemShedding} {
 		ch <- d
 	}
 	if c.reloader != nil {
@@ -256,6 +261,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	c.unreachedRules(ch)
 	c.breakers(ch)
+	c.systems(ch)
 }
 
 // breakers sends each circuit breaker's state and transitions. Breakers
@@ -291,6 +297,20 @@ func (c *Collector) breakers(ch chan<- prometheus.Metric) {
 		for i, n := range s.into {
 			ch <- prometheus.MustNewConstMetric(c.breakerTransitions, prometheus.CounterValue, float64(n), label(k[0]), label(k[1]), to[i])
 		}
+	}
+}
+
+// systems sends the CPU reading, the BBR estimate and whether it sheds, of
+// each resource with system rules.
+func (c *Collector) systems(ch chan<- prometheus.Metric) {
+	for _, s := range c.eng.Systems() {
+		shedding := 0.0
+		if s.Shedding {
+			shedding = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.systemCPU, prometheus.GaugeValue, s.CPU, label(s.Resource))
+		ch <- prometheus.MustNewConstMetric(c.systemLimit, prometheus.GaugeValue, float64(s.Limit), label(s.Resource))
+		ch <- prometheus.MustNewConstMetric(c.systemShedding, prometheus.GaugeValue, shedding, label(s.Resource))
 	}
 }
 

@@ -372,3 +372,45 @@ leapflow_breaker_transitions_total{resource="pair",rule="pair",to="open"} 1
 `
 	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want), "leapflow_breaker_state", "leapflow_breaker_transitions_total", "leapflow_rule_threshold"))
 }
+
+// cpuAt is a CPU reading a test sets.
+type cpuAt float64
+
+func (c cpuAt) CPUUsage() float64 { return float64(c) }
+
+// A resource with system rules shows the CPU reading, the BBR estimate and
+// whether its SystemBBR rule sheds.
+func TestSystemRulesShowCPUAndTheBBREstimate(t *testing.T) {
+	clock := stattest.NewClock(time.Second)
+	eng, err := flow.New(flow.WithClock(clock), flow.WithCPU(cpuAt(0.9)))
+	require.NoError(t, err)
+	require.NoError(t, eng.LoadRules([]flow.Rule{{Resource: "inbound", System: flow.SystemBBR, Threshold: 0.8}}))
+	t.Cleanup(eng.Feed().Close)
+	c := New(eng)
+	defer c.Close()
+	// 4 of 20 ms each: 200 completions a second in a 250 ms bucket x 20 ms.
+	for range 10 {
+		var held []flow.Entry
+		for range 4 {
+			en, err := eng.Entry("inbound")
+			require.NoError(t, err)
+			held = append(held, en)
+		}
+		clock.Advance(20 * time.Millisecond)
+		for _, en := range held {
+			en.Exit(nil)
+		}
+	}
+	want := `
+# HELP leapflow_system_bbr_limit The BBR estimate of how many requests may be in flight on a resource with system rules: its most completions per second times its least RT (0: no completions yet).
+# TYPE leapflow_system_bbr_limit gauge
+leapflow_system_bbr_limit{resource="inbound"} 4
+# HELP leapflow_system_cpu_usage The CPU usage a resource's system rules last read, in [0, 1] (flow.WithCPU).
+# TYPE leapflow_system_cpu_usage gauge
+leapflow_system_cpu_usage{resource="inbound"} 0.9
+# HELP leapflow_system_shedding 1 while a resource's SystemBBR rule checks requests (its CPU usage over the threshold, or in the last second), else 0.
+# TYPE leapflow_system_shedding gauge
+leapflow_system_shedding{resource="inbound"} 1
+`
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want), "leapflow_system_cpu_usage", "leapflow_system_bbr_limit", "leapflow_system_shedding"))
+}

@@ -54,6 +54,16 @@
             : "Its circuit breaker has let one probe through and refuses the rest until it decides.";
         name.appendChild(badge);
       }
+      if (r.system) {
+        const sys = r.system;
+        const badge = document.createElement("span");
+        badge.className = "badge system" + (sys.refusing ? " refusing" : sys.shedding ? " shedding" : "");
+        badge.textContent = "CPU " + Math.round(sys.cpu * 100) + "% · limit " + sys.limit;
+        badge.title = "Its system rules read a CPU usage of " + Math.round(sys.cpu * 100) + "%; the BBR estimate of how many requests may be in flight is " +
+          sys.limit + (sys.limit === 0 ? " (no completions yet)" : "") + ". " +
+          (sys.refusing ? "They refuse requests now." : sys.shedding ? "Its SystemBBR rule checks every request (the CPU is hot, or was in the last second)." : "They admit every request.");
+        name.appendChild(badge);
+      }
       cell(tr, String(r.pass), "pass");
       cell(tr, String(r.block), "block" + (r.block > 0 ? " hot" : ""));
       cell(tr, String(r.success), "success");
