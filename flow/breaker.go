@@ -262,10 +262,6 @@ func (rr *resourceRules) breakersWait(now, retry int64) int64 {
 //
 //go:noinline
 func (rr *resourceRules) exitBreakers(p int, start, now int64, failed, probe bool) {
-	if bs := rr.breakers; len(bs) == 1 {
-		bs[0].b.Exit(p, start, now, failed, probe) // nothing kept across the call
-		return
-	}
 	for i := range rr.breakers {
 		rr.breakers[i].b.Exit(p, start, now, failed, probe)
 	}

@@ -311,8 +311,13 @@ func (en *Entry) Exit(err error) {
 		now = e.pins.Refresh(e.coarse, now)
 	}
 	if rr := st.rr; rr != nil {
-		// Its resource's breakers count it (st is their sentinel's site).
-		rr.exitBreakers(int(m>>2&(1<<30-1)), en.start, now, failed, st.probe)
+		// Its resource's breakers count it (st is their sentinel's site):
+		// one, called directly; more, through exitBreakers.
+		if bs := rr.breakers; len(bs) == 1 {
+			bs[0].b.Exit(int(m>>2&(1<<30-1)), en.start, now, failed, st.probe)
+		} else {
+			rr.exitBreakers(int(m>>2&(1<<30-1)), en.start, now, failed, st.probe)
+		}
 	}
 	second(node).CompleteOn(int(m>>2&(1<<30-1)), now, n, max(now-en.start, 0), failed)
 	if e.adopting.Load() != 0 {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -234,4 +235,58 @@ func TestSystemRulesAllocateNothing(t *testing.T) {
 		assert.Zero(t, testing.AllocsPerRun(200, f))
 	}
 	assert.False(t, try(e, "hot"), "the refused path was measured")
+}
+
+// Under concurrent requests, a CPU reading that flips and a clock that
+// moves, one refresh at a time computes the verdict, and every request
+// reads a whole one: each is admitted or refused with ReasonSystem, and
+// what is in flight at the end is nothing (race detector).
+func TestSystemVerdictUnderConcurrency(t *testing.T) {
+	clock := stattest.NewClock(time.Hour)
+	m := &fakeMeter{}
+	e, _ := newEngine(t, clock, WithCPU(m))
+	load(t, e, Rule{Resource: "in", Threshold: 1e12}, Rule{Resource: "in", System: SystemBBR, Threshold: 0.5},
+		Rule{Resource: "in", System: SystemRT, MaxRT: time.Second})
+	var admitted, refused, wrong atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var held []Entry
+			for i := range 2000 {
+				switch {
+				case g == 0 && i%50 == 0:
+					m.set(0.9 * float64(i/50%2)) // hot, cool in turn
+				case g == 1:
+					clock.Advance(100 * time.Microsecond)
+				}
+				en, err := e.Entry("in")
+				var be *BlockError
+				switch {
+				case err == nil:
+					admitted.Inc()
+					held = append(held, en)
+				case errors.As(err, &be) && be.Reason == ReasonSystem:
+					refused.Inc()
+				default:
+					wrong.Inc()
+				}
+				if len(held) > 40 {
+					held[0].Exit(nil)
+					held = held[1:]
+				}
+			}
+			for _, en := range held {
+				en.Exit(nil)
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("admitted %d, refused %d", admitted.Load(), refused.Load())
+	assert.Zero(t, wrong.Load())
+	assert.Equal(t, int64(16000), admitted.Load()+refused.Load())
+	assert.Positive(t, refused.Load(), "40 held by each of 8: past the estimate while hot")
+	clock.Advance(time.Millisecond)
+	assert.Zero(t, e.Systems()[0].Inflight)
 }
