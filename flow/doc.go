@@ -106,15 +106,32 @@
 // and Global rules do not make a request wait. docs/guarantees.md has the
 // mechanism and the cancel rule.
 //
+// # System rules
+//
+// A system rule (Rule.System) protects a process from overload that no
+// fixed threshold foresaw, as Sentinel's system rules and Kratos' BBR
+// limiter do. It reads the statistics of the resource it names: give the
+// process's inbound requests one resource (an adapter's catch-all, or an
+// Entry on "inbound" around each handler) and put the system rules there,
+// beside a Concurrency rule for a limit on requests in flight and a QPS
+// rule for one on the total rate. SystemBBR sheds, while the CPU usage is
+// hot, the requests past what the resource has shown it completes in
+// flight; SystemCPU refuses everything while it is hot; SystemRT while the
+// average RT is over MaxRT. The CPU usage comes from a CPUMeter given with
+// WithCPU (package cpuusage reads a container's cgroup v2, or /proc/stat):
+// the meter samples in the background and its owner starts and closes it;
+// the engine starts nothing. Engine.Systems reads what the rules saw.
+//
 // # Where things live
 //
 // engine.go, entry.go, reserve.go, options.go and errors.go are the API;
 // check.go runs a request through a resource's rules, kind by kind;
 // kinds.go lists the rule kinds, each in a file of its own (window.go,
 // warmup.go, paced.go, gcra.go, concurrency.go, related.go, global.go,
-// perkey.go, dryrun.go) with its validation, compilation and per-request
-// steps. The algorithms that need no Engine are internal packages with
-// tests of their own (internal/gcra, pace, warmup, keytable, slots); the windows
-// flow counts in are internal/window's. docs/architecture.md walks one
+// perkey.go, dryrun.go, breaker.go, system.go) with its validation,
+// compilation and per-request steps. The algorithms that need no Engine
+// are internal packages with tests of their own (internal/gcra, pace,
+// warmup, keytable, slots, breaker); the windows flow counts in are
+// internal/window's. docs/architecture.md walks one
 // admitted and one refused request through the files.
 package flow

@@ -19,7 +19,8 @@ import (
 // Engine checks requests against rules and records their statistics. The
 // zero value is not usable: its methods panic saying so; call New. An Engine is safe for simultaneous use
 // by multiple goroutines. It starts no goroutine of its own (the default
-// clock is one per process), so it needs no Close.
+// clock is one per process), so it needs no Close; a CPU meter for system
+// rules (WithCPU) is its owner's to start and close.
 type Engine struct {
 	// clock is what the engine reads when coarse is nil: the user's clock
 	// kept from stepping back (see WithClock).
