@@ -181,6 +181,47 @@ func BenchmarkSystemEntryExit(b *testing.B) {
 	}
 }
 
+// BenchmarkResources is Entry+Exit round-robin through the handles of N
+// resources, each with a QPS rule that never blocks: what a resource costs
+// as their number grows past the caches (each goroutine starts at its own
+// place in the round).
+func BenchmarkResources(b *testing.B) {
+	coarse := clocks.NewCoarse(time.Millisecond)
+	b.Cleanup(coarse.Stop)
+	for _, n := range []int{1, 100, 10_000} {
+		e, err := New(WithClock(coarse), WithMaxResources(n))
+		if err != nil {
+			b.Fatal(err)
+		}
+		rules := make([]Rule, n)
+		handles := make([]*Resource, n)
+		for i := range rules {
+			rules[i] = Rule{Resource: fmt.Sprintf("r%05d", i), Threshold: 1e12}
+		}
+		if err := e.LoadRules(rules); err != nil {
+			b.Fatal(err)
+		}
+		for i := range handles {
+			if handles[i], err = e.Resource(rules[i].Resource); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.Run(fmt.Sprintf("resources=%d", n), func(b *testing.B) {
+			hammer.Sweep(b, []int{1, 2}, func(id, k int) {
+				i := id * 7919
+				for range k {
+					en, err := handles[i%n].Entry()
+					if err != nil {
+						panic(err)
+					}
+					en.Exit(nil)
+					i++
+				}
+			})
+		})
+	}
+}
+
 // BenchmarkNoRuleEntryExit is Entry+Exit through the handle of a resource
 // without rules: its statistics alone, the least a counted request costs.
 func BenchmarkNoRuleEntryExit(b *testing.B) {
