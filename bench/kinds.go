@@ -49,6 +49,8 @@ func kindCases() []kindCase {
 		{name: "PerKey Concurrency", rules: r(flow.Rule{Metric: flow.Concurrency, Threshold: 1e9, PerKey: true}), opts: key},
 		{name: "Global (stub source)", rules: r(flow.Rule{Threshold: 1e12, Global: true})},
 		{name: "dry run", rules: r(flow.Rule{Threshold: 1, DryRun: true})},
+		{name: "circuit breaker (closed)", rules: r(flow.Rule{Breaker: flow.ErrorRatio, Threshold: 0.5, MinRequests: 10, RetryTimeout: time.Second})},
+		{name: "SystemBBR (CPU cool)", rules: r(flow.Rule{System: flow.SystemBBR, Threshold: 0.8})},
 	}
 }
 
@@ -65,12 +67,17 @@ type stubSource struct{}
 
 func (stubSource) Acquire(context.Context, flow.GlobalRequest) (bool, error) { return true, nil }
 
+// coolCPU is a CPU reading under every system rule's threshold.
+type coolCPU struct{}
+
+func (coolCPU) CPUUsage() float64 { return 0.1 }
+
 // kindsSection measures every kind.
 func kindsSection(cfg config, tick func(string)) []kindCost {
 	var rows []kindCost
 	for _, c := range kindCases() {
 		tick("rule kind " + c.name)
-		e, err := flow.New(flow.WithTokenSource(stubSource{}))
+		e, err := flow.New(flow.WithTokenSource(stubSource{}), flow.WithCPU(coolCPU{}))
 		if err != nil {
 			panic(err)
 		}
