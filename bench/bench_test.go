@@ -439,3 +439,18 @@ func TestOverloadSectionMeetsItsTargetsAndDraws(t *testing.T) {
 		assertWellFormedSVG(t, name, data)
 	}
 }
+
+// The growth section measures every dimension and size, leapflow on each
+// and the peers where they have a counterpart, and draws its chart.
+func TestGrowthSectionMeasuresEverySize(t *testing.T) {
+	dir := t.TempDir()
+	var out bytes.Buffer
+	require.NoError(t, growthSection(config{quick: true, duration: 5 * time.Millisecond, out: dir}, &out))
+	resources, windows, keys := growthSizes(true)
+	assert.Equal(t, len(resources)+len(windows)+len(keys), strings.Count(out.String(), "\n  resources")+
+		strings.Count(out.String(), "\n  windows")+strings.Count(out.String(), "\n  keys"), out.String())
+	assert.Regexp(t, `(?m)^  keys +10000 +\d+ \(`, out.String())
+	data, err := os.ReadFile(filepath.Join(dir, "growth.svg"))
+	require.NoError(t, err)
+	assertWellFormedSVG(t, "growth.svg", data)
+}
