@@ -45,6 +45,7 @@ const maxFile = 64 << 10
 // concurrent use.
 type Meter struct {
 	usage  atomic.Uint64 // float64 bits
+	err    atomic.Pointer[error]
 	r      *reader
 	done   chan struct{}
 	closed sync.Once
@@ -101,16 +102,41 @@ func (m *Meter) run(interval time.Duration, now func() time.Time) {
 		case <-m.done:
 			return
 		case <-t.C:
-			if u, ok, err := m.r.sample(now()); err == nil && ok {
+			switch u, ok, err := m.r.sample(now()); {
+			case err != nil:
+				// The source went away (the cgroup was removed, the
+				// process moved): no reading, rather than the last
+				// one forever.
+				m.usage.Store(0)
+				m.err.Store(&err)
+			case ok:
 				m.usage.Store(math.Float64bits(u))
+				m.err.Store(nil)
 			}
 		}
 	}
 }
 
-// CPUUsage returns the usage over the last interval, in [0, 1] (0 before
-// the first interval ends). It implements flow.CPUMeter.
-func (m *Meter) CPUUsage() float64 { return math.Float64frombits(m.usage.Load()) }
+// CPUUsage returns the usage over the last interval, in [0, 1]: 0 before
+// the first interval ends, while the source cannot be read (Err), and on
+// a nil Meter. It implements flow.CPUMeter.
+func (m *Meter) CPUUsage() float64 {
+	if m == nil {
+		return 0
+	}
+	return math.Float64frombits(m.usage.Load())
+}
+
+// Err returns why the last sample could not be read, nil when it was.
+func (m *Meter) Err() error {
+	if m == nil {
+		return nil
+	}
+	if e := m.err.Load(); e != nil {
+		return *e
+	}
+	return nil
+}
 
 // Source says what the Meter reads: "cgroup v2 <dir>" or "/proc/stat".
 func (m *Meter) Source() string { return m.r.source() }

@@ -139,13 +139,17 @@ func TestUnreadableSourcesAreErrors(t *testing.T) {
 
 // lockedFS is a file system a test changes while a Meter reads it.
 type lockedFS struct {
-	mu sync.Mutex
-	m  fstest.MapFS
+	mu     sync.Mutex
+	m      fstest.MapFS
+	broken bool // every open fails
 }
 
 func (l *lockedFS) Open(name string) (fs.File, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.broken {
+		return nil, fs.ErrNotExist
+	}
 	b, err := fs.ReadFile(l.m, name)
 	if err != nil {
 		return nil, err
@@ -176,4 +180,49 @@ func TestMeterSamplesUntilClosed(t *testing.T) {
 	assert.Equal(t, "/proc/stat", meter.Source())
 	meter.Close()
 	meter.Close()
+}
+
+// A Meter whose source can no longer be read reads 0, with the error,
+// rather than its last reading forever; read again, it reads again.
+func TestMeterWithoutItsSourceReadsZero(t *testing.T) {
+	l := &lockedFS{m: fixture(t, "procstat")}
+	meter, err := Start(WithFS(l), WithInterval(10*time.Millisecond))
+	require.NoError(t, err)
+	defer meter.Close()
+	busy := int64(117420)
+	step := func() {
+		time.Sleep(10 * time.Millisecond)
+		busy += 1000
+		l.mu.Lock()
+		replace(l.m, "proc/stat", "cpu ", "cpu  "+strconv.FormatInt(busy, 10)+" 65 22767 445138 650 0 877 0 0 0")
+		l.mu.Unlock()
+	}
+	for range 9 {
+		if step(); meter.CPUUsage() > 0.99 {
+			break
+		}
+	}
+	require.Greater(t, meter.CPUUsage(), 0.99)
+	l.mu.Lock()
+	l.broken = true
+	l.mu.Unlock()
+	for range 9 {
+		if time.Sleep(10 * time.Millisecond); meter.Err() != nil {
+			break
+		}
+	}
+	assert.ErrorIs(t, meter.Err(), fs.ErrNotExist)
+	assert.Zero(t, meter.CPUUsage())
+	l.mu.Lock()
+	l.broken = false
+	l.mu.Unlock()
+	for range 9 {
+		if step(); meter.Err() == nil && meter.CPUUsage() > 0.99 {
+			break
+		}
+	}
+	assert.NoError(t, meter.Err())
+	assert.Greater(t, meter.CPUUsage(), 0.99)
+	var none *Meter
+	assert.Zero(t, none.CPUUsage(), "a nil Meter (a failed Start handed on) reads 0")
 }

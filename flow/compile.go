@@ -265,7 +265,7 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stats.Node, bounds []Boun
 		c.rr = e.resourceRules(next, r, nodes)
 		if !r.DryRun {
 			c.rr.rules++
-			if r.Metric == QPS && r.RelatedResource == "" && r.Breaker == NotBreaker && (c.rr.policy == nil || r.Threshold < c.rr.policy.Rule.Threshold) {
+			if r.Metric == QPS && r.RelatedResource == "" && r.Breaker == NotBreaker && r.System == NotSystem && (c.rr.policy == nil || r.Threshold < c.rr.policy.Rule.Threshold) {
 				c.rr.policy = newBlockError(r, ReasonFlow)
 			}
 		}

@@ -77,6 +77,9 @@ func validateSystem(r *Rule, i int) error {
 		if r.MaxRT <= 0 || r.MaxRT > maxBreakerTimeout {
 			return bad("MaxRT", r.MaxRT, fmt.Sprintf("must be in (0, %v]: the average RT over which a SystemRT rule refuses", maxBreakerTimeout))
 		}
+		if r.Threshold != 0 {
+			return bad("Threshold", r.Threshold, "is not used by a SystemRT rule (MaxRT is its limit): leave it 0")
+		}
 	case !(r.Threshold > 0 && r.Threshold <= 1):
 		return bad("Threshold", r.Threshold, "must be a CPU usage in (0, 1] for a "+r.System.String()+" rule")
 	}
@@ -95,39 +98,53 @@ type systemGuard struct {
 	// What the last refresh read, for Engine.Systems and the refusals:
 	// the CPU usage (float64 bits), the requests in flight, the BBR
 	// estimate of how many may be (max completions per second times min
-	// RT; 0: none yet), the average RT (ns), and the last time the CPU
-	// usage was over a SystemBBR rule's threshold.
+	// RT, at least 1), and the average RT (ns).
 	cpuBits  atomic.Uint64
 	inflight atomic.Int64
 	limit    atomic.Int64
 	avgRT    atomic.Int64
 	minRT    atomic.Int64
-	hotAt    atomic.Int64
 	rules    []systemRule
 	node     *stats.Node
 	meter    CPUMeter
 }
 
-// systemRule is one system rule of a guard.
+// systemRule is one system rule of a guard; hotAt is, for a SystemBBR
+// rule, the last time the CPU usage was over its threshold (engine ns).
 type systemRule struct {
 	check     SystemCheck
 	threshold float64
 	maxRT     int64
 	be        *BlockError
+	hotAt     *atomic.Int64
 }
+
+// neverHot is a hotAt long before any engine time.
+const neverHot = math.MinInt64 / 2
 
 // compileSystem adds a system rule to its resource's guard.
 func compileSystem(c *compiling) {
 	rr, r := c.rr, c.r
 	if rr.system == nil {
 		rr.system = &systemGuard{node: rr.node, meter: c.e.cpu}
-		rr.system.hotAt.Store(math.MinInt64 / 2)
+	}
+	// A SystemBBR rule of the same threshold in the set before keeps its
+	// hot reading: a reload does not end its cooling.
+	hot := new(atomic.Int64)
+	hot.Store(neverHot)
+	if old := c.old.byResource[r.Resource]; old != nil && old.system != nil && r.System == SystemBBR {
+		for _, o := range old.system.rules {
+			if o.check == SystemBBR && o.threshold == r.Threshold {
+				hot = o.hotAt
+				break
+			}
+		}
 	}
 	be := newBlockError(r, ReasonSystem)
 	what := map[SystemCheck]string{SystemCPU: fmt.Sprintf("CPU usage over %g", r.Threshold), SystemRT: "average RT over " + r.MaxRT.String(),
 		SystemBBR: fmt.Sprintf("CPU usage over %g, and as many in flight as it completes", r.Threshold)}[r.System]
 	be.msg = fmt.Sprintf("flow: %s blocked by rule %s (%s: %s)", names.Abbrev(r.Resource), names.Abbrev(r.Name()), r.System, what)
-	rr.system.rules = append(rr.system.rules, systemRule{check: r.System, threshold: r.Threshold, maxRT: int64(r.MaxRT), be: be})
+	rr.system.rules = append(rr.system.rules, systemRule{check: r.System, threshold: r.Threshold, maxRT: int64(r.MaxRT), be: be, hotAt: hot})
 }
 
 // admits reports whether the resource's system rules admit a request at
@@ -148,7 +165,11 @@ func (g *systemGuard) refresh(now int64) {
 	}
 	var usage float64
 	if g.meter != nil {
-		usage = g.meter.CPUUsage()
+		// A reading out of [0, 1] (NaN, a meter's error) is clamped: NaN
+		// reads as 0, cool.
+		if u := g.meter.CPUUsage(); u > 0 {
+			usage = min(u, 1)
+		}
 	}
 	w := g.node.Second()
 	inflight := g.node.Inflight()
@@ -156,7 +177,10 @@ func (g *systemGuard) refresh(now int64) {
 	// to see a faster request reads 0, which would refuse everything.
 	minRT, _ := w.MinRT(now)
 	minRT = max(minRT, int64(time.Millisecond))
-	est := w.MaxRate(now, metric.Success) * float64(minRT) / float64(time.Second)
+	// At least 1, as Sentinel and Kratos have it: a service that
+	// completed nothing in the last second while hot (stalled, or not
+	// started) admits a request while at most one is in flight.
+	est := max(w.MaxRate(now, metric.Success)*float64(minRT)/float64(time.Second), 1)
 	limit := int64(math.Ceil(est))
 	avg := int64(w.AvgRT(now))
 	g.cpuBits.Store(math.Float64bits(usage))
@@ -165,7 +189,8 @@ func (g *systemGuard) refresh(now int64) {
 	g.avgRT.Store(avg)
 	g.minRT.Store(minRT)
 	verdict, shedding := int64(0), false
-	for i, r := range g.rules {
+	for i := range g.rules {
+		r := &g.rules[i]
 		refuse := false
 		switch r.check {
 		case SystemCPU:
@@ -174,14 +199,14 @@ func (g *systemGuard) refresh(now int64) {
 			refuse = avg > r.maxRT
 		case SystemBBR:
 			if usage > r.threshold {
-				g.hotAt.Store(now)
+				r.hotAt.Store(now)
 			}
-			if now-g.hotAt.Load() < systemCooling {
+			if now-r.hotAt.Load() < systemCooling {
 				shedding = true
 				// Refused past the estimate, as Sentinel and Kratos
 				// compare: the request is admitted while no more are in
 				// flight before it than the estimate.
-				refuse = est > 0 && inflight > 1 && float64(inflight) > est
+				refuse = float64(inflight) > est
 			}
 		}
 		if refuse && verdict == 0 {
@@ -272,8 +297,10 @@ func (e *Engine) Systems() []SystemStatus {
 		for j := range set.rules {
 			if o := &set.rules[j]; o.Resource == r.Resource && o.System != NotSystem {
 				st.Rules = append(st.Rules, *o)
-				st.Shedding = st.Shedding || o.System == SystemBBR && now-g.hotAt.Load() < systemCooling
 			}
+		}
+		for j := range g.rules {
+			st.Shedding = st.Shedding || g.rules[j].check == SystemBBR && now-g.rules[j].hotAt.Load() < systemCooling
 		}
 		out = append(out, st)
 	}

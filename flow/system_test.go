@@ -115,20 +115,108 @@ func TestSystemBBRShedsPastWhatTheResourceCompletes(t *testing.T) {
 	}
 }
 
-// A SystemBBR rule sheds nothing until the resource has completed
-// something: without completions it has no estimate.
-func TestSystemBBRWithoutCompletionsAdmits(t *testing.T) {
+// A SystemBBR rule's estimate is at least 1: hot, a resource that has
+// completed nothing in the last second (stalled, or just started) admits
+// a request while at most one is in flight, and sheds the rest.
+func TestSystemBBRShedsAStalledService(t *testing.T) {
 	clock := stattest.NewClock(time.Hour)
 	m := &fakeMeter{}
-	m.set(1)
+	m.set(0.3)
 	e, _ := newEngine(t, clock, WithCPU(m))
-	load(t, e, Rule{Resource: "in", System: SystemBBR, Threshold: 0.5})
-	for range 100 {
-		_, err := e.Entry("in")
-		require.NoError(t, err)
-		clock.Advance(time.Millisecond)
+	load(t, e, Rule{Resource: "in", Threshold: 1e12}, Rule{Resource: "in", System: SystemBBR, Threshold: 0.8})
+	require.Zero(t, serve(t, e, clock, 8, 2*time.Second))
+	m.set(0.95)
+	var held []Entry
+	for range 300 { // 3 s of 8 arrivals per 10 ms; nothing completes
+		for range 8 {
+			if en, err := e.Entry("in"); err == nil {
+				held = append(held, en)
+			}
+		}
+		clock.Advance(10 * time.Millisecond)
 	}
-	assert.Zero(t, e.Systems()[0].Limit)
+	st := e.Systems()[0]
+	assert.Equal(t, int64(1), st.Limit, "no completion in the last second")
+	assert.Less(t, len(held), 40, "admitted while stalled")
+	for _, en := range held {
+		en.Exit(nil)
+	}
+}
+
+// A rule set that keeps a SystemBBR rule (a reload, of this resource's
+// rules or another's) keeps its hot reading: its second of cooling goes
+// on, and what is in flight past the estimate is still refused.
+func TestSystemBBRCoolingSurvivesAReload(t *testing.T) {
+	clock := stattest.NewClock(time.Hour)
+	m := &fakeMeter{}
+	m.set(0.3)
+	e, _ := newEngine(t, clock, WithCPU(m))
+	rules := []Rule{{Resource: "in", Threshold: 1e12}, {Resource: "in", System: SystemBBR, Threshold: 0.8}, {Resource: "other", Threshold: 10}}
+	load(t, e, rules...)
+	require.Zero(t, serve(t, e, clock, 8, 2*time.Second))
+	m.set(0.95)
+	clock.Advance(2 * time.Millisecond)
+	var held []Entry
+	for range 9 {
+		en, err := e.Entry("in")
+		require.NoError(t, err)
+		held = append(held, en)
+	}
+	m.set(0.2) // cooled: the rule keeps checking for a second
+	clock.Advance(100 * time.Millisecond)
+	require.False(t, try(e, "in"))
+	rules[2].Threshold = 20
+	load(t, e, rules...)
+	clock.Advance(100 * time.Millisecond)
+	assert.False(t, try(e, "in"), "a reload ended the cooling")
+	assert.True(t, e.Systems()[0].Shedding)
+	for _, en := range held {
+		en.Exit(nil)
+	}
+}
+
+// Two SystemBBR rules of different thresholds on one resource each keep
+// their own hot reading: at a CPU usage between them, the refusal is the
+// lower one's.
+func TestSystemBBRRulesKeepTheirOwnThresholds(t *testing.T) {
+	clock := stattest.NewClock(time.Hour)
+	m := &fakeMeter{}
+	m.set(0.3)
+	e, _ := newEngine(t, clock, WithCPU(m))
+	load(t, e, Rule{Resource: "in", Threshold: 1e12}, Rule{Resource: "in", ID: "bbr90", System: SystemBBR, Threshold: 0.9},
+		Rule{Resource: "in", ID: "bbr50", System: SystemBBR, Threshold: 0.5})
+	require.Zero(t, serve(t, e, clock, 8, 2*time.Second))
+	m.set(0.6)
+	clock.Advance(2 * time.Millisecond)
+	var held []Entry
+	for range 9 {
+		en, err := e.Entry("in")
+		require.NoError(t, err)
+		held = append(held, en)
+	}
+	clock.Advance(2 * time.Millisecond)
+	_, err := e.Entry("in")
+	var be *BlockError
+	require.ErrorAs(t, err, &be)
+	assert.Equal(t, "bbr50", be.Rule.ID)
+	for _, en := range held {
+		en.Exit(nil)
+	}
+}
+
+// A system rule is no QPS rule: Engine.Policy names the resource's own
+// QPS rule, and none on a resource with only system rules.
+func TestSystemRulesAreNoPolicy(t *testing.T) {
+	e, _ := newEngine(t, stattest.NewClock(time.Hour), WithCPU(&fakeMeter{}))
+	load(t, e, Rule{Resource: "in", ID: "q", Threshold: 100}, Rule{Resource: "in", ID: "sys", System: SystemCPU, Threshold: 0.8},
+		Rule{Resource: "only", System: SystemBBR, Threshold: 0.8})
+	name, quota, window, ok := e.Policy("in")
+	assert.True(t, ok)
+	assert.Equal(t, "q", name)
+	assert.Equal(t, int64(100), quota)
+	assert.Equal(t, time.Second, window)
+	_, _, _, ok = e.Policy("only")
+	assert.False(t, ok)
 }
 
 // A SystemCPU rule refuses while the CPU usage is over its threshold,
@@ -195,6 +283,7 @@ func TestSystemRulesValidate(t *testing.T) {
 		{withCPU, Rule{Resource: "in", System: SystemCPU}, "Threshold"},
 		{withCPU, Rule{Resource: "in", System: SystemRT}, "MaxRT"},
 		{withCPU, Rule{Resource: "in", System: SystemRT, MaxRT: -time.Second}, "MaxRT"},
+		{withCPU, Rule{Resource: "in", System: SystemRT, MaxRT: time.Second, Threshold: 500}, "Threshold"},
 		{withCPU, Rule{Resource: "in", System: SystemCheck(9), Threshold: 0.5}, "System"},
 		{withCPU, Rule{Resource: "in", System: SystemBBR, Threshold: 0.5, PerKey: true}, "System"},
 		{withCPU, Rule{Resource: "in", System: SystemBBR, Threshold: 0.5, Metric: Concurrency}, "System"},
@@ -289,4 +378,18 @@ func TestSystemVerdictUnderConcurrency(t *testing.T) {
 	assert.Positive(t, refused.Load(), "40 held by each of 8: past the estimate while hot")
 	clock.Advance(time.Millisecond)
 	assert.Zero(t, e.Systems()[0].Inflight)
+}
+
+// A CPU reading out of [0, 1] is clamped: NaN and below 0 read as 0 (cool),
+// above 1 as 1.
+func TestSystemCPUReadingIsClamped(t *testing.T) {
+	clock := stattest.NewClock(time.Hour)
+	m := &fakeMeter{}
+	e, _ := newEngine(t, clock, WithCPU(m))
+	load(t, e, Rule{Resource: "in", System: SystemCPU, Threshold: 0.9})
+	for _, c := range []struct{ in, want float64 }{{math.NaN(), 0}, {-3, 0}, {math.Inf(1), 1}, {7, 1}, {0.5, 0.5}} {
+		m.set(c.in)
+		clock.Advance(time.Millisecond)
+		assert.Equal(t, c.want, e.Systems()[0].CPU, "%v", c.in)
+	}
 }

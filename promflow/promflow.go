@@ -231,8 +231,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		thresholds[k] += float64(d.WouldBlock)
 	}
 	for _, rule := range c.eng.Rules() {
-		if rule.DryRun || rule.Breaker != flow.NotBreaker {
-			continue // a breaker's threshold is a share or a count of failures
+		if rule.DryRun || rule.Breaker != flow.NotBreaker || rule.System != flow.NotSystem {
+			continue // a breaker's threshold is a share or a count of failures, a system rule's a CPU usage
 		}
 		k := ruleKey{rule.Resource, rule.Name(), "qps"}
 		if rule.Metric == flow.Concurrency {

@@ -414,3 +414,23 @@ leapflow_system_shedding{resource="inbound"} 1
 `
 	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want), "leapflow_system_cpu_usage", "leapflow_system_bbr_limit", "leapflow_system_shedding"))
 }
+
+// A system rule's threshold is a CPU usage, not a QPS: it is not in
+// leapflow_rule_threshold, and the resource's QPS rule shows as it is.
+func TestSystemRulesAreNoRuleThreshold(t *testing.T) {
+	eng, err := flow.New(flow.WithClock(stattest.NewClock(time.Second)), flow.WithCPU(cpuAt(0.1)))
+	require.NoError(t, err)
+	require.NoError(t, eng.LoadRules([]flow.Rule{{Resource: "in", Threshold: 100},
+		{Resource: "in", System: flow.SystemCPU, Threshold: 0.8},
+		{Resource: "b", System: flow.SystemBBR, Threshold: 0.5},
+		{Resource: "c", System: flow.SystemRT, MaxRT: time.Second}}))
+	t.Cleanup(eng.Feed().Close)
+	c := New(eng)
+	defer c.Close()
+	want := `
+# HELP leapflow_rule_threshold A rule's threshold: requests per second (metric qps) or in flight (metric concurrency).
+# TYPE leapflow_rule_threshold gauge
+leapflow_rule_threshold{metric="qps",resource="in",rule="in"} 100
+`
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want), "leapflow_rule_threshold"))
+}

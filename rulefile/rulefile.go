@@ -13,9 +13,10 @@
 // Throttle, WarmUpThrottle, GCRA), warmUpPeriod, coldFactor, maxQueueing, burst,
 // relatedResource, global, fallback (Local, Open, Closed), localShare,
 // perKey, maxKeys, keys (a list of key and threshold), dryRun,
-// spanExact, and for circuit breakers breaker (SlowRatio, ErrorRatio,
-// ErrorCount), maxRT, minRequests, retryTimeout, probeTimeout and buckets.
-// Durations are Go
+// spanExact, for circuit breakers breaker (SlowRatio, ErrorRatio,
+// ErrorCount), maxRT, minRequests, retryTimeout, probeTimeout and buckets,
+// and for system rules system (SystemCPU, SystemRT, SystemBBR; maxRT for
+// SystemRT, whose threshold is 0). Durations are Go
 // duration strings ("500ms", "1m30s"). Numbers may be written with an
 // exponent, as JSON allows (1e6, 2.5E-3), in YAML too; a whole-number
 // field (maxKeys, burst) takes one only when it is whole (1e3, 1.0e3).
