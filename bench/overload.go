@@ -96,7 +96,7 @@ func overloadCharts(dir string, rs []overloadsim.Result) error {
 		r := rs[i]
 		cats = append(cats, c.name)
 		good.points = append(good.points, r.Goodput)
-		shed.points = append(shed.points, float64(r.Shed)/15)
+		shed.points = append(shed.points, float64(r.Shed)/(overloadConfig(c).Run-overloadConfig(c).Skip).Seconds())
 		p50.points = append(p50.points, float64(r.P50)/1e6)
 		p99.points = append(p99.points, float64(r.P99)/1e6)
 	}

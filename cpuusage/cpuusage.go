@@ -138,14 +138,25 @@ func (m *Meter) Err() error {
 	return nil
 }
 
-// Source says what the Meter reads: "cgroup v2 <dir>" or "/proc/stat".
-func (m *Meter) Source() string { return m.r.source() }
+// Source says what the Meter reads: "cgroup v2 <dir>" or "/proc/stat"
+// ("" for a nil Meter).
+func (m *Meter) Source() string {
+	if m == nil {
+		return ""
+	}
+	return m.r.source()
+}
 
-// Close stops the sampling; CPUUsage keeps its last value. It may be
-// called more than once.
+// Close stops the sampling; from then CPUUsage reads 0 (a reading no
+// longer taken must not keep a rule hot). It may be called more than
+// once, and on a nil Meter.
 func (m *Meter) Close() {
+	if m == nil {
+		return
+	}
 	m.closed.Do(func() { close(m.done) })
 	m.wg.Wait()
+	m.usage.Store(0)
 }
 
 // reader takes samples of one source and turns two into a usage.

@@ -180,6 +180,10 @@ func TestMeterSamplesUntilClosed(t *testing.T) {
 	assert.Equal(t, "/proc/stat", meter.Source())
 	meter.Close()
 	meter.Close()
+	assert.Zero(t, meter.CPUUsage(), "closed: no reading")
+	var none *Meter
+	none.Close()
+	assert.Empty(t, none.Source())
 }
 
 // A Meter whose source can no longer be read reads 0, with the error,

@@ -292,9 +292,11 @@ type BreakerChange struct {
 // the rule of a breaker fn last heard was not closed reports it closed
 // (the breaker in force starts closed), from LoadRules, which holds the
 // engine's load lock, after the retired breaker's reports being made and
-// before the new rules are in force: for each rule name, what fn heard
-// last is the state of the breaker in force. fn must not load rules. fn must not block: hand slow work to a
-// goroutine or a channel of your own. A panic in fn is dropped.
+// before the new rules are in force. Changes of one breaker made by two
+// goroutines at once (a probe admitted by one, its outcome by another)
+// may reach fn out of order: order them by At. fn must not load rules
+// and must not block: hand slow work to a goroutine or a channel of your
+// own. A panic in fn is dropped.
 func WithBreakerListener(fn func(BreakerChange)) Option {
 	return func(c *config) { c.breakerListener = fn }
 }

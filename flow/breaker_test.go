@@ -600,9 +600,6 @@ func TestBreakersReadsStateTransitionsAndWindow(t *testing.T) {
 	assert.Empty(t, e.Breakers())
 }
 
-// A breaker whose window cells were cleared (rule load) and that then sees
-// its first failures after an idle time of 3/4..1 of 2^20 buckets never
-// counts them: the zeroed cells (epoch 0) are taken as "newer".
 // A breaker counts failures after any idle spell or clock jump: its
 // buckets' epochs wrap every 2^20 buckets, and a cell left from before
 // must read as old, not as a newer bucket that Sum skips.
@@ -634,10 +631,10 @@ func TestABreakerCountsFailuresAfterAnyIdleSpell(t *testing.T) {
 	}
 }
 
-// The same after a good probe closes the breaker (its window cleared to
-// zero words): at 14 min of engine time with 1 ms buckets, the closed
-// breaker counts nothing.
-func TestAdvBreakerBlindAfterProbeCloses(t *testing.T) {
+// A breaker closed by a good probe counts failures from then at any engine
+// time (here 14 min with 1 ms buckets, in the last quarter of a cycle of
+// 2^20): its cleared window reads as old.
+func TestABreakerClosedByAGoodProbeCountsFailures(t *testing.T) {
 	clock := stattest.NewClock(10 * time.Minute)
 	e, _ := newEngine(t, clock)
 	load(t, e, Rule{Resource: "dep", Breaker: ErrorCount, Threshold: 5, StatInterval: 10 * time.Millisecond, Buckets: 10, RetryTimeout: 4 * time.Minute})

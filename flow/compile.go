@@ -61,7 +61,8 @@ type ruleKey struct {
 
 // stateClass is the kind of state rule r keeps: a dry run's window, a
 // Global rule's fallback, a queue (Throttle, WarmUpThrottle), a GCRA cell,
-// or else its resource's windows (Reject, WarmUp). Rules of one identity
+// a breaker, a system rule's reading, or else its resource's windows
+// (Reject, WarmUp). Rules of one identity
 // and other classes never share a copy count, so that adding or removing
 // one moves no other's state; a rule that changes class starts afresh.
 func stateClass(r *Rule) uint8 {
@@ -76,6 +77,8 @@ func stateClass(r *Rule) uint8 {
 		return 4
 	case r.Breaker != NotBreaker:
 		return 5
+	case r.System != NotSystem:
+		return 6
 	}
 	return 0
 }
@@ -294,6 +297,14 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stats.Node, bounds []Boun
 			rr.probeSlot = slots.Sentinel(&rr.probeSite)
 			if rr.needsExit == nil {
 				rr.needsExit = fmt.Errorf("%w: Allow on %s, which has a circuit breaker (it counts completions): use Entry and Exit", ErrNeedsExit, names.Abbrev(name))
+			}
+		}
+		if g := rr.system; g != nil && rr.needsExit == nil {
+			for _, sr := range g.rules {
+				if sr.check == SystemBBR || sr.check == SystemRT {
+					rr.needsExit = fmt.Errorf("%w: Allow on %s, which has a %s rule (it reads completions): use Entry and Exit", ErrNeedsExit, names.Abbrev(name), sr.check)
+					break
+				}
 			}
 		}
 		e.shortPaths(rr)

@@ -38,9 +38,10 @@
 // other Entry counts a completion for each copy that exits: exit an Entry
 // once. When a later rule blocks a request, what earlier rules granted is
 // given back (to the window, for any core's requests). A window's cores
-// take its room in leases, so a window may refuse while up to 1/16 of its
-// threshold sits unused in other cores' leases of the current bucket: it
-// errs towards refusing, never past its threshold. With n buckets of a window W, any span shorter than W - W/n
+// take its room in leases; a request that finds no room takes back what
+// other cores' leases hold unused (once per spread of leases), so a window
+// refuses within its threshold only for an instant of a race: it errs
+// towards refusing, never past its threshold. With n buckets of a window W, any span shorter than W - W/n
 // admits at most the threshold; a span of W can admit up to twice it (see
 // metric). docs/guarantees.md has the details.
 //

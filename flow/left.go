@@ -15,9 +15,9 @@ type Left struct {
 	// names).
 	Err *BlockError
 	// Remaining is how many more requests its window (or GCRA bucket)
-	// admits now: its threshold less what it holds (for a window, up to
-	// 1/16 of its threshold held by cores' unused leases may still refuse;
-	// see the package doc's Exactness).
+	// admits now: its threshold less what it holds (for a window, a race
+	// with cores' unused leases may still refuse one; see the package
+	// doc's Exactness).
 	Remaining int64
 	// Reset is how long until everything its window holds has left it
 	// (until its GCRA bucket is full), rounded up to the millisecond.

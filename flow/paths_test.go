@@ -21,7 +21,7 @@ func randomRule(rng *rand.Rand, resource string) Rule {
 		th += 0.5
 	}
 	r := Rule{Resource: resource, Threshold: th}
-	switch rng.IntN(12) {
+	switch rng.IntN(15) {
 	case 0, 1: // plain Reject, on one of three windows
 		r.StatInterval = []time.Duration{0, 500 * time.Millisecond, 2 * time.Second}[rng.IntN(3)]
 	case 2:
@@ -48,8 +48,25 @@ func randomRule(rng *rand.Rand, resource string) Rule {
 	case 11:
 		r.Global, r.Fallback = true, []Fallback{FallbackLocal, FallbackOpen, FallbackClosed}[rng.IntN(3)]
 		r.PerKey = rng.IntN(3) == 0
+	case 12:
+		r.Breaker, r.Threshold, r.RetryTimeout = ErrorCount, float64(1+rng.IntN(3)), 200*time.Millisecond
+	case 13:
+		r.System, r.Threshold = []SystemCheck{SystemCPU, SystemBBR}[rng.IntN(2)], 0.5
+	case 14:
+		r.System, r.Threshold, r.MaxRT = SystemRT, 0, time.Duration(1+rng.IntN(100))*time.Millisecond
 	}
 	return r
+}
+
+// flipMeter reads hot and cool in turn, 300 ms each of its clock: the
+// same readings on two engines whose clocks agree.
+type flipMeter struct{ c *stattest.Clock }
+
+func (m flipMeter) CPUUsage() float64 {
+	if m.c.Now()/int64(300*time.Millisecond)%2 == 0 {
+		return 0.9
+	}
+	return 0.1
 }
 
 // TestShortPathsDecideAsTheGeneralChecker loads random rule sets of every
@@ -90,7 +107,8 @@ func TestShortPathsDecideAsTheGeneralChecker(t *testing.T) {
 				}
 				return calls%3 != 0, nil
 			})
-			e, err := New(WithClock(clocks[i]), WithTokenSource(src), WithSleep(func(ctx context.Context, _ time.Duration) error { return ctx.Err() }))
+			e, err := New(WithClock(clocks[i]), WithTokenSource(src), WithCPU(flipMeter{clocks[i]}),
+				WithSleep(func(ctx context.Context, _ time.Duration) error { return ctx.Err() }))
 			require.NoError(t, err)
 			e.generalOnly = i == 1
 			errs[i] = e.LoadRules(rules)
@@ -176,7 +194,11 @@ func TestShortPathsDecideAsTheGeneralChecker(t *testing.T) {
 			if rng.IntN(3) == 0 {
 				for i := range open {
 					for j := range open[i] {
-						open[i][j].Exit(nil)
+						var err error
+						if j%3 == 0 { // failures, for the breakers
+							err = errors.New("failed")
+						}
+						open[i][j].Exit(err)
 					}
 					open[i] = open[i][:0]
 				}

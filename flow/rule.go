@@ -155,7 +155,7 @@ type Rule struct {
 	// takes a process's inbound requests (see the package doc's "System
 	// rules") is refused (ReasonSystem) by
 	//   - SystemCPU while the CPU usage (WithCPU) is over Threshold, a
-	//     share in (0, 1];
+	//     share in (0, 1);
 	//   - SystemBBR while the CPU usage is over Threshold, or was in the
 	//     last second, and more requests are in flight than the resource
 	//     has shown it completes: its most completions per second in a
@@ -164,8 +164,10 @@ type Rule struct {
 	//   - SystemRT while the average RT over its second window is over
 	//     MaxRT.
 	// The verdict is refreshed by the first request after it is due
-	// (every 1 ms; while a BBR rule sheds, every quarter of the least RT),
-	// so the rules cost the other requests two loads. In
+	// (every 1 ms; while a BBR rule sheds, every quarter of the least RT,
+	// and 1/32 of it while its verdict refuses), so the rules cost the
+	// other requests two loads. They read completions: Allow on a
+	// resource with a SystemBBR or SystemRT rule returns ErrNeedsExit. In
 	// flight and QPS limits on the same resource are Concurrency and QPS
 	// rules. Metric QPS and Behavior Reject only; not Global, PerKey,
 	// related, span-exact, dry-run or breaker rules.
@@ -401,6 +403,10 @@ func (r Rule) String() string {
 	var b strings.Builder
 	if r.ID != "" {
 		b.WriteString(r.ID + ": ")
+	}
+	if r.System != NotSystem { // no metric: its threshold is a CPU usage
+		b.WriteString(strings.TrimPrefix(kindOf(&r).describe(&r), " "))
+		return b.String()
 	}
 	b.WriteString(r.Metric.String() + " " + strconv.FormatFloat(r.Threshold, 'g', -1, 64))
 	b.WriteString(kindOf(&r).describe(&r))

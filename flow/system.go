@@ -3,6 +3,7 @@ package flow
 import (
 	"fmt"
 	"math"
+	"strconv"
 	"time"
 
 	"go.uber.org/atomic"
@@ -49,11 +50,10 @@ var systemKind = kind{
 	validate: validateSystem,
 	compile:  compileSystem,
 	describe: func(r *Rule) string {
-		switch r.System {
-		case SystemRT:
-			return " " + r.System.String() + " over " + r.MaxRT.String()
+		if r.System == SystemRT {
+			return " SystemRT over " + r.MaxRT.String()
 		}
-		return " " + r.System.String()
+		return " " + r.System.String() + " over CPU " + strconv.FormatFloat(r.Threshold, 'g', -1, 64)
 	},
 }
 
@@ -80,8 +80,8 @@ func validateSystem(r *Rule, i int) error {
 		if r.Threshold != 0 {
 			return bad("Threshold", r.Threshold, "is not used by a SystemRT rule (MaxRT is its limit): leave it 0")
 		}
-	case !(r.Threshold > 0 && r.Threshold <= 1):
-		return bad("Threshold", r.Threshold, "must be a CPU usage in (0, 1] for a "+r.System.String()+" rule")
+	case !(r.Threshold > 0 && r.Threshold < 1):
+		return bad("Threshold", r.Threshold, "must be a CPU usage in (0, 1) for a "+r.System.String()+" rule: it acts over it")
 	}
 	return nil
 }
@@ -213,18 +213,20 @@ func (g *systemGuard) refresh(now int64) {
 			verdict = int64(i + 1)
 		}
 	}
+	// The verdict before the next refresh is due: no later refresh can
+	// store its verdict before this one's.
+	g.verdict.Store(verdict)
 	if shedding {
 		// While shedding, the verdict follows the requests in flight
 		// closely: an admitting one holds for a quarter of the least RT
-		// (at most 1 ms), a refusing one for 1/32 of it (a completion
-		// makes room for the next request soon).
+		// (at most 1 ms), a SystemBBR rule's refusal for 1/32 of it (a
+		// completion makes room for the next request soon).
 		period := minRT / 4
-		if verdict != 0 {
+		if verdict != 0 && g.rules[verdict-1].check == SystemBBR {
 			period = minRT / 32
 		}
 		g.next.Store(now + min(systemRefresh, period))
 	}
-	g.verdict.Store(verdict)
 }
 
 // refusal is what a refusal by rule i carries: what it saw, and when to
@@ -250,6 +252,12 @@ func (g *systemGuard) refusal(i int) refusal {
 // returns its Entry.
 func (e *Engine) refuseSystem(rr *resourceRules, p int, now, n int64, i int) (Entry, error) {
 	rf := rr.system.refusal(i)
+	if rr.rateRules > 0 && rr.rules > 1 {
+		// As block tells a refusal of the general path: when the rate
+		// rules after it would admit the request too.
+		q := request{n: n}
+		rf.rm.retry = rr.laterRetry(stageSystem, now, &q, rf.rm.retry, true)
+	}
 	e.count(rr.node, p, now, metric.Block, n)
 	return blocked(rf.be, rf.seen, rf.rm)
 }
@@ -265,8 +273,9 @@ type SystemStatus struct {
 	CPU float64
 	// Inflight is the requests in flight; Limit the BBR estimate of how
 	// many may be (its most completions per second in a bucket of the
-	// resource's second window, times its least RT; 0: no completions
-	// yet); AvgRT the average RT over the second window.
+	// resource's second window, times its least RT; at least 1: a service
+	// that completed nothing in the last second admits one in flight);
+	// AvgRT the average RT over the second window.
 	Inflight, Limit int64
 	AvgRT           time.Duration
 	// Shedding says whether a SystemBBR rule is checking (the CPU usage

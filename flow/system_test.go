@@ -327,9 +327,9 @@ func TestSystemRulesAllocateNothing(t *testing.T) {
 }
 
 // Under concurrent requests, a CPU reading that flips and a clock that
-// moves, one refresh at a time computes the verdict, and every request
-// reads a whole one: each is admitted or refused with ReasonSystem, and
-// what is in flight at the end is nothing (race detector).
+// moves, the verdict's refreshes race no request (race detector): each
+// request is admitted or refused with ReasonSystem, some of each, and
+// nothing is in flight at the end.
 func TestSystemVerdictUnderConcurrency(t *testing.T) {
 	clock := stattest.NewClock(time.Hour)
 	m := &fakeMeter{}
@@ -392,4 +392,23 @@ func TestSystemCPUReadingIsClamped(t *testing.T) {
 		clock.Advance(time.Millisecond)
 		assert.Equal(t, c.want, e.Systems()[0].CPU, "%v", c.in)
 	}
+}
+
+// A system refusal's retry time is the latest of the system rule's and
+// the waits of the resource's rate rules, on the short path as on the
+// general one.
+func TestSystemRefusalRetriesWhenTheRateRulesWould(t *testing.T) {
+	clock := stattest.NewClock(time.Hour)
+	m := &fakeMeter{}
+	e, _ := newEngine(t, clock, WithCPU(m))
+	load(t, e, Rule{Resource: "api", Threshold: 1}, Rule{Resource: "api", System: SystemCPU, Threshold: 0.5})
+	require.True(t, try(e, "api"))
+	m.set(0.9)
+	clock.Advance(2 * time.Millisecond)
+	short, err := e.Entry("api")
+	require.Error(t, err)
+	general, err := e.Entry("api", WithCount(1))
+	require.Error(t, err)
+	assert.Equal(t, 998*time.Millisecond, short.Refusal().RetryAfter, "the window's wait, past the CPU rule's 200 ms")
+	assert.Equal(t, short.Refusal().RetryAfter, general.Refusal().RetryAfter)
 }

@@ -39,9 +39,10 @@
 // leases taken from the bucket's one shared word by compare-and-swap; a
 // stripe then admits on its own line while its lease lasts. Leases shrink
 // with the room left, down to the request itself near the threshold, and
-// die with their bucket; tokens leased and never used make the rest of that
-// bucket stricter, by at most 1/16 of the threshold. A refused admission
-// writes nothing shared. The engine's windows also admit against future
+// die with their bucket; tokens a stripe leased and has not used go back to
+// the bucket when a request on another stripe finds no room (one sweep per
+// spread of leases). A refused admission writes nothing shared but that
+// sweep. The engine's windows also admit against future
 // buckets (flow's waiting requests) under the same bound.
 //
 // # Precision

@@ -121,7 +121,7 @@ func New(eng *flow.Engine, opts ...Option) *Collector {
 			"A circuit breaker's changes of state, by the state it went into (closed, open, half_open), since its rule was loaded.", "rule", "to"),
 		systemCPU: desc("system_cpu_usage", "The CPU usage a resource's system rules last read, in [0, 1] (flow.WithCPU)."),
 		systemLimit: desc("system_bbr_limit",
-			"The BBR estimate of how many requests may be in flight on a resource with system rules: its most completions per second times its least RT (0: no completions yet)."),
+			"The BBR estimate of how many requests may be in flight on a resource with system rules: its most completions per second times its least RT, at least 1."),
 		systemShedding: desc("system_shedding", "1 while a resource's SystemBBR rule checks requests (its CPU usage over the threshold, or in the last second), else 0."),
 		reloads:        prometheus.NewDesc("leapflow_rule_reloads_total", "Rule sets a rule source applied.", nil, nil),
 		reloadFailed: prometheus.NewDesc("leapflow_rule_reload_failed",

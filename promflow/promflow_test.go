@@ -402,7 +402,7 @@ func TestSystemRulesShowCPUAndTheBBREstimate(t *testing.T) {
 		}
 	}
 	want := `
-# HELP leapflow_system_bbr_limit The BBR estimate of how many requests may be in flight on a resource with system rules: its most completions per second times its least RT (0: no completions yet).
+# HELP leapflow_system_bbr_limit The BBR estimate of how many requests may be in flight on a resource with system rules: its most completions per second times its least RT, at least 1.
 # TYPE leapflow_system_bbr_limit gauge
 leapflow_system_bbr_limit{resource="inbound"} 4
 # HELP leapflow_system_cpu_usage The CPU usage a resource's system rules last read, in [0, 1] (flow.WithCPU).

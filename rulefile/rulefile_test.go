@@ -514,5 +514,5 @@ func TestSystemRulesReadAndFormat(t *testing.T) {
 	assert.Contains(t, err.Error(), `s.yaml:4:13: rule "a": unknown system check "BBR" (valid: None, SystemCPU, SystemRT, SystemBBR)`)
 	_, err = Check("s.yaml", []byte("rules:\n  - resource: a\n    threshold: 80\n    system: SystemCPU\n"))
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), "threshold must be a CPU usage in (0, 1]")
+	assert.Contains(t, err.Error(), "threshold must be a CPU usage in (0, 1)")
 }

@@ -60,7 +60,7 @@
         badge.className = "badge system" + (sys.refusing ? " refusing" : sys.shedding ? " shedding" : "");
         badge.textContent = "CPU " + Math.round(sys.cpu * 100) + "% · limit " + sys.limit;
         badge.title = "Its system rules read a CPU usage of " + Math.round(sys.cpu * 100) + "%; the BBR estimate of how many requests may be in flight is " +
-          sys.limit + (sys.limit === 0 ? " (no completions yet)" : "") + ". " +
+          sys.limit + ". " +
           (sys.refusing ? "They refuse requests now." : sys.shedding ? "Its SystemBBR rule checks every request (the CPU is hot, or was in the last second)." : "They admit every request.");
         name.appendChild(badge);
       }

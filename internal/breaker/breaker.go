@@ -275,8 +275,9 @@ func (b *Breaker) Exit(p int, start, now int64, failed, probe bool) {
 	for {
 		c := cell.Load()
 		ce := c >> epochShft
-		if ce != e && (ce-e)&(1<<epochBits-1) > lateBuckets {
-			// An older bucket's: it starts over. (One more than
+		if ce != e && (c>>allShift&countMax == 0 || (ce-e)&(1<<epochBits-1) > lateBuckets) {
+			// An older bucket's (or an empty cell's, cleared): it starts
+			// over. (One more than
 			// lateBuckets ahead is taken for one 2^20 buckets behind: a
 			// cell idle for that long, in one of the few epochs before
 			// a whole number of cycles, would otherwise read as newer

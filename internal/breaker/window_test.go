@@ -57,7 +57,7 @@ func TestALateCompletionCountsInTheNewerBucket(t *testing.T) {
 // A time's bucket (its epoch, by a multiplication where it can) is the
 // time over the bucket length, and its cell in the ring the epoch modulo
 // the ring, for bucket lengths of whole and broken ms, at times from 0 to
-// 2^63 ns.
+// 2^62 ns.
 func TestEpochIsTheTimeOverTheBucketLength(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	lens := []int64{1e6, 2e6, 3e6, 7e6, 100e6, 999e6, 1e9, 3600e9, 1e6 + 1, 1234567}
@@ -81,11 +81,6 @@ func TestEpochIsTheTimeOverTheBucketLength(t *testing.T) {
 	}
 }
 
-// An ErrorCount breaker's failures are a count, not a share: halving a
-// full bucket (MaxCount completions on one stripe) halves the failures it
-// has counted, so the breaker trips only after more failures than its
-// Threshold (here 1,000,000 failures in a 1 h window, one bucket, do not
-// trip a Threshold-1e6 breaker).
 // A full bucket keeps an ErrorCount breaker's failures whole (it halves
 // its completions only): the breaker trips at its Threshold, however many
 // good completions filled the bucket.

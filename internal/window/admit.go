@@ -12,7 +12,8 @@ import (
 // current bucket if and only if the window's passes, plus everything
 // borrowed and not yet folded, plus n stay at or below threshold. It never
 // lets any window exceed threshold, at any concurrency; under a race it can
-// only err towards refusing. The refused path writes nothing shared.
+// only err towards refusing. The refused path writes nothing shared, but
+// the sweep of unused leases (reclaim) once per spread of them.
 func (w *Window) Reserve(now, n, threshold int64) bool {
 	_, ok := w.AdmitOn(cpu.Pin(), now, n, threshold)
 	return ok
@@ -170,9 +171,6 @@ func (w *Window) lease(b *ring.WindowWrap[bucket], s *stripe, now, n, threshold 
 			}
 			l = min(max(n, room/(leaseShare*int64(len(b.Value.stripes)))), max(n, maxLease))
 			if b.Value.granted.CompareAndSwap(g, g+l) {
-				if l > n && !b.Value.spread.Load() {
-					b.Value.spread.Store(true)
-				}
 				break
 			}
 			// Lost to another lease on this bucket; re-read and re-check.
@@ -182,6 +180,11 @@ func (w *Window) lease(b *ring.WindowWrap[bucket], s *stripe, now, n, threshold 
 		// without it. Either way give it back and decide again.
 		if a.Epoch() == epoch && a.Newest(b) {
 			s.c[stripeTaken].Add(l)
+			// After the lease is the stripe's: a sweep that clears the
+			// mark first sees it.
+			if l > n && !b.Value.spread.Load() {
+				b.Value.spread.Store(true)
+			}
 			return 0, true
 		}
 		b.Value.granted.Sub(l)
@@ -392,8 +395,8 @@ func (w *Window) RoomIn(now, n, threshold int64) (wait, reset time.Duration, ok 
 // Held returns what the window holds at now (the passes in it and what
 // waiting requests borrowed), and how long until all of it has left the
 // window. Leases a stripe took and has not used are not held: admissions
-// count them, so up to 1/16 of the threshold (see lease) may be refused
-// that Held leaves out. It reads the buckets and their stripes once and
+// count them until a request that finds no room takes them back
+// (reclaim), so Held may be below what refuses for an instant. It reads the buckets and their stripes once and
 // allocates nothing.
 func (w *Window) Held(now int64) (held int64, reset time.Duration) {
 	a := &w.arr

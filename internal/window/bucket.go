@@ -66,8 +66,8 @@ type stripe struct {
 // checking that the window stays within the threshold. A stripe then admits
 // locally while used <= taken. Leases shrink with the room left (down to the
 // request itself near the threshold) and die with their bucket, so the
-// threshold holds in every window; tokens leased and never used only make
-// the rest of that bucket stricter.
+// threshold holds in every window; tokens leased and not used go back to
+// the bucket when a request on another stripe finds no room (reclaim).
 type bucket struct {
 	// Read-mostly: set before the bucket is published, except base, which
 	// the first lease sets once.
