@@ -412,3 +412,35 @@ func TestSystemRefusalRetriesWhenTheRateRulesWould(t *testing.T) {
 	assert.Equal(t, 998*time.Millisecond, short.Refusal().RetryAfter, "the window's wait, past the CPU rule's 200 ms")
 	assert.Equal(t, short.Refusal().RetryAfter, general.Refusal().RetryAfter)
 }
+
+// Adding a system rule ahead of a WarmUp rule on its resource keeps the
+// warm-up's state: after 30 s at twice the threshold, the second after
+// the reload admits what it would without the system rule (a warm rule's
+// threshold, not a cold one's).
+func TestAddingASystemRuleKeepsOtherRulesState(t *testing.T) {
+	warm := Rule{Resource: "in", Threshold: 1000, Behavior: WarmUp, WarmUpPeriod: 10 * time.Second}
+	second := func(clock *stattest.Clock, e *Engine) (n int) {
+		for range 100 {
+			for range 20 {
+				if try(e, "in") {
+					n++
+				}
+			}
+			clock.Advance(10 * time.Millisecond)
+		}
+		return n
+	}
+	admitted := func(reload []Rule) int {
+		clock := stattest.NewClock(time.Hour)
+		e, _ := newEngine(t, clock)
+		load(t, e, warm)
+		for range 30 {
+			second(clock, e)
+		}
+		load(t, e, reload...)
+		return second(clock, e)
+	}
+	kept := admitted([]Rule{warm})
+	assert.Equal(t, kept, admitted([]Rule{{Resource: "in", System: SystemRT, MaxRT: time.Hour}, warm}))
+	assert.Greater(t, kept, 900, "warm")
+}
