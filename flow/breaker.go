@@ -217,6 +217,19 @@ func (rr *resourceRules) breakersClosed() bool {
 	return true
 }
 
+// enterBreakersOnly is Entry of one on a resource whose only rules are
+// circuit breakers: while they are closed, its pass is counted and its
+// Entry leads its Exit to them, as the general path would; else the
+// general path decides (probes, refusals).
+func (e *Engine) enterBreakersOnly(rr *resourceRules) (Entry, error) {
+	if !rr.breakersClosed() {
+		return e.enter(rr, rr.node, nil)
+	}
+	p, now := e.pinNow()
+	node := e.count(rr.node, p, now, metric.Pass, 1)
+	return Entry{node: node, slot: rr.brkSlot, start: now, meta: holdsNothing(1, p)}, nil
+}
+
 // enterBreakers ends enterSingle's admission of n at now (r, on stripe p)
 // on a resource whose breakers decide after its window, one of them not
 // closed: admitted, its

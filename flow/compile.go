@@ -150,6 +150,10 @@ type resourceRules struct {
 	singleBreakers bool
 	// system is the resource's system rules (nil: none), asked first.
 	system *systemGuard
+	// breakersOnly is set when the resource's only rules are circuit
+	// breakers: Entry then takes a short path while they are closed
+	// (enterBreakersOnly).
+	breakersOnly bool
 	// refusal is what the Entry of a request single refused carries, to
 	// lead back to these rules when its retry time is read (site: e and
 	// these rules).
@@ -379,6 +383,7 @@ func (e *Engine) shortPaths(rr *resourceRules) {
 	if len(rr.gcras) == 1 && rr.rules == 1 && len(rr.shadows) == 0 {
 		rr.singleGCRA = &rr.gcras[0]
 	}
+	rr.breakersOnly = len(rr.breakers) > 0 && rr.rules == len(rr.breakers) && len(rr.shadows) == 0
 }
 
 // second is node's second window, as flow counts on it.

@@ -387,8 +387,13 @@ func (en *Entry) release(sl *slots.Slot[site], node *stats.Node, m uint64, faile
 func (e *Engine) Entry(resource string, opts ...EntryOption) (Entry, error) {
 	rr := e.ruleSet().byResource[resource]
 	if rr != nil {
-		if len(opts) == 0 && rr.single != nil {
-			return e.enterSingle(rr, 1)
+		if len(opts) == 0 {
+			if rr.single != nil {
+				return e.enterSingle(rr, 1)
+			}
+			if rr.breakersOnly {
+				return e.enterBreakersOnly(rr)
+			}
 		}
 		return e.enter(rr, rr.node, opts)
 	}
@@ -593,8 +598,13 @@ func (r *Resource) Entry(opts ...EntryOption) (Entry, error) {
 		c = r.cache(set)
 	}
 	if rr := c.rr; rr != nil {
-		if len(opts) == 0 && rr.single != nil {
-			return e.enterSingle(rr, 1)
+		if len(opts) == 0 {
+			if rr.single != nil {
+				return e.enterSingle(rr, 1)
+			}
+			if rr.breakersOnly {
+				return e.enterBreakersOnly(rr)
+			}
 		}
 		return e.enter(rr, rr.node, opts)
 	}

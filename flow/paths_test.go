@@ -129,9 +129,12 @@ func TestShortPathsDecideAsTheGeneralChecker(t *testing.T) {
 			if rr.singleGCRA != nil {
 				taken["single GCRA"]++
 			}
+			if rr.breakersOnly {
+				taken["breakers only"]++
+			}
 		}
 		for _, rr := range general.rules.Load().byResource {
-			require.True(t, rr.single == nil && rr.singleKey == nil && rr.singleGCRA == nil, "generalOnly takes no short path")
+			require.True(t, rr.single == nil && rr.singleKey == nil && rr.singleGCRA == nil && !rr.breakersOnly, "generalOnly takes no short path")
 		}
 		var handles [2]map[string]*Resource
 		for i, e := range engines {
@@ -211,7 +214,7 @@ func TestShortPathsDecideAsTheGeneralChecker(t *testing.T) {
 			require.Equal(t, sa, sb, "set %d %s: %v", set, name, rules)
 		}
 	}
-	for _, path := range []string{"single", "single key", "single GCRA"} {
+	for _, path := range []string{"single", "single key", "single GCRA", "breakers only"} {
 		require.Positive(t, taken[path], "the %s short path was taken", path)
 	}
 }
