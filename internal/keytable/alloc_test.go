@@ -1,6 +1,7 @@
 package keytable
 
 import (
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -39,4 +40,25 @@ func TestTrackedKeyPathsAllocateNothing(t *testing.T) {
 		fn()
 		assert.Zero(t, testing.AllocsPerRun(1000, fn), name)
 	}
+}
+
+// A new key through a full table, evicting another on every request,
+// allocates only its state (one object): the sets' and the memory's
+// locks are values, not closures.
+func TestANewKeyThroughAFullTableAllocatesOnlyItsState(t *testing.T) {
+	var now int64
+	win := newWindowTable(1024, &now)
+	keys := make([]string, 64*1024)
+	for i := range keys {
+		keys[i] = "user-" + strconv.Itoa(1_000_000+i)
+	}
+	for _, k := range keys[:4096] { // full, and evicting
+		win.Get(k)
+	}
+	i := 4096
+	allocs := testing.AllocsPerRun(2000, func() {
+		win.Get(keys[i%len(keys)])
+		i++
+	})
+	assert.LessOrEqual(t, allocs, 1.0)
 }

@@ -217,7 +217,7 @@ func (t *Table) Migrate(old *Table) {
 	// next was set has finished (its evictions made), and one after it
 	// sees next and goes to t.
 	for i := range old.sets {
-		unlockOld := old.lock(i, i)
+		held := old.lock(i, i)
 		for j := range old.sets[i].ways {
 			w := &old.sets[i].ways[j]
 			if st := w.st.Load(); st != nil {
@@ -227,7 +227,7 @@ func (t *Table) Migrate(old *Table) {
 				t.insert(st)
 			}
 		}
-		unlockOld()
+		held.unlock()
 	}
 	// Then the ghosts: every add that could write one in old is over.
 	if g := old.ghosts.Load(); g != nil {

@@ -82,21 +82,18 @@ func (g *ghosts) place(h uint64) (a, b int) {
 }
 
 // lock locks buckets a and b in one order and returns the unlock.
-func (g *ghosts) lock(a, b int) func() {
+func (g *ghosts) lock(a, b int) locked {
 	la, lb := a%ghostLocks, b%ghostLocks
 	if la == lb {
 		g.locks[la].Lock()
-		return g.locks[la].Unlock
+		return locked{a: &g.locks[la]}
 	}
 	if la > lb {
 		la, lb = lb, la
 	}
 	g.locks[la].Lock()
 	g.locks[lb].Lock()
-	return func() {
-		g.locks[lb].Unlock()
-		g.locks[la].Unlock()
-	}
+	return locked{&g.locks[la], &g.locks[lb]}
 }
 
 // life is how long after its timeline head a Pace ghost matters (ns): its
@@ -194,7 +191,7 @@ func (g *ghosts) tryPut(kind Kind, h uint64, x ghost, now int64, l life) (forgot
 	g.grow.RLock()
 	defer g.grow.RUnlock()
 	a, b := g.place(h)
-	defer g.lock(a, b)()
+	defer g.lock(a, b).unlock()
 	if len(g.buckets) < g.most && g.wouldForget(kind, a, b, h, now, l) {
 		return false, true
 	}
@@ -261,7 +258,7 @@ func (g *ghosts) take(h uint64) (ghost, bool) {
 	g.grow.RLock()
 	defer g.grow.RUnlock()
 	a, b := g.place(h)
-	defer g.lock(a, b)()
+	defer g.lock(a, b).unlock()
 	for _, bi := range [2]int{a, b} {
 		bk := &g.buckets[bi]
 		for i := range bk.h {
@@ -281,14 +278,14 @@ func (g *ghosts) each(fn func(h uint64, x *ghost) (drop bool)) {
 	g.grow.RLock()
 	defer g.grow.RUnlock()
 	for bi := range g.buckets {
-		unlock := g.lock(bi, bi)
+		held := g.lock(bi, bi)
 		bk := &g.buckets[bi]
 		for i := range bk.h {
 			if bk.h[i] != 0 && fn(bk.h[i], &bk.x[i]) {
 				bk.h[i], bk.x[i] = 0, ghost{}
 			}
 		}
-		unlock()
+		held.unlock()
 	}
 }
 

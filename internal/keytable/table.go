@@ -264,7 +264,7 @@ func (t *Table) Reset(key string, listed *State) {
 		id := ID{t.hash(key), t.check(key)}
 		a, b := t.setsOf(id.h)
 		// The order add locks in: a table moving into this one first.
-		unlockFrom := func() {}
+		var unlockFrom locked
 		from := t.from.Load()
 		var fa, fb int
 		if from != nil {
@@ -276,8 +276,8 @@ func (t *Table) Reset(key string, listed *State) {
 			forget(from, id, fa, fb)
 		}
 		forget(t, id, a, b)
-		unlock()
-		unlockFrom()
+		unlock.unlock()
+		unlockFrom.unlock()
 	}
 }
 
@@ -322,7 +322,7 @@ func (t *Table) add(id ID, a, b int) *State {
 	// its sets are locked first (the order Migrate locks in), and a state
 	// still there moves now.
 	var fa, fb int
-	unlockFrom := func() {}
+	var unlockFrom locked
 	from := t.from.Load()
 	if from != nil {
 		fa, fb = from.setsOf(id.h)
@@ -331,12 +331,12 @@ func (t *Table) add(id ID, a, b int) *State {
 	unlock := t.lock(a, b)
 	if n := t.next.Load(); n != nil {
 		// Moved to another table while we waited (see Migrate).
-		unlock()
-		unlockFrom()
+		unlock.unlock()
+		unlockFrom.unlock()
 		return n.current().getID(id)
 	}
-	defer unlockFrom()
-	defer unlock()
+	defer unlockFrom.unlock()
+	defer unlock.unlock()
 	// Added by another request while we waited?
 	if st := t.findLocked(id, a, b); st != nil {
 		return st
@@ -388,20 +388,32 @@ func (t *Table) getID(id ID) *State {
 
 // lock locks sets a and b (in one order: no deadlock) and returns the
 // unlock.
-func (t *Table) lock(a, b int) func() {
+func (t *Table) lock(a, b int) locked {
 	la, lb := &t.locks[a%setLocks], &t.locks[b%setLocks]
 	if la == lb {
 		la.Lock()
-		return la.Unlock
+		return locked{a: la}
 	}
 	if a%setLocks > b%setLocks {
 		la, lb = lb, la
 	}
 	la.Lock()
 	lb.Lock()
-	return func() {
-		lb.Unlock()
-		la.Unlock()
+	return locked{la, lb}
+}
+
+// locked is the one or two locks lock took, in their order; its zero
+// value holds none. A value, not a closure: taking a key's sets allocates
+// nothing.
+type locked struct{ a, b *paddedMutex }
+
+// unlock releases what l holds, in the reverse order.
+func (l locked) unlock() {
+	if l.b != nil {
+		l.b.Unlock()
+	}
+	if l.a != nil {
+		l.a.Unlock()
 	}
 }
 
@@ -432,7 +444,7 @@ func (t *Table) placeLocked(st *State, a, b int) {
 func (t *Table) take(key string) *State {
 	id := ID{t.hash(key), t.check(key)}
 	a, b := t.setsOf(id.h)
-	defer t.lock(a, b)()
+	defer t.lock(a, b).unlock()
 	if st := t.removeLocked(id, a, b); st != nil {
 		return st
 	}
@@ -469,8 +481,7 @@ func (t *Table) put(key string, st *State) {
 // insert puts st into its sets unless its key is there already.
 func (t *Table) insert(st *State) {
 	a, b := t.setsOf(st.id.h)
-	unlock := t.lock(a, b)
-	defer unlock()
+	defer t.lock(a, b).unlock()
 	if t.findLocked(st.id, a, b) == nil {
 		t.placeLocked(st, a, b)
 	}
