@@ -104,6 +104,9 @@ type systemGuard struct {
 	limit    atomic.Int64
 	avgRT    atomic.Int64
 	minRT    atomic.Int64
+	// shedding says a SystemBBR rule checks requests (its CPU usage is
+	// over its threshold, or was in the last second).
+	shedding atomic.Bool
 	rules    []systemRule
 	node     *stats.Node
 	meter    CPUMeter
@@ -215,6 +218,7 @@ func (g *systemGuard) refresh(now int64) {
 	}
 	// The verdict before the next refresh is due: no later refresh can
 	// store its verdict before this one's.
+	g.shedding.Store(shedding)
 	g.verdict.Store(verdict)
 	if shedding {
 		// While shedding, the verdict follows the requests in flight
@@ -291,27 +295,22 @@ func (e *Engine) Systems() []SystemStatus {
 	set := e.ruleSet()
 	now := e.now()
 	var out []SystemStatus
-	seen := map[*systemGuard]bool{}
+	at := map[*systemGuard]int{} // a guard's status in out
 	for i := range set.rules {
 		r := &set.rules[i]
 		rr := set.byResource[r.Resource]
-		if r.System == NotSystem || rr == nil || rr.system == nil || seen[rr.system] {
+		if r.System == NotSystem || rr == nil || rr.system == nil {
 			continue
 		}
 		g := rr.system
-		seen[g] = true
-		g.refresh(now)
-		st := SystemStatus{Resource: r.Resource, CPU: math.Float64frombits(g.cpuBits.Load()), Inflight: g.inflight.Load(),
-			Limit: g.limit.Load(), AvgRT: time.Duration(g.avgRT.Load()), Refusing: g.verdict.Load() != 0}
-		for j := range set.rules {
-			if o := &set.rules[j]; o.Resource == r.Resource && o.System != NotSystem {
-				st.Rules = append(st.Rules, *o)
-			}
+		k, ok := at[g]
+		if !ok {
+			g.refresh(now)
+			k, at[g] = len(out), len(out)
+			out = append(out, SystemStatus{Resource: r.Resource, CPU: math.Float64frombits(g.cpuBits.Load()), Inflight: g.inflight.Load(),
+				Limit: g.limit.Load(), AvgRT: time.Duration(g.avgRT.Load()), Shedding: g.shedding.Load(), Refusing: g.verdict.Load() != 0})
 		}
-		for j := range g.rules {
-			st.Shedding = st.Shedding || g.rules[j].check == SystemBBR && now-g.rules[j].hotAt.Load() < systemCooling
-		}
-		out = append(out, st)
+		out[k].Rules = append(out[k].Rules, *r)
 	}
 	return out
 }
