@@ -31,43 +31,56 @@ func (c *chain) add(ch BreakerChange) {
 	c.last[ch.Rule] = ch.To
 }
 
+// reloadedBreaker is the breaker rule the reload tests load, changed
+// between thresholds 1 and 2.
+func reloadedBreaker(threshold float64) Rule {
+	return Rule{ID: "b", Resource: "dep", Breaker: ErrorCount, Threshold: threshold, RetryTimeout: time.Hour}
+}
+
+// untilStopped runs body in a loop on n goroutines until the returned
+// stop is called, which waits for them.
+func untilStopped(n int, body func()) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				body()
+			}
+		})
+	}
+	return func() {
+		close(done)
+		wg.Wait()
+	}
+}
+
 // Reloads that change an open breaker's rule while traffic trips the new
 // one: every change the listener hears starts where the last it heard
 // ended, and it ends believing what Engine.Breakers says.
 func TestAListenerHearsAChainOfChangesAcrossReloads(t *testing.T) {
-	clock := stattest.NewClock(time.Second)
 	var c chain
-	e, _ := newEngine(t, clock, WithBreakerListener(c.add))
-	rule := func(th float64) Rule {
-		return Rule{ID: "b", Resource: "dep", Breaker: ErrorCount, Threshold: th, RetryTimeout: time.Hour}
-	}
-	load(t, e, rule(1))
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
+	e, _ := newEngine(t, stattest.NewClock(time.Second), WithBreakerListener(c.add))
+	load(t, e, reloadedBreaker(1))
 	var fails atomic.Int64
-	for range 4 {
-		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if fail(e, "dep") {
-					fails.Inc()
-				}
-			}
-		})
-	}
+	stop := untilStopped(4, func() {
+		if fail(e, "dep") {
+			fails.Inc()
+		}
+	})
 	mismatch := 0
 	for i := 0; i < 3000; i++ {
-		load(t, e, rule(float64(1+i%2))) // changed every time
+		load(t, e, reloadedBreaker(float64(1+i%2))) // changed every time
 		if i%50 == 0 {
 			time.Sleep(time.Millisecond)
 		}
 	}
-	close(stop)
-	wg.Wait()
+	stop()
 	c.mu.Lock()
 	heard := c.last["b"]
 	broken := c.broken
@@ -138,33 +151,18 @@ func TestAResetReachesTheListenerBeforeTheNewBreakersChanges(t *testing.T) {
 // Under traffic, after each reload that changes an open breaker's rule,
 // traffic paused: what the listener last heard is the state in force.
 func TestWhatTheListenerLastHeardIsTheStateInForce(t *testing.T) {
-	clock := stattest.NewClock(time.Second)
 	var c chain
-	e, _ := newEngine(t, clock, WithBreakerListener(c.add))
-	rule := func(th float64) Rule {
-		return Rule{ID: "b", Resource: "dep", Breaker: ErrorCount, Threshold: th, RetryTimeout: time.Hour}
-	}
-	load(t, e, rule(1))
+	e, _ := newEngine(t, stattest.NewClock(time.Second), WithBreakerListener(c.add))
+	load(t, e, reloadedBreaker(1))
 	var gate sync.RWMutex
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for range 3 {
-		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				gate.RLock()
-				fail(e, "dep")
-				gate.RUnlock()
-			}
-		})
-	}
+	stop := untilStopped(3, func() {
+		gate.RLock()
+		fail(e, "dep")
+		gate.RUnlock()
+	})
 	bad := 0
 	for i := 0; i < 3000; i++ {
-		load(t, e, rule(float64(1+i%2)))
+		load(t, e, reloadedBreaker(float64(1+i%2)))
 		gate.Lock()
 		c.mu.Lock()
 		heard := c.last["b"]
@@ -177,8 +175,7 @@ func TestWhatTheListenerLastHeardIsTheStateInForce(t *testing.T) {
 		}
 		gate.Unlock()
 	}
-	close(stop)
-	wg.Wait()
+	stop()
 	if bad > 0 {
 		t.Errorf("%d of 3000 reloads left the listener wrong", bad)
 	}

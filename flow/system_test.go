@@ -48,19 +48,41 @@ func serve(t *testing.T, e *Engine, clock *stattest.Clock, k int, d time.Duratio
 	return refused
 }
 
+// servedBBR is an engine of rules on a fake clock, with a CPU reading of
+// 0.3 (cool), whose resource "in" served 2 s of serve's steady traffic,
+// none refused: 800 completions a second of 10 ms.
+func servedBBR(t *testing.T, rules ...Rule) (*Engine, *stattest.Clock, *fakeMeter) {
+	t.Helper()
+	clock := stattest.NewClock(time.Hour)
+	m := &fakeMeter{}
+	m.set(0.3)
+	e, _ := newEngine(t, clock, WithCPU(m))
+	load(t, e, rules...)
+	require.Zero(t, serve(t, e, clock, 8, 2*time.Second))
+	return e, clock, m
+}
+
+// enterAll enters n requests on "in", each required to be admitted.
+func enterAll(t *testing.T, e *Engine, n int) []Entry {
+	t.Helper()
+	held := make([]Entry, 0, n)
+	for range n {
+		en, err := e.Entry("in")
+		require.NoError(t, err)
+		held = append(held, en)
+	}
+	return held
+}
+
 // A SystemBBR rule admits everything while the CPU is cool; hot, it
 // refuses requests past what the resource has shown it completes in
 // flight (most completions per second x least RT), with ReasonSystem and
 // a retry of the least RT; cooled, it keeps checking for a second, then
 // admits everything again.
 func TestSystemBBRShedsPastWhatTheResourceCompletes(t *testing.T) {
-	clock := stattest.NewClock(time.Hour)
-	m := &fakeMeter{}
-	m.set(0.3)
-	e, _ := newEngine(t, clock, WithCPU(m))
-	load(t, e, Rule{Resource: "in", Threshold: 1e12}, Rule{Resource: "in", System: SystemBBR, Threshold: 0.8})
-	// Cool: 8 per 10 ms of 10 ms each, then 30 at once: all admitted.
-	require.Zero(t, serve(t, e, clock, 8, 2*time.Second))
+	e, clock, m := servedBBR(t, Rule{Resource: "in", Threshold: 1e12}, Rule{Resource: "in", System: SystemBBR, Threshold: 0.8})
+	// Cool: 8 per 10 ms of 10 ms each (servedBBR), then 30 at once: all
+	// admitted.
 	require.Zero(t, serve(t, e, clock, 30, 20*time.Millisecond))
 	require.Zero(t, serve(t, e, clock, 8, time.Second))
 	st := e.Systems()
@@ -72,12 +94,7 @@ func TestSystemBBRShedsPastWhatTheResourceCompletes(t *testing.T) {
 	// so 9 are; the 10th is refused.
 	m.set(0.9)
 	clock.Advance(2 * time.Millisecond)
-	var held []Entry
-	for range 9 {
-		en, err := e.Entry("in")
-		require.NoError(t, err)
-		held = append(held, en)
-	}
+	held := enterAll(t, e, 9)
 	clock.Advance(2 * time.Millisecond) // the verdict sees the 9
 	refused, err := e.Entry("in")
 	var be *BlockError
@@ -119,12 +136,7 @@ func TestSystemBBRShedsPastWhatTheResourceCompletes(t *testing.T) {
 // completed nothing in the last second (stalled, or just started) admits
 // a request while at most one is in flight, and sheds the rest.
 func TestSystemBBRShedsAStalledService(t *testing.T) {
-	clock := stattest.NewClock(time.Hour)
-	m := &fakeMeter{}
-	m.set(0.3)
-	e, _ := newEngine(t, clock, WithCPU(m))
-	load(t, e, Rule{Resource: "in", Threshold: 1e12}, Rule{Resource: "in", System: SystemBBR, Threshold: 0.8})
-	require.Zero(t, serve(t, e, clock, 8, 2*time.Second))
+	e, clock, m := servedBBR(t, Rule{Resource: "in", Threshold: 1e12}, Rule{Resource: "in", System: SystemBBR, Threshold: 0.8})
 	m.set(0.95)
 	var held []Entry
 	for range 300 { // 3 s of 8 arrivals per 10 ms; nothing completes
@@ -147,21 +159,11 @@ func TestSystemBBRShedsAStalledService(t *testing.T) {
 // rules or another's) keeps its hot reading: its second of cooling goes
 // on, and what is in flight past the estimate is still refused.
 func TestSystemBBRCoolingSurvivesAReload(t *testing.T) {
-	clock := stattest.NewClock(time.Hour)
-	m := &fakeMeter{}
-	m.set(0.3)
-	e, _ := newEngine(t, clock, WithCPU(m))
 	rules := []Rule{{Resource: "in", Threshold: 1e12}, {Resource: "in", System: SystemBBR, Threshold: 0.8}, {Resource: "other", Threshold: 10}}
-	load(t, e, rules...)
-	require.Zero(t, serve(t, e, clock, 8, 2*time.Second))
+	e, clock, m := servedBBR(t, rules...)
 	m.set(0.95)
 	clock.Advance(2 * time.Millisecond)
-	var held []Entry
-	for range 9 {
-		en, err := e.Entry("in")
-		require.NoError(t, err)
-		held = append(held, en)
-	}
+	held := enterAll(t, e, 9)
 	m.set(0.2) // cooled: the rule keeps checking for a second
 	clock.Advance(100 * time.Millisecond)
 	require.False(t, try(e, "in"))
@@ -179,21 +181,11 @@ func TestSystemBBRCoolingSurvivesAReload(t *testing.T) {
 // their own hot reading: at a CPU usage between them, the refusal is the
 // lower one's.
 func TestSystemBBRRulesKeepTheirOwnThresholds(t *testing.T) {
-	clock := stattest.NewClock(time.Hour)
-	m := &fakeMeter{}
-	m.set(0.3)
-	e, _ := newEngine(t, clock, WithCPU(m))
-	load(t, e, Rule{Resource: "in", Threshold: 1e12}, Rule{Resource: "in", ID: "bbr90", System: SystemBBR, Threshold: 0.9},
+	e, clock, m := servedBBR(t, Rule{Resource: "in", Threshold: 1e12}, Rule{Resource: "in", ID: "bbr90", System: SystemBBR, Threshold: 0.9},
 		Rule{Resource: "in", ID: "bbr50", System: SystemBBR, Threshold: 0.5})
-	require.Zero(t, serve(t, e, clock, 8, 2*time.Second))
 	m.set(0.6)
 	clock.Advance(2 * time.Millisecond)
-	var held []Entry
-	for range 9 {
-		en, err := e.Entry("in")
-		require.NoError(t, err)
-		held = append(held, en)
-	}
+	held := enterAll(t, e, 9)
 	clock.Advance(2 * time.Millisecond)
 	_, err := e.Entry("in")
 	var be *BlockError
