@@ -102,18 +102,22 @@ func (m *Meter) run(interval time.Duration, now func() time.Time) {
 		case <-m.done:
 			return
 		case <-t.C:
-			switch u, ok, err := m.r.sample(now()); {
-			case err != nil:
-				// The source went away (the cgroup was removed, the
-				// process moved): no reading, rather than the last
-				// one forever.
-				m.usage.Store(0)
-				m.err.Store(&err)
-			case ok:
-				m.usage.Store(math.Float64bits(u))
-				m.err.Store(nil)
-			}
+			m.take(now())
 		}
+	}
+}
+
+// take samples at now and publishes the reading, or, when the source
+// cannot be read (the cgroup was removed, the process moved), 0 and the
+// error: no reading rather than the last one forever.
+func (m *Meter) take(now time.Time) {
+	switch u, ok, err := m.r.sample(now); {
+	case err != nil:
+		m.usage.Store(0)
+		m.err.Store(&err)
+	case ok:
+		m.usage.Store(math.Float64bits(u))
+		m.err.Store(nil)
 	}
 }
 

@@ -189,42 +189,29 @@ func TestMeterSamplesUntilClosed(t *testing.T) {
 // A Meter whose source can no longer be read reads 0, with the error,
 // rather than its last reading forever; read again, it reads again.
 func TestMeterWithoutItsSourceReadsZero(t *testing.T) {
+	// The meter's steps, taken by hand on a clock of the test's (Start's
+	// goroutine takes the same steps on a ticker).
 	l := &lockedFS{m: fixture(t, "procstat")}
-	meter, err := Start(WithFS(l), WithInterval(10*time.Millisecond))
+	r, err := newReader(l, 2)
 	require.NoError(t, err)
-	defer meter.Close()
+	meter := &Meter{r: r}
+	at := time.Unix(1000, 0)
 	busy := int64(117420)
 	step := func() {
-		time.Sleep(10 * time.Millisecond)
+		at = at.Add(10 * time.Millisecond)
 		busy += 1000
-		l.mu.Lock()
 		replace(l.m, "proc/stat", "cpu ", "cpu  "+strconv.FormatInt(busy, 10)+" 65 22767 445138 650 0 877 0 0 0")
-		l.mu.Unlock()
+		meter.take(at)
 	}
-	for range 9 {
-		if step(); meter.CPUUsage() > 0.99 {
-			break
-		}
-	}
+	meter.take(at)
+	step()
 	require.Greater(t, meter.CPUUsage(), 0.99)
-	l.mu.Lock()
 	l.broken = true
-	l.mu.Unlock()
-	for range 9 {
-		if time.Sleep(10 * time.Millisecond); meter.Err() != nil {
-			break
-		}
-	}
+	meter.take(at.Add(10 * time.Millisecond))
 	assert.ErrorIs(t, meter.Err(), fs.ErrNotExist)
 	assert.Zero(t, meter.CPUUsage())
-	l.mu.Lock()
 	l.broken = false
-	l.mu.Unlock()
-	for range 9 {
-		if step(); meter.Err() == nil && meter.CPUUsage() > 0.99 {
-			break
-		}
-	}
+	step()
 	assert.NoError(t, meter.Err())
 	assert.Greater(t, meter.CPUUsage(), 0.99)
 	var none *Meter
