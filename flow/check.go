@@ -37,7 +37,7 @@ func (e *Engine) enter(rr *resourceRules, node *stats.Node, opts []EntryOption) 
 	if gr := rr.singleGCRA; gr != nil && q.wait == 0 {
 		// One GCRA rule: one compare-and-swap, the pass or block counted
 		// on the node.
-		_, _, ok, rm := gr.take(now, n, 0)
+		_, _, ok, rm := gr.takeOn(p, now, n, 0)
 		ev := metric.Pass
 		if !ok {
 			ev = metric.Block
@@ -204,6 +204,7 @@ type held struct {
 	bmore []borrowedAt
 	paced [maxPacedRules]pace.Held // slots, by index into rr.paced
 	gcra  [maxGCRARules]int64      // arrival times set (0: none), by index into rr.gcras
+	gcraP int                      // the P whose lanes they came from
 	gres  [maxGlobalRules]window.Reservation
 	ggcra [maxGlobalRules]int64   // set by Global GCRA rules' local fallbacks
 	gkeys [maxGlobalRules]keyHeld // PerKey global rules' local fallbacks
@@ -462,7 +463,7 @@ func (e *Engine) take(rr *resourceRules, h *held, p int, now int64, q *request) 
 		stage = stageKeyed
 	}
 	if ok && len(rr.gcras) > 0 {
-		wait, ok = rr.takeGCRAs(h, now, wait, q, &rf)
+		wait, ok = rr.takeGCRAs(h, p, now, wait, q, &rf)
 		stage = stageGCRA
 	}
 	if ok && len(rr.related) > 0 {
@@ -640,7 +641,7 @@ func (e *Engine) align(rr *resourceRules, h *held, p int, now, t int64, q *reque
 			ok = rr.alignKeyed(h, t, q, &rf)
 		}
 		if ok && len(rr.gcras) > 0 {
-			ok = rr.alignGCRAs(h, t, n, &rf)
+			ok = rr.alignGCRAs(h, p, t, n, &rf)
 		}
 		if ok && len(rr.paced) > 0 {
 			ok = rr.alignPaced(h, now, t, n, &rf)

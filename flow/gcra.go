@@ -29,9 +29,23 @@ func (r *gcraRule) take(now, n, maxWait int64) (wait, tok int64, ok bool, rm roo
 	return
 }
 
-// give gives back n tokens that take took, setting arrival time tok, if
-// no request has taken tokens since (see gcra.Limiter.Give).
-func (r *gcraRule) give(n, tok int64) { r.l.Give(n, tok) }
+// takeOn is take by a request on P p: from p's lane of the bucket while
+// the bucket is contended (see gcra.Cell).
+func (r *gcraRule) takeOn(p int, now, n, maxWait int64) (wait, tok int64, ok bool, rm room) {
+	wait, tok, ok, rm.retry, rm.reset = r.l.TakeOn(p, now, n, maxWait)
+	return
+}
+
+// give gives back n tokens that take (p < 0) or takeOn on P p took,
+// setting arrival time tok, if no request has taken tokens since (see
+// gcra.Limiter.Give).
+func (r *gcraRule) give(p int, n, tok int64) {
+	if p < 0 {
+		r.l.Give(n, tok)
+		return
+	}
+	r.l.GiveOn(p, n, tok)
+}
 
 var gcraKind = kind{
 	is:       func(r *Rule) bool { return r.Behavior == GCRA },
@@ -84,15 +98,16 @@ func validateGCRA(r *Rule, i int) error {
 
 // takeGCRAs takes the request's tokens from each GCRA rule, ahead within
 // its wait.
-func (rr *resourceRules) takeGCRAs(h *held, now, wait int64, q *request, rf *refusal) (int64, bool) {
+func (rr *resourceRules) takeGCRAs(h *held, p int, now, wait int64, q *request, rf *refusal) (int64, bool) {
 	for i := range rr.gcras {
 		gr := &rr.gcras[i]
-		d, tok, ok, rm := gr.take(now, q.n, q.wait)
+		d, tok, ok, rm := gr.takeOn(p, now, q.n, q.wait)
 		if !ok {
 			*rf = refusal{gr.be, 0, rm, i}
 			return wait, false
 		}
 		h.gcra[i] = tok
+		h.gcraP = p
 		wait = max(wait, d)
 	}
 	return wait, true
@@ -102,25 +117,26 @@ func (rr *resourceRules) takeGCRAs(h *held, now, wait int64, q *request, rf *ref
 func (rr *resourceRules) releaseGCRAs(h *held, n int64) {
 	for i := range rr.gcras {
 		if h.gcra[i] != 0 {
-			rr.gcras[i].give(n, h.gcra[i])
+			rr.gcras[i].give(h.gcraP, n, h.gcra[i])
 		}
 	}
 }
 
 // alignGCRAs takes each GCRA rule's tokens again at t.
-func (rr *resourceRules) alignGCRAs(h *held, t, n int64, rf *refusal) bool {
+func (rr *resourceRules) alignGCRAs(h *held, p int, t, n int64, rf *refusal) bool {
 	for i := range rr.gcras {
 		gr := &rr.gcras[i]
 		if h.gcra[i] != 0 {
-			gr.give(n, h.gcra[i])
+			gr.give(h.gcraP, n, h.gcra[i])
 			h.gcra[i] = 0
 		}
-		_, tok, ok, _ := gr.take(t, n, 0)
+		_, tok, ok, _ := gr.takeOn(p, t, n, 0)
 		if !ok {
 			*rf = refusal{gr.be, 0, unknownRoom, i}
 			return false
 		}
 		h.gcra[i] = tok
+		h.gcraP = p
 	}
 	return true
 }

@@ -12,6 +12,8 @@ import (
 	"math"
 
 	"go.uber.org/atomic"
+
+	"github.com/leapflow/leapflow/internal/cpu"
 )
 
 // Cell is a bucket's state: the theoretical arrival time (ns) of the next
@@ -19,7 +21,100 @@ import (
 // before now; the zero Cell is full at any now >= 0. A Cell is safe for
 // simultaneous use by multiple goroutines and must not be copied after
 // first use.
-type Cell struct{ tat atomic.Int64 }
+//
+// # Lanes
+//
+// Every token is a slot on the arrival-time line, interval ns long, and
+// a request taking n tokens at now takes the n slots after max(tat,
+// now). That keeps every span of L ns within burst + rate x L: a token
+// taken at now has its slot's end in [now + interval, now + tolerance],
+// and no two slots overlap, so the tokens taken within a span fit in a
+// stretch of L + tolerance ns.
+//
+// A compare-and-swap of the one arrival time on every request would not
+// scale with cores, so TakeOn leases each P's lane a run of slots (at
+// most 50 µs of them, and an eighth of the burst over all lanes): the
+// cell's arrival time moves past the run, and the P's requests take
+// their slots from it by a compare-and-swap on the lane's own cache
+// line, as the cell would (after max(lane, now), within tolerance of
+// now). Every slot still goes to one request and ends within [now +
+// interval, now + tolerance] of its taker, so the bound holds exactly.
+// A request that finds no room in its lane gives the run's unused slots
+// back to the cell if no later run was leased, and then leases a new run
+// or takes from the cell: a single goroutine's decisions are exactly the
+// cell's, which are x/time/rate's. Under contention, what the other
+// lanes hold unused is withheld from a P until it passes.
+type Cell struct {
+	tat   atomic.Int64
+	lanes atomic.Pointer[lanes] // nil until the first TakeOn
+	// Lines of its own (two: some cores fetch lines in pairs): every
+	// request reads it.
+	_ [2*cpu.CacheLine - 16]byte
+}
+
+// lanes are a cell's per-P runs of leased slots (see Cell).
+type lanes struct {
+	l    []lane
+	mask int
+}
+
+// lane is one P's run of slots: the ones after next up to end (end
+// included). next only grows while a run lasts but for tokens given
+// back, and a new run starts past every slot its lane held, so a swap on
+// next that succeeds read the end of its own run (see TakeOn). next is
+// locked while a request gives the run back or leases a new one.
+type lane struct {
+	next, end atomic.Int64 // two lines, as Cell
+	_         [2*cpu.CacheLine - 16]byte
+}
+
+// locked marks a lane being given back or leased: far past any end, so
+// that no request takes from it meanwhile.
+const locked = math.MaxInt64 / 2
+
+// maxRun bounds one lease of slots, in ns: long enough that a busy P
+// leases once per thousands of requests, short enough that what it
+// withholds passes quickly.
+const maxRun = 50_000
+
+// lanesOf returns the cell's lanes, made on first use.
+func (c *Cell) lanesOf() *lanes {
+	if ls := c.lanes.Load(); ls != nil {
+		return ls
+	}
+	return c.makeLanes()
+}
+
+func (c *Cell) makeLanes() *lanes {
+	n := cpu.Stripes()
+	c.lanes.CompareAndSwap(nil, &lanes{l: make([]lane, n), mask: n - 1})
+	return c.lanes.Load()
+}
+
+// head is the arrival time the cell's next request would start from on
+// the P whose run is the cell's latest lease: that run's next, not the
+// cell's, while it has unused slots (what Left reports). It reads every
+// lane.
+func (c *Cell) head() int64 {
+	tat := c.tat.Load()
+	if ls := c.lanes.Load(); ls != nil {
+		for i := range ls.l {
+			ln := &ls.l[i]
+			if at := ln.next.Load(); at < tat && ln.end.Load() == tat {
+				return at
+			}
+		}
+	}
+	return tat
+}
+
+// giveBack gives the cell the unused slots of a run a request locked
+// (lane next was at), if no later slot was taken from the cell, and
+// reports whether it did.
+func (c *Cell) giveBack(ln *lane, at int64) bool {
+	end := ln.end.Load()
+	return at < end && c.tat.CompareAndSwap(end, at)
+}
 
 // Limiter takes tokens from a Cell at a rate and burst: every token costs
 // interval ns, and the bucket holds tolerance ns of them (burst x
@@ -30,7 +125,10 @@ type Limiter struct {
 	c                   *Cell
 	interval, tolerance int64
 	burst               int64
-	off                 bool // a rate of 0: refuses everything
+	// run is how many ns of slots a lane leases (0: lanes are off, the
+	// burst too small to share).
+	run int64
+	off bool // a rate of 0: refuses everything
 }
 
 // New returns the limiter of perSecond tokens a second and a bucket of
@@ -41,6 +139,12 @@ func New(c *Cell, perSecond float64, burst int64) Limiter {
 	if !l.off {
 		l.interval = max(int64(math.Round(1e9/perSecond)), 1)
 		l.tolerance = l.interval * l.burst
+		// At most an eighth of the burst over all lanes, in whole
+		// tokens, and two tokens at least.
+		run := min(maxRun, l.tolerance/int64(8*cpu.Stripes()))
+		if run -= run % l.interval; run >= 2*l.interval {
+			l.run = run
+		}
 	}
 	return l
 }
@@ -52,6 +156,65 @@ func New(c *Cell, perSecond float64, burst int64) Limiter {
 // until the bucket is full again (reset, -1 when never). n times the
 // interval and maxWait must not overflow with now (flow validates both).
 func (l *Limiter) Take(now, n, maxWait int64) (wait, tok int64, ok bool, retry, reset int64) {
+	return l.take(now, n, maxWait)
+}
+
+// TakeOn is Take by a request on P p (cpu.Pin's hint; any value is
+// correct): from p's lane of the cell (see Cell).
+func (l *Limiter) TakeOn(p int, now, n, maxWait int64) (wait, tok int64, ok bool, retry, reset int64) {
+	if l.run == 0 || n > l.burst { // lanes off for the rule, or never room
+		return l.take(now, n, maxWait)
+	}
+	cost := n * l.interval
+	ls := l.c.lanesOf()
+	ln := &ls.l[p&ls.mask]
+	at := ln.next.Load()
+	// next before end: a new run's end is stored before its next, and a
+	// swap from a next read before that fails.
+	next := max(at, now) + cost
+	end := ln.end.Load()
+	if next <= end && next-now <= l.tolerance && ln.next.CompareAndSwap(at, next) {
+		return 0, next, true, 0, 0
+	}
+	if at != locked && (at < end || 2*cost <= l.run && l.c.tat.Load() <= now+l.tolerance-2*cost) {
+		// A run to give back, or room for a new one.
+		if tok, ok := l.relane(ln, at, now, cost); ok {
+			return 0, tok, true, 0, 0
+		}
+	}
+	return l.take(now, n, maxWait)
+}
+
+// relane gives back the run of lane ln (its next was at) and leases it a
+// new one, taking cost ns of it at now. It reports false when another
+// request holds the lane, or a run would not hold two requests of cost:
+// the caller takes from the cell.
+func (l *Limiter) relane(ln *lane, at, now, cost int64) (int64, bool) {
+	if !ln.next.CompareAndSwap(at, locked) {
+		return 0, false
+	}
+	gave := l.c.giveBack(ln, at)
+	for {
+		tat := l.c.tat.Load()
+		from := max(tat, now)
+		end := min(from+l.run, now+l.tolerance) // every slot within tolerance of now
+		if end-from < 2*cost || 2*cost > l.run {
+			if gave {
+				at = max(at, ln.end.Load()) // the run is the cell's again
+			}
+			ln.next.Store(at)
+			return 0, false
+		}
+		if l.c.tat.CompareAndSwap(tat, end) {
+			ln.end.Store(end) // first: see TakeOn
+			ln.next.Store(from + cost)
+			return from + cost, true
+		}
+	}
+}
+
+// take takes from the cell.
+func (l *Limiter) take(now, n, maxWait int64) (wait, tok int64, ok bool, retry, reset int64) {
 	if l.off || n > l.burst {
 		return 0, 0, false, -1, -1
 	}
@@ -85,7 +248,7 @@ func (l *Limiter) Left(now int64) (tokens, reset int64) {
 	if l.off {
 		return 0, -1
 	}
-	owed := max(l.c.tat.Load()-now, 0)
+	owed := max(l.c.head()-now, 0)
 	return max((l.tolerance-owed)/l.interval, 0), owed
 }
 
@@ -95,7 +258,19 @@ func (l *Limiter) Left(now int64) (tokens, reset int64) {
 // took tokens after them, they stay spent: moving the arrival time back
 // under that request's would hand its tokens out a second time (two
 // requests on one slot), so the cancelled request errs towards blocking.
-func (l *Limiter) Give(n, tok int64) { l.c.tat.CompareAndSwap(tok, tok-n*l.interval) }
+// It reports whether they went back.
+func (l *Limiter) Give(n, tok int64) bool { return l.c.tat.CompareAndSwap(tok, tok-n*l.interval) }
+
+// GiveOn is Give for tokens TakeOn took on P p: back to p's lane if they
+// came from its run and no request took after them there, else as Give.
+func (l *Limiter) GiveOn(p int, n, tok int64) bool {
+	if ls := l.c.lanes.Load(); ls != nil {
+		if ls.l[p&ls.mask].next.CompareAndSwap(tok, tok-n*l.interval) {
+			return true
+		}
+	}
+	return l.Give(n, tok)
+}
 
 // Rescale makes the tokens owed on c at now, taken at one rate, owed at a
 // rate ratio times slower (ratio is the old rate over the new): the time
@@ -105,6 +280,7 @@ func (c *Cell) Rescale(now int64, ratio float64) {
 	if ratio == 1 || !(ratio > 0) || math.IsInf(ratio, 0) {
 		return
 	}
+	c.drainLanes()
 	for {
 		tat := c.tat.Load()
 		if tat <= now {
@@ -115,5 +291,23 @@ func (c *Cell) Rescale(now int64, ratio float64) {
 		if c.tat.CompareAndSwap(tat, next) {
 			return
 		}
+	}
+}
+
+// drainLanes gives back or ends every lane's run: what they hold was
+// leased at the old rate. A lane another request holds is left to it.
+func (c *Cell) drainLanes() {
+	ls := c.lanes.Load()
+	if ls == nil {
+		return
+	}
+	for i := range ls.l {
+		ln := &ls.l[i]
+		at := ln.next.Load()
+		if at == locked || !ln.next.CompareAndSwap(at, locked) {
+			continue
+		}
+		c.giveBack(ln, at)
+		ln.next.Store(max(at, ln.end.Load()))
 	}
 }
