@@ -45,9 +45,14 @@ const (
 	WarmUpThrottle
 	// GCRA is a token bucket (x/time/rate's model): Burst tokens, refilled
 	// at Threshold per second; a request of n takes n or is refused at
-	// once. It is one word of state, the theoretical arrival time of the
-	// next request, moved by compare-and-swap (the generic cell rate
-	// algorithm), exact at any concurrency. A Global GCRA rule keeps that
+	// once. Its state is the theoretical arrival time of the next
+	// request, moved by compare-and-swap (the generic cell rate
+	// algorithm), exact at any concurrency. When the burst allows, each P
+	// leases short runs of that time (at most 50 µs of tokens, and an
+	// eighth of Burst over all Ps) so that cores do not take turns at one
+	// word: a caller alone gets exactly x/time/rate's decisions, and under
+	// contention what other Ps' runs hold unused (at most that eighth) is
+	// withheld from a P until it passes. A Global GCRA rule keeps the
 	// time in the shared store instead (see Rule.Global).
 	GCRA
 )
