@@ -200,6 +200,41 @@ func BenchmarkThroughput(b *testing.B) {
 	}
 }
 
+// BenchmarkPerKey is the per-key section's cells as benchmarks: every
+// per-key limiter on each stream, warmed up with every key of it
+// (go test -bench PerKey -cpu 2 ./bench for a quick look; the section
+// runs in go run ./bench).
+func BenchmarkPerKey(b *testing.B) {
+	for _, st := range []struct {
+		name string
+		make func() keyStream
+	}{
+		{"one-hot-key", hotStream},
+		{"zipf-100k", func() keyStream { return zipfStream(100_000) }},
+		{"uniform-1M", func() keyStream { return uniformStream(1_000_000) }},
+	} {
+		var s keyStream // made on the first impl that runs
+		for _, l := range keyLimiters {
+			b.Run(fmt.Sprintf("stream=%s/impl=%s", st.name, strings.ReplaceAll(l.name, "/", "-")), func(b *testing.B) {
+				if s.keys == nil {
+					s = st.make()
+				}
+				take, done := l.make(hugeKeyRate, 2_000_000)
+				defer done()
+				for _, k := range s.distinct {
+					take(k)
+				}
+				keys := s.keys
+				hammer.Sweep(b, []int{1, 2, 16}, func(id, n int) {
+					for i := range n {
+						take(keys[(id*7919+i)&(len(keys)-1)])
+					}
+				})
+			})
+		}
+	}
+}
+
 // TestSaturationKeepsTheClock: under a saturated CPU the default clock
 // admits about what the monotonic clock does (a clock that fell behind by
 // half the run would admit half as many), and never more than

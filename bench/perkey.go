@@ -7,6 +7,7 @@ import (
 	"math/rand"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -97,6 +98,18 @@ var keyLimiters = []keyLimiter{
 	}, false, func(perSecond float64) string {
 		return fmt.Sprintf("limiter.Rate{Period: 1s, Limit: %d}", int64(perSecond))
 	}},
+	{"sync.Map+x/time/rate", "a sync.Map of rate.Limiter, made on a key's first request, never evicted", func(perSecond float64, _ int) (func(string) (bool, int64), func()) {
+		var m sync.Map
+		return func(key string) (bool, int64) {
+			l, ok := m.Load(key)
+			if !ok {
+				l, _ = m.LoadOrStore(key, rate.NewLimiter(rate.Limit(perSecond), int(perSecond)))
+			}
+			return l.(*rate.Limiter).Allow(), -1
+		}, func() {}
+	}, false, func(perSecond float64) string {
+		return fmt.Sprintf("rate.NewLimiter(%g, %d) in a sync.Map", perSecond, int(perSecond))
+	}},
 	{"map+x/time/rate", "what people write by hand: a map of rate.Limiter behind a mutex, never evicted", func(perSecond float64, _ int) (func(string) (bool, int64), func()) {
 		var mu sync.Mutex
 		m := map[string]*rate.Limiter{}
@@ -122,27 +135,47 @@ type keyStream struct {
 	distinct []string // every key the stream draws from
 }
 
+// hotStream is one key, every request.
+func hotStream() keyStream {
+	names := keyNames(1)
+	return keyStream{"one hot key", inRequestOrder(1<<20, func() string { return names[0] }), names}
+}
+
 // zipfStream draws from n keys with a zipf law (s = 1.1), uniformStream
 // evenly; both long enough to cycle through without a generator in the
 // loop.
 func zipfStream(n int) keyStream {
 	names := keyNames(n)
 	z := rand.NewZipf(rand.New(rand.NewSource(1)), 1.1, 1, uint64(n-1))
-	s := make([]string, 1<<20)
-	for i := range s {
-		s[i] = names[z.Uint64()]
-	}
+	s := inRequestOrder(1<<20, func() string { return names[z.Uint64()] })
 	return keyStream{fmt.Sprintf("zipf over %d keys", n), s, names}
 }
 
 func uniformStream(n int) keyStream {
 	names := keyNames(n)
 	rng := rand.New(rand.NewSource(2))
-	s := make([]string, 1<<20)
-	for i := range s {
-		s[i] = names[rng.Intn(n)]
-	}
+	s := inRequestOrder(1<<20, func() string { return names[rng.Intn(n)] })
 	return keyStream{fmt.Sprintf("uniform over %d keys", n), s, names}
+}
+
+// inRequestOrder is a stream of n keys drawn by next, each request's key
+// its own copy, laid out in stream order: as a server reads a request's
+// key from the request itself, a limiter's lookup pays for its table, not
+// for fetching the caller's key from a random place in memory.
+func inRequestOrder(n int, next func() string) []string {
+	var buf strings.Builder
+	ends := make([]int, n)
+	for i := range ends {
+		buf.WriteString(next())
+		ends[i] = buf.Len()
+	}
+	all := buf.String()
+	stream := make([]string, n)
+	from := 0
+	for i, end := range ends {
+		stream[i], from = all[from:end], end
+	}
+	return stream
 }
 
 func keyNames(n int) []string {
@@ -182,14 +215,14 @@ type perKeyAcc struct {
 }
 
 // perKeyGoroutines are the columns of the per-key table.
-var perKeyGoroutines = []int{1, 2, 8, 256}
+var perKeyGoroutines = []int{1, 2, 16, 256}
 
 // perKeySection runs the per-key benchmarks.
 func perKeySection(cfg config, tick func(string)) (res []perKeyResult, mem []perKeyMem, acc []perKeyAcc) {
-	streams := []keyStream{zipfStream(100_000), uniformStream(1_000_000)}
+	streams := []keyStream{hotStream(), zipfStream(100_000), uniformStream(1_000_000)}
 	distinct, bound := 1_000_000, 100_000
 	if cfg.quick {
-		streams = []keyStream{zipfStream(10_000), uniformStream(50_000)}
+		streams = []keyStream{hotStream(), zipfStream(10_000), uniformStream(50_000)}
 		distinct, bound = 50_000, 5_000
 	}
 	for _, s := range streams {
