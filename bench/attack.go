@@ -27,6 +27,7 @@ var namedSections = []namedSection{
 	{"breaker", "circuit breaking against sony/gobreaker/v2: the pass path at 1, 2, 8 and 256 goroutines, requests admitted per half-open period at 1 to 1024 goroutines, a probe that never returns, a dead dependency tripped and healed (about 35 s)", breakerSection},
 	{"overload", "adaptive overload protection: a simulated service of fixed capacity, unloaded and at 3x overload with and without a SystemBBR rule, in simulated time: goodput, p50/p99 latency, shed requests, and two charts (about 1 s)", overloadSection},
 	{"growth", "one request's cost as resources (1, 100, 10,000), windows (1, 4, 16) and keys (1k, 100k, 1M) grow, beside x/time/rate, go-limiter and a map of x/time/rate limiters, and a chart (about 40 s; -quick smaller)", growthSection},
+	{"churn", "what bucket rotations allocate: 1,000 active resources on a simulated clock, Reject and span-exact rules, at GOMAXPROCS 2 and 64 (about 5 s)", churnSection},
 	{"perkey-reload-soak", "per-key windows over their threshold while rules reload 10 times a second under traffic, real clock (-soak, default 60 s)", perKeyReloadSoak},
 }
 

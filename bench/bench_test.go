@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -488,4 +489,31 @@ func TestGrowthSectionMeasuresEverySize(t *testing.T) {
 	data, err := os.ReadFile(filepath.Join(dir, "growth.svg"))
 	require.NoError(t, err)
 	assertWellFormedSVG(t, "growth.svg", data)
+}
+
+// TestChurnCountsEachRotation: the churn table counts per resource and
+// per second: a Reject rule's resource rotates the buckets of its windows
+// every second, so at 64 stripes a bucket costs more bytes than at 2, and
+// span-exact rules (more windows) allocate more than plain ones. When
+// rotations stop allocating, every figure is zero and the comparisons
+// hold with equality.
+func TestChurnCountsEachRotation(t *testing.T) {
+	was := runtime.GOMAXPROCS(0)
+	res, err := churn([]churnCase{{2, "Reject"}, {64, "Reject"}, {2, "span-exact"}}, 50, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res) != 3 {
+		t.Fatalf("%d rows want 3", len(res))
+	}
+	two, sixtyFour, exact := res[0], res[1], res[2]
+	if sixtyFour.bytes < two.bytes {
+		t.Errorf("bytes/resource/s: %.0f at 64 stripes, below %.0f at 2", sixtyFour.bytes, two.bytes)
+	}
+	if exact.allocs < two.allocs {
+		t.Errorf("allocs/resource/s: %.2f span-exact, below %.2f plain", exact.allocs, two.allocs)
+	}
+	if got := runtime.GOMAXPROCS(0); got != was {
+		t.Errorf("GOMAXPROCS %d after the churn table, %d before", got, was)
+	}
 }
