@@ -217,17 +217,11 @@ func (t *Table) Get(key string) *State {
 	}
 	h := t.hash(key)
 	a, b := t.setsOf(h)
-	sa, sb := &t.sets[a], &t.sets[b]
-	// Both sets' lines at once: a key in its second set costs one wait
-	// for memory, not two in a row.
-	if sa.ways[0].tag.Load()|sb.ways[0].tag.Load() == 0 {
-		return t.add(ID{h, t.check(key)}, a, b) // both empty
-	}
 	var c uint64 // the second hash, made when a tag matches
-	if st := sa.find(h, &c, t, key); st != nil {
+	if st := t.sets[a].find(h, &c, t, key); st != nil {
 		return st
 	}
-	if st := sb.find(h, &c, t, key); st != nil {
+	if st := t.sets[b].find(h, &c, t, key); st != nil {
 		return st
 	}
 	if c == 0 {
