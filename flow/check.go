@@ -204,7 +204,6 @@ type held struct {
 	bmore []borrowedAt
 	paced [maxPacedRules]pace.Held // slots, by index into rr.paced
 	gcra  [maxGCRARules]int64      // arrival times set (0: none), by index into rr.gcras
-	gcraP int                      // the P whose lanes they came from
 	gres  [maxGlobalRules]window.Reservation
 	ggcra [maxGlobalRules]int64   // set by Global GCRA rules' local fallbacks
 	gkeys [maxGlobalRules]keyHeld // PerKey global rules' local fallbacks

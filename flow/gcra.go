@@ -3,6 +3,7 @@ package flow
 import (
 	"fmt"
 
+	"github.com/leapflow/leapflow/internal/cpu"
 	"github.com/leapflow/leapflow/internal/gcra"
 )
 
@@ -36,16 +37,11 @@ func (r *gcraRule) takeOn(p int, now, n, maxWait int64) (wait, tok int64, ok boo
 	return
 }
 
-// give gives back n tokens that take (p < 0) or takeOn on P p took,
-// setting arrival time tok, if no request has taken tokens since (see
-// gcra.Limiter.Give).
-func (r *gcraRule) give(p int, n, tok int64) {
-	if p < 0 {
-		r.l.Give(n, tok)
-		return
-	}
-	r.l.GiveOn(p, n, tok)
-}
+// give gives back n tokens that take or takeOn took, setting arrival
+// time tok, if no request has taken tokens since (see gcra.Limiter.Give):
+// to the caller's P's lane if they came from it (a request that moved to
+// another P since leaves them spent).
+func (r *gcraRule) give(n, tok int64) { r.l.GiveOn(cpu.Pin(), n, tok) }
 
 var gcraKind = kind{
 	is:       func(r *Rule) bool { return r.Behavior == GCRA },
@@ -107,7 +103,6 @@ func (rr *resourceRules) takeGCRAs(h *held, p int, now, wait int64, q *request, 
 			return wait, false
 		}
 		h.gcra[i] = tok
-		h.gcraP = p
 		wait = max(wait, d)
 	}
 	return wait, true
@@ -117,7 +112,7 @@ func (rr *resourceRules) takeGCRAs(h *held, p int, now, wait int64, q *request, 
 func (rr *resourceRules) releaseGCRAs(h *held, n int64) {
 	for i := range rr.gcras {
 		if h.gcra[i] != 0 {
-			rr.gcras[i].give(h.gcraP, n, h.gcra[i])
+			rr.gcras[i].give(n, h.gcra[i])
 		}
 	}
 }
@@ -127,7 +122,7 @@ func (rr *resourceRules) alignGCRAs(h *held, p int, t, n int64, rf *refusal) boo
 	for i := range rr.gcras {
 		gr := &rr.gcras[i]
 		if h.gcra[i] != 0 {
-			gr.give(h.gcraP, n, h.gcra[i])
+			gr.give(n, h.gcra[i])
 			h.gcra[i] = 0
 		}
 		_, tok, ok, _ := gr.takeOn(p, t, n, 0)
@@ -136,7 +131,6 @@ func (rr *resourceRules) alignGCRAs(h *held, p int, t, n int64, rf *refusal) boo
 			return false
 		}
 		h.gcra[i] = tok
-		h.gcraP = p
 	}
 	return true
 }

@@ -569,7 +569,7 @@ func (rr *resourceRules) releaseGlobals(h *held, n int64) {
 		}
 		h.gres[i].Cancel()
 		if h.ggcra[i] != 0 {
-			rr.globals[i].gcra.give(-1, n, h.ggcra[i])
+			rr.globals[i].gcra.give(n, h.ggcra[i])
 		}
 		if st := h.gkeys[i].st; st != nil {
 			st.Undo(h.gkeys[i].b, n)

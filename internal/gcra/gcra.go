@@ -10,6 +10,7 @@ package gcra
 
 import (
 	"math"
+	stdatomic "sync/atomic"
 
 	"go.uber.org/atomic"
 
@@ -45,8 +46,10 @@ import (
 // cell's, which are x/time/rate's. Under contention, what the other
 // lanes hold unused is withheld from a P until it passes.
 type Cell struct {
-	tat   atomic.Int64
-	lanes atomic.Pointer[lanes] // nil until the first TakeOn
+	tat atomic.Int64
+	// lanes is nil until the first TakeOn. The standard library's
+	// pointer: one wrapper less keeps TakeOn's lane path short.
+	lanes stdatomic.Pointer[lanes]
 	// Lines of its own (two: some cores fetch lines in pairs): every
 	// request reads it.
 	_ [2*cpu.CacheLine - 16]byte
@@ -162,6 +165,22 @@ func (l *Limiter) Take(now, n, maxWait int64) (wait, tok int64, ok bool, retry, 
 // TakeOn is Take by a request on P p (cpu.Pin's hint; any value is
 // correct): from p's lane of the cell (see Cell).
 func (l *Limiter) TakeOn(p int, now, n, maxWait int64) (wait, tok int64, ok bool, retry, reset int64) {
+	if ls := l.c.lanes.Load(); ls != nil && l.run != 0 && n <= l.burst {
+		ln := &ls.l[p&ls.mask]
+		at := ln.next.Load()
+		// next before end: a new run's end is stored before its next, and
+		// a swap from a next read before that fails.
+		next := max(at, now) + n*l.interval
+		if next <= ln.end.Load() && next-now <= l.tolerance && ln.next.CompareAndSwap(at, next) {
+			return 0, next, true, 0, 0
+		}
+	}
+	return l.takeOff(p, now, n, maxWait)
+}
+
+// takeOff is TakeOn off its lane: it gives the lane's run back and
+// leases a new one, or takes from the cell.
+func (l *Limiter) takeOff(p int, now, n, maxWait int64) (wait, tok int64, ok bool, retry, reset int64) {
 	if l.run == 0 || n > l.burst { // lanes off for the rule, or never room
 		return l.take(now, n, maxWait)
 	}
@@ -169,12 +188,10 @@ func (l *Limiter) TakeOn(p int, now, n, maxWait int64) (wait, tok int64, ok bool
 	ls := l.c.lanesOf()
 	ln := &ls.l[p&ls.mask]
 	at := ln.next.Load()
-	// next before end: a new run's end is stored before its next, and a
-	// swap from a next read before that fails.
 	next := max(at, now) + cost
 	end := ln.end.Load()
 	if next <= end && next-now <= l.tolerance && ln.next.CompareAndSwap(at, next) {
-		return 0, next, true, 0, 0
+		return 0, next, true, 0, 0 // the lanes were just made, or the lane moved
 	}
 	if at != locked && (at < end || 2*cost <= l.run && l.c.tat.Load() <= now+l.tolerance-2*cost) {
 		// A run to give back, or room for a new one.
