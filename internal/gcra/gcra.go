@@ -62,10 +62,12 @@ type lanes struct {
 }
 
 // lane is one P's run of slots: the ones after next up to end (end
-// included). next only grows while a run lasts but for tokens given
-// back, and a new run starts past every slot its lane held, so a swap on
-// next that succeeds read the end of its own run (see TakeOn). next is
-// locked while a request gives the run back or leases a new one.
+// included), the lane's own whenever next is not locked. next is locked
+// while a request gives the run back or leases a new one; end only ever
+// grows (a lease that would end earlier takes from the cell instead), so
+// a request that read next and then end, and swaps next from what it
+// read, takes only the lane's own slots, whatever runs came and went in
+// between (tokens given back can bring next back to what it read).
 type lane struct {
 	next, end atomic.Int64 // two lines, as Cell
 	_         [2*cpu.CacheLine - 16]byte
@@ -168,10 +170,12 @@ func (l *Limiter) TakeOn(p int, now, n, maxWait int64) (wait, tok int64, ok bool
 	if ls := l.c.lanes.Load(); ls != nil && l.run != 0 && n <= l.burst {
 		ln := &ls.l[p&ls.mask]
 		at := ln.next.Load()
-		// next before end: a new run's end is stored before its next, and
-		// a swap from a next read before that fails.
+		// next before end: the slots after next up to the lane's end are
+		// its own whenever next is not locked, and the end never comes
+		// down, so an end read after next bounds them even if the run was
+		// replaced and next came back to at meanwhile (see lane).
 		next := max(at, now) + n*l.interval
-		if next <= ln.end.Load() && next-now <= l.tolerance && ln.next.CompareAndSwap(at, next) {
+		if at != locked && next <= ln.end.Load() && next-now <= l.tolerance && ln.next.CompareAndSwap(at, next) {
 			return 0, next, true, 0, 0
 		}
 	}
@@ -190,7 +194,7 @@ func (l *Limiter) takeOff(p int, now, n, maxWait int64) (wait, tok int64, ok boo
 	at := ln.next.Load()
 	next := max(at, now) + cost
 	end := ln.end.Load()
-	if next <= end && next-now <= l.tolerance && ln.next.CompareAndSwap(at, next) {
+	if at != locked && next <= end && next-now <= l.tolerance && ln.next.CompareAndSwap(at, next) {
 		return 0, next, true, 0, 0 // the lanes were just made, or the lane moved
 	}
 	if at != locked && (at < end || 2*cost <= l.run && l.c.tat.Load() <= now+l.tolerance-2*cost) {
@@ -215,7 +219,9 @@ func (l *Limiter) relane(ln *lane, at, now, cost int64) (int64, bool) {
 		tat := l.c.tat.Load()
 		from := max(tat, now)
 		end := min(from+l.run, now+l.tolerance) // every slot within tolerance of now
-		if end-from < 2*cost || 2*cost > l.run {
+		// A run never ends before the lane's last: a request that read
+		// that end may still take up to it (see lane).
+		if end-from < 2*cost || 2*cost > l.run || end < ln.end.Load() {
 			if gave {
 				at = max(at, ln.end.Load()) // the run is the cell's again
 			}
@@ -280,6 +286,8 @@ func (l *Limiter) Give(n, tok int64) bool { return l.c.tat.CompareAndSwap(tok, t
 
 // GiveOn is Give for tokens TakeOn took on P p: back to p's lane if they
 // came from its run and no request took after them there, else as Give.
+// Each token must be given back at most once (as with Give: a second
+// give can hand out slots another request holds).
 func (l *Limiter) GiveOn(p int, n, tok int64) bool {
 	if ls := l.c.lanes.Load(); ls != nil {
 		if ls.l[p&ls.mask].next.CompareAndSwap(tok, tok-n*l.interval) {
