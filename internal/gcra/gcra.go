@@ -73,9 +73,11 @@ type lane struct {
 	_         [2*cpu.CacheLine - 16]byte
 }
 
-// locked marks a lane being given back or leased: far past any end, so
-// that no request takes from it meanwhile.
-const locked = math.MaxInt64 / 2
+// locked marks a lane being given back or leased: above every clock, so
+// that max(locked, now) + cost passes every run's end and no request takes
+// from it meanwhile, and low enough that adding a cost (at most 30 days
+// in flow, under 2^52 ns) does not overflow.
+const locked = math.MaxInt64 - 1<<52
 
 // maxRun bounds one lease of slots, in ns: long enough that a busy P
 // leases once per thousands of requests, short enough that what it
@@ -175,7 +177,7 @@ func (l *Limiter) TakeOn(p int, now, n, maxWait int64) (wait, tok int64, ok bool
 		// down, so an end read after next bounds them even if the run was
 		// replaced and next came back to at meanwhile (see lane).
 		next := max(at, now) + n*l.interval
-		if at != locked && next <= ln.end.Load() && next-now <= l.tolerance && ln.next.CompareAndSwap(at, next) {
+		if next <= ln.end.Load() && next-now <= l.tolerance && ln.next.CompareAndSwap(at, next) {
 			return 0, next, true, 0, 0
 		}
 	}
@@ -194,7 +196,7 @@ func (l *Limiter) takeOff(p int, now, n, maxWait int64) (wait, tok int64, ok boo
 	at := ln.next.Load()
 	next := max(at, now) + cost
 	end := ln.end.Load()
-	if at != locked && next <= end && next-now <= l.tolerance && ln.next.CompareAndSwap(at, next) {
+	if next <= end && next-now <= l.tolerance && ln.next.CompareAndSwap(at, next) {
 		return 0, next, true, 0, 0 // the lanes were just made, or the lane moved
 	}
 	if at != locked && (at < end || 2*cost <= l.run && l.c.tat.Load() <= now+l.tolerance-2*cost) {
