@@ -7,7 +7,6 @@ import (
 	"math/rand"
 	"runtime"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,6 +17,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/leapflow/leapflow/flow"
+	"github.com/leapflow/leapflow/internal/hammer"
 	"github.com/leapflow/leapflow/stat"
 )
 
@@ -138,7 +138,7 @@ type keyStream struct {
 // hotStream is one key, every request.
 func hotStream() keyStream {
 	names := keyNames(1)
-	return keyStream{"one hot key", inRequestOrder(1<<20, func() string { return names[0] }), names}
+	return keyStream{"one hot key", hammer.InRequestOrder(1<<20, func() string { return names[0] }), names}
 }
 
 // zipfStream draws from n keys with a zipf law (s = 1.1), uniformStream
@@ -147,35 +147,15 @@ func hotStream() keyStream {
 func zipfStream(n int) keyStream {
 	names := keyNames(n)
 	z := rand.NewZipf(rand.New(rand.NewSource(1)), 1.1, 1, uint64(n-1))
-	s := inRequestOrder(1<<20, func() string { return names[z.Uint64()] })
+	s := hammer.InRequestOrder(1<<20, func() string { return names[z.Uint64()] })
 	return keyStream{fmt.Sprintf("zipf over %d keys", n), s, names}
 }
 
 func uniformStream(n int) keyStream {
 	names := keyNames(n)
 	rng := rand.New(rand.NewSource(2))
-	s := inRequestOrder(1<<20, func() string { return names[rng.Intn(n)] })
+	s := hammer.InRequestOrder(1<<20, func() string { return names[rng.Intn(n)] })
 	return keyStream{fmt.Sprintf("uniform over %d keys", n), s, names}
-}
-
-// inRequestOrder is a stream of n keys drawn by next, each request's key
-// its own copy, laid out in stream order: as a server reads a request's
-// key from the request itself, a limiter's lookup pays for its table, not
-// for fetching the caller's key from a random place in memory.
-func inRequestOrder(n int, next func() string) []string {
-	var buf strings.Builder
-	ends := make([]int, n)
-	for i := range ends {
-		buf.WriteString(next())
-		ends[i] = buf.Len()
-	}
-	all := buf.String()
-	stream := make([]string, n)
-	from := 0
-	for i, end := range ends {
-		stream[i], from = all[from:end], end
-	}
-	return stream
 }
 
 func keyNames(n int) []string {

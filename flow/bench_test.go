@@ -3,7 +3,6 @@ package flow
 import (
 	"fmt"
 	"math/rand"
-	"strings"
 	"testing"
 	"time"
 
@@ -240,27 +239,7 @@ func BenchmarkNoRuleEntryExit(b *testing.B) {
 // long enough to cycle through without the generator in the loop.
 func zipfKeys(n int) []string {
 	z := rand.NewZipf(rand.New(rand.NewSource(1)), 1.1, 1, uint64(n-1))
-	return inRequestOrder(1<<20, func() string { return fmt.Sprintf("user-%011d", z.Uint64()) })
-}
-
-// inRequestOrder is a stream of n keys drawn by next, each request's key
-// its own copy, laid out in stream order: as a server reads a request's
-// key from the request itself, a lookup pays for the table, not for
-// fetching the caller's key from a random place in memory.
-func inRequestOrder(n int, next func() string) []string {
-	var buf strings.Builder
-	ends := make([]int, n)
-	for i := range ends {
-		buf.WriteString(next())
-		ends[i] = buf.Len()
-	}
-	all := buf.String()
-	stream := make([]string, n)
-	from := 0
-	for i, end := range ends {
-		stream[i], from = all[from:end], end
-	}
-	return stream
+	return hammer.InRequestOrder(1<<20, func() string { return fmt.Sprintf("user-%011d", z.Uint64()) })
 }
 
 // BenchmarkPerKeyEntryExit is Entry+Exit through a resource handle under a

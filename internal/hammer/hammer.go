@@ -5,6 +5,7 @@ package hammer
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -46,4 +47,24 @@ func Sweep(b *testing.B, counts []int, body func(id, n int)) {
 	for _, g := range counts {
 		b.Run(fmt.Sprintf("goroutines=%d", g), func(b *testing.B) { Run(b, g, body) })
 	}
+}
+
+// InRequestOrder is a stream of n keys drawn by next, each request's key
+// its own copy, laid out in stream order: as a server reads a request's
+// key from the request itself, a lookup measured over it pays for its
+// table, not for fetching the caller's key from a random place in memory.
+func InRequestOrder(n int, next func() string) []string {
+	var buf strings.Builder
+	ends := make([]int, n)
+	for i := range ends {
+		buf.WriteString(next())
+		ends[i] = buf.Len()
+	}
+	all := buf.String()
+	stream := make([]string, n)
+	from := 0
+	for i, end := range ends {
+		stream[i], from = all[from:end], end
+	}
+	return stream
 }
