@@ -1,7 +1,6 @@
 package gcra
 
 import (
-	"sync"
 	"testing"
 
 	"go.uber.org/atomic"
@@ -17,29 +16,18 @@ func TestLanesKeepTheBoundOnAClockPast2To62(t *testing.T) {
 	l := New(&c, 1e9, burst)
 	var clock atomic.Int64
 	clock.Store(1 << 62)
-	var mu sync.Mutex
-	var ts []taken
-	var wg sync.WaitGroup
-	for g := range 8 {
-		wg.Go(func() {
-			var mine []taken
-			for i := range 20000 {
-				now := clock.Add(int64(i % 3))
-				n := int64(1 + (i*7+g)%4)
-				if _, tok, ok, _, _ := l.TakeOn(g%2, now, n, 0); ok {
-					if i%3 == 0 && l.GiveOn(g%2, n, tok) {
-						continue
-					}
-					mine = append(mine, taken{now, n})
+	hammerLanes(t, &l, 8, func(g int) []taken {
+		var mine []taken
+		for i := range 20000 {
+			now := clock.Add(int64(i % 3))
+			n := int64(1 + (i*7+g)%4)
+			if _, tok, ok, _, _ := l.TakeOn(g%2, now, n, 0); ok {
+				if i%3 == 0 && l.GiveOn(g%2, n, tok) {
+					continue
 				}
+				mine = append(mine, taken{now, n})
 			}
-			mu.Lock()
-			ts = append(ts, mine...)
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
-	if w := worstSpan(ts, l.interval); w > l.tolerance {
-		t.Fatalf("%d admissions: a span held %d ns of tokens beyond its length, more than burst x interval = %d", len(ts), w, l.tolerance)
-	}
+		}
+		return mine
+	})
 }

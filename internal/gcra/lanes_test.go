@@ -167,34 +167,17 @@ func TestLanesKeepEverySpanWithinTheBound(t *testing.T) {
 	}
 }
 
-// TestLanesUnderAHammer: goroutines on their own lanes and a running
-// shared clock (run with -race): every span holds at most burst + rate x
-// span, and the lanes took most requests.
-func TestLanesUnderAHammer(t *testing.T) {
-	burst := laneBurst()
-	var c Cell
-	l := New(&c, 1e6, burst)
-	requireLanes(t, &l)
-	var clock atomic.Int64
-	clock.Store(1e9)
-	goroutines, ops := 8, 3000
+// hammerLanes runs take on each of goroutines goroutines at once and
+// checks the admissions they report against l's bound: every span of
+// them holds at most burst + rate x span.
+func hammerLanes(t *testing.T, l *Limiter, goroutines int, take func(g int) []taken) {
+	t.Helper()
 	var mu sync.Mutex
 	var ts []taken
 	var wg sync.WaitGroup
 	for g := range goroutines {
 		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(uint64(g), 13))
-			var mine []taken
-			for range ops {
-				now := clock.Add(rng.Int64N(l.interval / 4))
-				n := 1 + rng.Int64N(2)
-				if _, tok, ok, _, _ := l.TakeOn(g, now, n, 0); ok {
-					if rng.IntN(10) == 0 && l.GiveOn(g, n, tok) {
-						continue
-					}
-					mine = append(mine, taken{now, n})
-				}
-			}
+			mine := take(g)
 			mu.Lock()
 			ts = append(ts, mine...)
 			mu.Unlock()
@@ -207,6 +190,33 @@ func TestLanesUnderAHammer(t *testing.T) {
 	if w := worstSpan(ts, l.interval); w > l.tolerance {
 		t.Fatalf("%d admissions: a span held %d ns of tokens beyond its length, more than burst x interval = %d", len(ts), w, l.tolerance)
 	}
+}
+
+// TestLanesUnderAHammer: goroutines on their own lanes and a running
+// shared clock (run with -race): every span holds at most burst + rate x
+// span, and the lanes took most requests.
+func TestLanesUnderAHammer(t *testing.T) {
+	burst := laneBurst()
+	var c Cell
+	l := New(&c, 1e6, burst)
+	requireLanes(t, &l)
+	var clock atomic.Int64
+	clock.Store(1e9)
+	hammerLanes(t, &l, 8, func(g int) []taken {
+		rng := rand.New(rand.NewPCG(uint64(g), 13))
+		var mine []taken
+		for range 3000 {
+			now := clock.Add(rng.Int64N(l.interval / 4))
+			n := 1 + rng.Int64N(2)
+			if _, tok, ok, _, _ := l.TakeOn(g, now, n, 0); ok {
+				if rng.IntN(10) == 0 && l.GiveOn(g, n, tok) {
+					continue
+				}
+				mine = append(mine, taken{now, n})
+			}
+		}
+		return mine
+	})
 	var leased int
 	for i := range c.lanes.Load().l {
 		if c.lanes.Load().l[i].end.Load() != 0 {
