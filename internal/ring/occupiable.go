@@ -22,7 +22,6 @@ import (
 // hand-over exact. Pending is lock-free, for admission checks on the hot path.
 type Occupiable[T any] struct {
 	LeapArray[T] // by value: one pointer less to chase per operation
-	userInit     func(start int64, v *T)
 	count        func(v *T) int64
 	fold         func(v *T, n int64)
 	lapse        func(start, n int64)
@@ -69,22 +68,19 @@ type borrowed struct {
 // fold does. It must be called once, before the array is shared.
 func (o *Occupiable[T]) Init(sampleCount int, interval time.Duration, hooks Hooks[T],
 	count func(v *T) int64, fold func(v *T, n int64), lapse func(start, n int64)) error {
-	o.userInit = hooks.Init
-	hooks.Init = o.initBucket
 	if err := o.setup(sampleCount, interval, hooks); err != nil {
 		return err
 	}
+	o.made = o.foldDue
 	o.published = o.retireFolded
 	o.count, o.fold, o.lapse = count, fold, lapse
 	return nil
 }
 
-// initBucket runs under mu for every new bucket: the user's init, then the
-// fold of every borrow due by start (or its lapse, a whole interval late).
-func (o *Occupiable[T]) initBucket(start int64, v *T) {
-	if o.userInit != nil {
-		o.userInit(start, v)
-	}
+// foldDue runs under mu for every new or reused bucket, after its init:
+// the fold of every borrow due by start (or its lapse, a whole interval
+// late).
+func (o *Occupiable[T]) foldDue(start int64, v *T) {
 	for i := range o.future {
 		f := &o.future[i]
 		if f.n <= 0 || f.start > start {

@@ -13,9 +13,13 @@ import (
 )
 
 // WindowWrap is one bucket of a LeapArray: the start of its time span and the
-// value counted in it. The start never changes once the bucket is published.
+// value counted in it. The start never changes while the bucket is in the
+// ring; an array that reuses buckets (see Reuse) gives a retired one a new,
+// later start when it puts it back.
 type WindowWrap[T any] struct {
-	start int64
+	// start is the bucket's start; emptyStart while a reuse resets it, so
+	// that no time maps to it. It only grows.
+	start stdatomic.Int64
 	slot  int64 // index in the ring, so Retired needs no division
 	// Value is the bucket's payload. The array hands out pointers to it; the
 	// value type makes its own fields safe for concurrent use.
@@ -27,7 +31,7 @@ type WindowWrap[T any] struct {
 }
 
 // Start returns the first instant (inclusive) of the bucket's span.
-func (w *WindowWrap[T]) Start() int64 { return w.start }
+func (w *WindowWrap[T]) Start() int64 { return w.start.Load() }
 
 // LeapArray is a ring of n time buckets covering interval, each interval/n
 // long. The zero value is not usable; call New. A LeapArray is safe for
@@ -54,7 +58,15 @@ type LeapArray[T any] struct {
 	// superseded and retired are Hooks.Supersede and Hooks.Retire.
 	superseded func(prev *WindowWrap[T])
 	retired    func(old *WindowWrap[T])
-	slots      []atomic.Pointer[WindowWrap[T]]
+	// reuse, if set, resets a retired bucket's value for a new start (see
+	// Reuse); made then runs on it as on a fresh one (Occupiable folds
+	// borrows in).
+	reuse func(start int64, v *T)
+	made  func(start int64, v *T)
+	// spare is the bucket the last rotation retired, for the next to
+	// reuse; guarded by mu.
+	spare *WindowWrap[T]
+	slots []atomic.Pointer[WindowWrap[T]]
 
 	// mu serialises rotations: at most one fresh bucket is built per slot and
 	// time, and Occupiable folds borrowed counts under it. Never taken by
@@ -138,7 +150,9 @@ func placeholder[T any]() *WindowWrap[T] {
 	if p, ok := placeholders.Load(key); ok {
 		return p.(*WindowWrap[T])
 	}
-	p, _ := placeholders.LoadOrStore(key, &WindowWrap[T]{start: emptyStart})
+	w := &WindowWrap[T]{}
+	w.start.Store(emptyStart)
+	p, _ := placeholders.LoadOrStore(key, w)
 	return p.(*WindowWrap[T])
 }
 
@@ -160,7 +174,7 @@ func (a *LeapArray[T]) indexOf(now int64) int { return int((now / a.bucketLen) %
 // Clamp returns now, or the start of the newest bucket if now is behind it.
 // Negative times clamp to 0.
 func (a *LeapArray[T]) Clamp(now int64) int64 {
-	if l := a.newest.Load().start; now < l {
+	if l := a.newest.Load().Start(); now < l {
 		return l
 	}
 	return max(now, 0)
@@ -174,7 +188,7 @@ func (a *LeapArray[T]) Current(now int64) *WindowWrap[T] {
 	// time below it would reach the placeholder).
 	now = max(now, 0)
 	// Fast path: now is in the newest bucket, or behind it (clamped to it).
-	if w := a.newest.Load(); now < w.start+a.bucketLen {
+	if w := a.newest.Load(); now < w.Start()+a.bucketLen {
 		return w
 	}
 	for {
@@ -183,10 +197,11 @@ func (a *LeapArray[T]) Current(now int64) *WindowWrap[T] {
 		start := q * a.bucketLen
 		slot := &a.slots[q%a.n]
 		w := slot.Load()
-		if w.start == start {
+		ws := w.Start()
+		if ws == start {
 			return w
 		}
-		if w.start > start {
+		if ws > start {
 			// A rotation we did not see yet moved newest past now between our
 			// Clamp and this load; clamp again.
 			continue
@@ -202,17 +217,33 @@ func (a *LeapArray[T]) rotate(slot *atomic.Pointer[WindowWrap[T]], start int64) 
 	defer a.mu.Unlock()
 	// Re-check under the lock: the slot may have been filled while we waited.
 	old := slot.Load()
-	if old.start >= start {
+	if old.Start() >= start {
 		return
 	}
-	if start < a.newest.Load().start {
+	if start < a.newest.Load().Start() {
 		return // the caller re-clamps and lands in the newest bucket
 	}
 	prev := a.newest.Load()
-	w := &WindowWrap[T]{start: start, slot: (start / a.bucketLen) % a.n}
-	if a.init != nil {
-		a.init(start, &w.Value)
+	w := a.spare
+	if w != nil {
+		// Reuse the bucket the previous rotation retired: it is in no
+		// slot and in no window. Hide it from callers that still hold it
+		// (its start), reset it, then give it its new start and slot.
+		a.spare = nil
+		w.start.Store(emptyStart)
+		a.reuse(start, &w.Value)
+		w.settled.Store(false)
+		w.slot = (start / a.bucketLen) % a.n
+	} else {
+		w = &WindowWrap[T]{slot: (start / a.bucketLen) % a.n}
+		if a.init != nil {
+			a.init(start, &w.Value)
+		}
 	}
+	if a.made != nil {
+		a.made(start, &w.Value)
+	}
+	w.start.Store(start)
 	// store-release of newest before the slot: anyone who finds the bucket in
 	// its slot also finds it (or a newer one) as newest, which is what
 	// admissions check after writing (see Newest).
@@ -221,13 +252,32 @@ func (a *LeapArray[T]) rotate(slot *atomic.Pointer[WindowWrap[T]], start int64) 
 	if a.published != nil {
 		a.published()
 	}
-	if a.superseded != nil && prev.start != emptyStart {
+	if a.superseded != nil && prev.Start() != emptyStart {
 		a.superseded(prev)
 	}
-	if a.retired != nil && old.start != emptyStart && !old.settled.Load() {
-		a.retired(old)
+	if old.Start() != emptyStart {
+		if a.retired != nil && !old.settled.Load() {
+			a.retired(old)
+		}
+		if a.reuse != nil {
+			// The next rotation resets it: by then it is in no window
+			// (now it still is in the windows of times before the new
+			// bucket, which readers may be summing).
+			a.spare = old
+		}
 	}
 }
+
+// Reuse makes the array reuse retired buckets instead of making fresh
+// ones: each rotation keeps the bucket it retires aside, and the next one
+// resets it with fn (under the rotation lock, the bucket in no slot) and
+// publishes it for its start, so that an array of n slots holds n+1
+// buckets and steady rotation allocates nothing. Nothing stops a caller
+// that loaded the bucket before from writing to it after: the value type
+// must tell such writes apart (internal/window tags its words with a
+// generation), and its start changes with every reuse. Call it before the
+// array is shared.
+func (a *LeapArray[T]) Reuse(fn func(start int64, v *T)) { a.reuse = fn }
 
 // RetireStale retires, as a rotation would, every bucket that left the
 // window a bucket or more before now (start + interval + bucket length <=
@@ -244,7 +294,8 @@ func (a *LeapArray[T]) RetireStale(now int64) {
 	newest := a.newest.Load()
 	for i := range a.slots {
 		w := a.slots[i].Load()
-		if w.start == emptyStart || w == newest || w.settled.Load() || w.start > now-a.interval-a.bucketLen {
+		ws := w.Start()
+		if ws == emptyStart || w == newest || w.settled.Load() || ws > now-a.interval-a.bucketLen {
 			continue
 		}
 		w.settled.Store(true)
@@ -269,7 +320,7 @@ func (a *LeapArray[T]) Buckets(lo, hi int64) iter.Seq[*WindowWrap[T]] {
 	return func(yield func(*WindowWrap[T]) bool) {
 		for i := range a.slots {
 			w := a.slots[i].Load()
-			if w.start != emptyStart && w.start >= lo && w.start < hi && !w.settled.Load() && !yield(w) {
+			if ws := w.Start(); ws != emptyStart && ws >= lo && ws < hi && !w.settled.Load() && !yield(w) {
 				return
 			}
 		}
@@ -282,7 +333,7 @@ func (a *LeapArray[T]) Buckets(lo, hi int64) iter.Seq[*WindowWrap[T]] {
 func valid[T any](w *WindowWrap[T], now, span int64) bool {
 	// One unsigned compare covers both bounds: a start after now wraps to a
 	// huge difference.
-	return uint64(now-w.start) < uint64(span)
+	return uint64(now-w.Start()) < uint64(span)
 }
 
 // Within yields the buckets valid at now over the trailing span, in slot
@@ -325,7 +376,7 @@ func (a *LeapArray[T]) Previous(now int64) *WindowWrap[T] {
 		return nil
 	}
 	w := a.slots[a.indexOf(prev)].Load()
-	if w.start != a.startOf(prev) {
+	if w.Start() != a.startOf(prev) {
 		return nil
 	}
 	return w
@@ -342,7 +393,7 @@ func (a *LeapArray[T]) Previous(now int64) *WindowWrap[T] {
 // loop, writing again on every turn, until the slot store lands.
 func (a *LeapArray[T]) retiredFrom(w *WindowWrap[T]) bool {
 	s := a.slots[w.slot].Load()
-	return s != w && s.start > w.start
+	return s != w && s.Start() > w.Start()
 }
 
 // Head returns the newest bucket ever made, or a placeholder whose start no

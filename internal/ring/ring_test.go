@@ -229,7 +229,8 @@ func TestNewestNotYetInItsSlotIsNotRetired(t *testing.T) {
 	bl := a.BucketLen()
 	old := a.Current(0)
 	a.Current(bl)
-	next := &WindowWrap[counter]{start: 2 * bl, slot: 0}
+	next := &WindowWrap[counter]{slot: 0}
+	next.start.Store(2 * bl)
 	a.newest.Store(next) // rotate's first store; the slot store has not landed
 	require.Same(t, next, a.Current(2*bl), "Current hands out the new bucket")
 	assert.False(t, a.retiredFrom(next), "a bucket about to enter its slot is not retired")
