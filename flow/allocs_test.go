@@ -284,3 +284,37 @@ func TestWarmUpAllocatesNothing(t *testing.T) {
 		})
 	}
 }
+
+// Traffic that moves through time allocates nothing on any kind of rule
+// once every window has gone round (its buckets and a spare made): each
+// rotation reuses the bucket the previous one retired.
+func TestRotationsAllocateNothingOnEveryKind(t *testing.T) {
+	clock := stattest.NewClock(time.Second)
+	e, err := New(WithClock(clock), WithTokenSource(stubSource))
+	require.NoError(t, err)
+	e.sleep = func(context.Context, time.Duration) error { return nil }
+	rules := everyKind()
+	load(t, e, rules...)
+	seen := map[string]bool{}
+	for _, r := range rules {
+		if seen[r.Resource] {
+			continue
+		}
+		seen[r.Resource] = true
+		var opts []EntryOption
+		if r.PerKey {
+			opts = []EntryOption{WithKey("k")}
+		}
+		step := func() {
+			clock.Advance(100 * time.Millisecond)
+			if en, err := e.Entry(r.Resource, opts...); err == nil {
+				en.Exit(nil)
+			}
+		}
+		// Past the minute window and every rule's window, and their spares.
+		for range 700 {
+			step()
+		}
+		assert.Zero(t, testing.AllocsPerRun(300, step), "%s: 30 s of traffic, every bucket rotating", r.Resource)
+	}
+}

@@ -27,23 +27,21 @@ type Reservation struct {
 	s *stripe
 	// n is the count admitted, or for a refusal the count seen.
 	n int64
+	// start and g are the start and the generation word of b when it
+	// counted the admission: b may be reused later (see Generations).
+	start, g int64
 }
 
 // Start returns the start of the bucket the admission was counted in. A
 // caller whose now was behind the newest bucket was counted there (see
 // leaparray on clamping); max(now, Start()) is when its pass happened.
 // Zero when refused.
-func (r Reservation) Start() int64 {
-	if r.b == nil {
-		return 0
-	}
-	return r.b.Start()
-}
+func (r Reservation) Start() int64 { return r.start }
 
 // Holds reports whether the admission's bucket holds instant t: the
 // admission counts at t in its window.
 func (r Reservation) Holds(t int64) bool {
-	return r.b != nil && t >= r.b.Start() && t < r.b.Start()+r.w.arr.BucketLen()
+	return r.b != nil && t >= r.start && t < r.start+r.w.arr.BucketLen()
 }
 
 // Held reports whether r holds an admission (not refused, not cancelled).
@@ -66,30 +64,63 @@ func (r Reservation) Seen() int64 {
 // its bucket, for any stripe to admit against, unless a request on its
 // stripe took it meanwhile: left in the stripe's lease, only that
 // stripe's requests could use it, and a window of a small threshold would
-// refuse callers within it.
+// refuse callers within it. Once the bucket froze, it comes off its frozen
+// count; once it retired, off its hand-over.
 func (r *Reservation) Cancel() {
-	if r.b != nil {
-		u := r.s.c[stripeUsed].Add(-r.n)
-		r.w.backOut(r.b, u, r.n)
-		if !sealed(u) {
-			unlease(r.b, r.s, r.n)
+	if r.b == nil {
+		return
+	}
+	if r.b.Start() != r.start {
+		// Reused since: what it counted was handed over.
+		r.w.corrected(r.start, r.n)
+		*r = Reservation{}
+		return
+	}
+	used := &r.s.c[stripeUsed]
+	for {
+		v := used.Load()
+		switch {
+		case inGen(v, r.g):
+			if !used.CompareAndSwap(v, v-r.n) {
+				continue
+			}
+			unlease(r.b, r.s, r.g, r.n)
+		case sealedIn(v, r.g):
+			r.w.backOut(r.b, r.start, r.g, r.n)
+		default:
+			r.w.corrected(r.start, r.n)
 		}
 		*r = Reservation{}
+		return
 	}
 }
 
-// unlease gives n unused tokens of stripe s's lease back to bucket b,
-// unless requests on s use them meanwhile: the stripe's lease shrinks
-// first, and if what its requests used no longer fits (or the bucket
-// froze: its used word is sealed), it grows back and keeps them. A request
-// on s that finds the lease short in between takes a lease of its own.
-func unlease(b *ring.WindowWrap[bucket], s *stripe, n int64) {
+// unlease gives n unused tokens of stripe s's lease in generation g back
+// to bucket b, unless requests on s use them meanwhile: the stripe's lease
+// shrinks first, and if what its requests used no longer fits (or the
+// bucket froze: its used word is sealed), it grows back and keeps them. A
+// request on s that finds the lease short in between takes a lease of its
+// own. Nothing is given back once the bucket was reused: its budget went
+// with its generation.
+func unlease(b *ring.WindowWrap[bucket], s *stripe, g, n int64) {
 	taken, used := &s.c[stripeTaken], &s.c[stripeUsed]
-	if t := taken.Add(-n); used.Load() <= t {
-		b.Value.granted.Add(-n)
+	for {
+		t := taken.Load()
+		if !inGen(t, g) {
+			return
+		}
+		if !taken.CompareAndSwap(t, t-n) {
+			continue
+		}
+		// Both words of generation g: their values compare as counts, and
+		// a sealed used word is above any lease.
+		if used.Load() <= t-n {
+			addIn(&b.Value.granted, g, -n)
+			return
+		}
+		addIn(taken, g, n)
 		return
 	}
-	taken.Add(n)
 }
 
 // Admit is Reserve returning the admission: the bucket it was counted in,
@@ -108,6 +139,7 @@ const (
 
 // AdmitOn is Admit with a stripe hint (see AddOn).
 func (w *Window) AdmitOn(p int, now, n, threshold int64) (Reservation, bool) {
+	threshold = min(threshold, MaxCount)
 	if n <= 0 || n > threshold {
 		return Reservation{}, false
 	}
@@ -115,28 +147,36 @@ func (w *Window) AdmitOn(p int, now, n, threshold int64) (Reservation, bool) {
 	a := &w.arr
 	for {
 		b := a.Head()
-		if now >= b.Start()+a.BucketLen() {
+		start := b.Start()
+		if now >= start+a.BucketLen() {
 			b = a.Current(now)
+			start = b.Start()
 		}
+		g := b.Value.gen.Load()
 		s := b.Value.stripeOn(p)
 		used, taken := &s.c[stripeUsed], &s.c[stripeTaken]
 		// Fast path: the stripe's lease covers n. Admitted iff used stays
-		// within taken after our add and the bucket is still the newest (a
-		// rotation sums this bucket's passes after publishing the next).
-		// A frozen bucket's used word is sealed, far above any lease.
-		if used.Load()+n <= taken.Load() {
-			v := used.Add(n)
-			if v <= taken.Load() && a.Newest(b) {
-				return Reservation{w: w, b: b, s: s, n: n}, true
+		// within taken after our add and the bucket is still the newest,
+		// in the generation we read (a rotation sums this bucket's passes
+		// after publishing the next; a reuse gives it a later start). A
+		// frozen bucket's used word is sealed, far above any lease.
+		if u := used.Load(); inGen(u, g) {
+			if u+n <= taken.Load() {
+				if !used.CompareAndSwap(u, u+n) {
+					continue
+				}
+				if u+n <= taken.Load() && a.Newest(b) && b.Start() == start {
+					return Reservation{w: w, b: b, s: s, n: n, start: start, g: g}, true
+				}
+				w.takeBack(b, used, start, g, n)
+				if !a.Newest(b) || b.Start() != start {
+					continue
+				}
 			}
-			if u := used.Add(-n); !sealed(v) {
-				w.backOut(b, u, n)
-			}
-			if !a.Newest(b) {
-				continue
-			}
+		} else if !a.Newest(b) || b.Start() != start {
+			continue // frozen or reused: retry on the newest bucket
 		}
-		if seen, ok := w.lease(b, s, max(now, b.Start()), n, threshold); !ok {
+		if seen, ok := w.lease(b, s, start, g, n, threshold); !ok {
 			return Reservation{n: seen}, false
 		}
 		// The stripe holds a fresh lease; take n from it.
@@ -144,33 +184,40 @@ func (w *Window) AdmitOn(p int, now, n, threshold int64) (Reservation, bool) {
 }
 
 // lease moves at least n tokens from bucket b's budget to stripe s, if the
-// window has room. When it has none it reports false and what it held.
-func (w *Window) lease(b *ring.WindowWrap[bucket], s *stripe, now, n, threshold int64) (int64, bool) {
+// window has room, in generation g of b (start its start then). When it has
+// none it reports false and what it held.
+func (w *Window) lease(b *ring.WindowWrap[bucket], s *stripe, start, g, n, threshold int64) (int64, bool) {
 	a := &w.arr
 	for {
 		base := b.Value.base.Load()
-		if base < 0 {
-			// First lease in this bucket: sum the rest of its window once.
-			base = w.passExcept(now, b)
-			if !b.Value.base.CompareAndSwap(-1, base) {
+		for base < 0 {
+			// First lease in this bucket: sum the rest of its window once,
+			// for the start its unknown base stands for.
+			v := w.passExcept(baseStart(base), b)
+			if b.Value.base.CompareAndSwap(base, v) {
+				base = v
+			} else {
 				base = b.Value.base.Load()
 			}
 		}
 		epoch := a.Epoch()
 		var l int64
 		for {
-			g := b.Value.granted.Load()
-			room := threshold - base - g - b.Value.directSum() - a.Pending()
+			gr := b.Value.granted.Load()
+			if !inGen(gr, g) {
+				return 0, true // reused: the caller moves to the newest bucket
+			}
+			room := threshold - base - countOf(gr) - b.Value.directSum() - a.Pending()
 			if room < n {
-				if b.Value.spread.Load() && w.reclaim(b) {
+				if b.Value.spread.Load() && w.reclaim(b, g) {
 					continue // the leases' unused tokens are the bucket's again
 				}
 				// No room; unless a rotation made b old, when the caller
 				// retries on the newest bucket.
-				return threshold - room, !a.Newest(b)
+				return threshold - room, !a.Newest(b) || b.Start() != start
 			}
 			l = min(max(n, room/(leaseShare*int64(len(b.Value.stripes)))), max(n, maxLease))
-			if b.Value.granted.CompareAndSwap(g, g+l) {
+			if b.Value.granted.CompareAndSwap(gr, gr+l) {
 				break
 			}
 			// Lost to another lease on this bucket; re-read and re-check.
@@ -178,8 +225,10 @@ func (w *Window) lease(b *ring.WindowWrap[bucket], s *stripe, now, n, threshold 
 		// A borrow that started after our epoch load may have summed the
 		// counts without our lease; a rotation may have summed this bucket
 		// without it. Either way give it back and decide again.
-		if a.Epoch() == epoch && a.Newest(b) {
-			s.c[stripeTaken].Add(l)
+		if a.Epoch() == epoch && a.Newest(b) && b.Start() == start {
+			if !addIn(&s.c[stripeTaken], g, l) {
+				return 0, true // reused meanwhile, its budget gone with it
+			}
 			// After the lease is the stripe's: a sweep that clears the
 			// mark first sees it.
 			if l > n && !b.Value.spread.Load() {
@@ -187,27 +236,33 @@ func (w *Window) lease(b *ring.WindowWrap[bucket], s *stripe, now, n, threshold 
 			}
 			return 0, true
 		}
-		b.Value.granted.Sub(l)
-		if !a.Newest(b) {
+		addIn(&b.Value.granted, g, -l)
+		if !a.Newest(b) || b.Start() != start {
 			return 0, true // the caller moves to the newest bucket
 		}
 	}
 }
 
 // reclaim gives back to bucket b the tokens that stripes hold leased and
-// unused, unless their requests use them meanwhile (see unlease), for a
-// request that found no room: a caller whose goroutine moved to another P
-// would otherwise be refused while its old P's stripe holds what the
-// window has left. It reports whether it swept (once per spread of leases,
-// so that a full window's refusals stay one load).
-func (w *Window) reclaim(b *ring.WindowWrap[bucket]) bool {
+// unused in generation g, unless their requests use them meanwhile (see
+// unlease), for a request that found no room: a caller whose goroutine
+// moved to another P would otherwise be refused while its old P's stripe
+// holds what the window has left. It reports whether it swept (once per
+// spread of leases, so that a full window's refusals stay one load).
+func (w *Window) reclaim(b *ring.WindowWrap[bucket], g int64) bool {
 	if !b.Value.spread.CompareAndSwap(true, false) {
+		return false
+	}
+	if b.Value.gen.Load() != g {
+		// The mark was the next generation's: leave it set.
+		b.Value.spread.Store(true)
 		return false
 	}
 	for i := range b.Value.stripes {
 		s := &b.Value.stripes[i]
-		if spare := s.c[stripeTaken].Load() - s.c[stripeUsed].Load(); spare > 0 {
-			unlease(b, s, spare)
+		t, u := s.c[stripeTaken].Load(), s.c[stripeUsed].Load()
+		if spare := t - u; inGen(t, g) && inGen(u, g) && spare > 0 {
+			unlease(b, s, g, spare)
 		}
 	}
 	return true
@@ -230,14 +285,14 @@ func (w *Window) passExcept(now int64, b *ring.WindowWrap[bucket]) int64 {
 // admission is folded into the bucket as Pass and OccupiedPass when it
 // becomes current.
 func (w *Window) Borrow(now, n, threshold int64, maxWait time.Duration) (time.Duration, bool) {
-	wait, ok := w.arr.Borrow(now, n, threshold, int64(maxWait))
+	wait, ok := w.arr.Borrow(now, n, min(threshold, MaxCount), int64(maxWait))
 	return time.Duration(wait), ok
 }
 
 // BorrowAt is Borrow that also returns the start of the bucket borrowed
 // from, for Unborrow.
 func (w *Window) BorrowAt(now, n, threshold int64, maxWait time.Duration) (start int64, wait time.Duration, ok bool) {
-	start, d, ok := w.arr.BorrowAt(now, n, threshold, int64(maxWait))
+	start, d, ok := w.arr.BorrowAt(now, n, min(threshold, MaxCount), int64(maxWait))
 	return start, time.Duration(d), ok
 }
 
@@ -249,6 +304,7 @@ func (w *Window) BorrowAt(now, n, threshold int64, maxWait time.Duration) (start
 // the bucket of its arrival.
 func (w *Window) AdmitAt(p int, now, at, n, threshold int64) (r Reservation, start int64, borrowed, ok bool) {
 	now = max(now, 0)
+	threshold = min(threshold, MaxCount)
 	a := &w.arr
 	bl := a.BucketLen()
 	for range 2 {
@@ -290,6 +346,13 @@ func (w *Window) Unborrow(start, n int64) (folded bool) {
 	for b := range w.arr.Buckets(s, s+1) {
 		into = b
 	}
+	var g int64
+	if into != nil {
+		g = into.Value.gen.Load()
+		if into.Start() != s {
+			into = nil // reused since: its counts were handed over
+		}
+	}
 	if into == nil {
 		// The bucket left the ring, its counts handed over: the
 		// correction follows them.
@@ -303,13 +366,15 @@ func (w *Window) Unborrow(start, n int64) (folded bool) {
 	// on the stripe takes the pass's place in it meanwhile; then the pass
 	// (out of the frozen passes if a newer bucket froze this one); then
 	// the grant, so the room is the bucket's again, not the stripe's.
+	// Each in the generation read: once the bucket is reused, what it
+	// counted was handed over, and the correction follows.
 	s0 := &into.Value.stripes[0]
-	s0.c[stripeTaken].Add(-n)
-	w.backOut(into, s0.c[stripeUsed].Add(-n), n)
-	into.Value.granted.Add(-n)
-	if sealed(into.Value.occupied.Add(-n)) && w.handover != nil {
+	addIn(&s0.c[stripeTaken], g, -n)
+	w.takeBack(into, &s0.c[stripeUsed], s, g, n)
+	addIn(&into.Value.granted, g, -n)
+	if !addIn(&into.Value.occupied, g, -n) && w.handover != nil {
 		// Already handed over: the correction follows it.
-		w.handover(into.Start(), Counts{Occupied: -n, MinRT: -1})
+		w.handover(s, Counts{Occupied: -n, MinRT: -1})
 	}
 	return true
 }

@@ -1,6 +1,8 @@
 package window
 
 import (
+	stdatomic "sync/atomic"
+
 	"go.uber.org/atomic"
 
 	"github.com/leapflow/leapflow/internal/cpu"
@@ -31,20 +33,98 @@ var stripeOf = [numEvents]int{Block: stripeBlock, Success: stripeSuccess, Except
 // the ring) the frozen words are sealed the same way and handed over. A
 // writer that raced the rotation learns from the value its own add returns
 // whether it landed before the seal (it is counted there) or after (it is
-// not, and the writer makes it again on the newest bucket). A word
-// reads as sealed from sealBit/2 up, so counts may be anywhere in
+// not, and the writer makes it again on the newest bucket). An untagged
+// word reads as sealed from sealBit/2 up, so counts may be anywhere in
 // (-sealBit/2, sealBit/2): a correction may take a word below zero.
 const sealBit = 1 << 62
 
-// load reads a counter word without its seal, in a few branchless
-// instructions (window sums run it per stripe).
+// load reads an untagged counter word without its seal, in a few
+// branchless instructions (window sums run it per stripe).
 func load(c *atomic.Int64) int64 {
 	v := c.Load()
 	return v - (v+sealBit/2)&sealBit
 }
 
-// sealed reports whether v, a value an add returned, landed after the seal.
+// sealed reports whether v, a value an add to an untagged word returned,
+// landed after the seal.
 func sealed(v int64) bool { return v >= sealBit/2 }
+
+// # Generations
+//
+// A window reuses its buckets: a rotation resets the bucket leaving a slot
+// and puts it back for the new start, so that steady traffic allocates
+// nothing. A caller that loaded the bucket before the reset may still
+// write to it after. Two kinds of word tell such writes apart:
+//
+//   - Untagged words (block, success, exception, RT and their frozen
+//     sums) only count statistics. A reset zeroes them after the retire
+//     sealed them: a late add that lands before the zeroing finds the seal
+//     and is made again on the newest bucket; one that lands after counts
+//     in the reused bucket, which is then the newest (or, once superseded,
+//     sealed again), as a late writer clamped to the newest bucket would.
+//   - Tagged words (the admission words used, taken and granted, the
+//     direct and occupied passes and the frozen passes) decide admissions
+//     and take corrections, so every write to them must land in the
+//     generation its writer read. They hold the bucket's generation tag
+//     above a biased count, and are only written by compare-and-swap
+//     against a value of the writer's generation: a write meant for an
+//     older generation fails, and the writer learns that the bucket
+//     retired (its counts handed over) instead.
+//
+// A tagged word is sealBit (frozen, or retired for the frozen words) | tag
+// << countBits | count + countBias. The generation word gen holds the tag
+// of the current generation over a zero count: the value every tagged word
+// is reset to.
+//
+// Tags are 12 bits: a write of an older generation must fail, and every
+// writer that can be arbitrarily late (a Cancel) first checks the bucket's
+// start, which changes with every reuse, so a tag only has to tell apart
+// the generations a bucket goes through between that check and the write.
+const (
+	countBits = 50
+	countBias = 1 << (countBits - 1)
+	countMask = 1<<countBits - 1
+	// tagMask keeps a tag below sealBit.
+	tagMask = 1<<(62-countBits) - 1
+	// MaxCount bounds the passes a bucket counts (2^49 - 1): counts stay
+	// within (-MaxCount, MaxCount). Admission caps a threshold there.
+	MaxCount = countBias - 1
+)
+
+// countOf returns the count a tagged word's value holds.
+func countOf(v int64) int64 { return v&countMask - countBias }
+
+// loadT reads a tagged word's count.
+func loadT(c *atomic.Int64) int64 { return countOf(c.Load()) }
+
+// inGen reports whether v, a tagged word's value, is of generation g (a
+// gen word) and not sealed.
+func inGen(v, g int64) bool { return (v^g)>>countBits == 0 }
+
+// sealedIn reports whether v is of generation g and sealed.
+func sealedIn(v, g int64) bool { return (v^g)>>countBits == sealBit>>countBits }
+
+// nextGen returns the generation word after g.
+func nextGen(g int64) int64 {
+	return ((g>>countBits+1)&tagMask)<<countBits | countBias
+}
+
+// tagged reports whether stripe word i is tagged.
+func tagged(i int) bool { return i == stripeUsed || i == stripeTaken || i == stripeDirect }
+
+// addIn adds n to tagged word c if it is of generation g and not sealed,
+// and reports whether it did.
+func addIn(c *atomic.Int64, g, n int64) bool {
+	for {
+		v := c.Load()
+		if !inGen(v, g) {
+			return false
+		}
+		if c.CompareAndSwap(v, v+n) {
+			return true
+		}
+	}
+}
 
 // stripe holds one P's share of a bucket's counters, alone on its cache
 // line: everything a request writes on its way in and out.
@@ -72,16 +152,22 @@ type bucket struct {
 	// Read-mostly: set before the bucket is published, except base, which
 	// the first lease sets once.
 	stripes []stripe
-	mask    int
-	// base caches the Pass of the other buckets in this bucket's window
-	// (-1 until known). While this bucket is current that set of buckets is
-	// fixed, and none of them can gain a pass once this bucket is published
-	// (see Window.Admit), so admission needs no walk over the ring.
-	base atomic.Int64
+	mask    int32
 	// direct is set once the bucket counts a pass without admission, so
 	// that leasing (which must count those) only then reads every stripe:
 	// a read of other Ps' lines on every refusal would bounce them.
-	direct atomic.Bool
+	// (The standard library's Bool: four bytes, where go.uber.org/atomic's
+	// takes eight and would push min RT off the line.)
+	direct stdatomic.Bool
+	// gen is the generation word: the current generation's tag over a zero
+	// count (see Generations). A reset changes it before any other word.
+	gen atomic.Int64
+	// base caches the Pass of the other buckets in this bucket's window
+	// (baseUnknown of the bucket's start until known). While this bucket
+	// is current that set of buckets is fixed, and none of them can gain
+	// a pass once this bucket is published (see Window.Admit), so
+	// admission needs no walk over the ring.
+	base atomic.Int64
 	// rest caches, while this bucket is the newest, the frozen passes of
 	// the rest of its window (see Reader.Sum), or holds sumUnknown or the
 	// token of a fill in progress (both negative).
@@ -116,34 +202,63 @@ type bucket struct {
 	_      [cpu.CacheLine - 8 - (RT+1)*8 - 4]byte
 }
 
-func (b *bucket) init(stripes int) {
+// baseUnknown is the base of a bucket starting at start until a lease
+// sums it: negative, and different for every start the bucket is given,
+// so that a lease computing the base of one generation cannot store it
+// into the next.
+func baseUnknown(start int64) int64 { return -2 - start }
+
+// baseStart returns the start a baseUnknown value stands for.
+func baseStart(v int64) int64 { return -2 - v }
+
+func (b *bucket) init(start int64, stripes int) {
 	b.stripes = make([]stripe, stripes)
-	b.mask = stripes - 1
-	b.base.Store(-1)
+	b.mask = int32(stripes - 1)
+	b.gen.Store(countBias)
+	b.clear(start, countBias)
+}
+
+// reuse resets a retired bucket for start, in a new generation. It runs
+// under the rotation lock, while the ring hides the bucket from every time
+// (see ring.Reuse).
+func (b *bucket) reuse(start int64) {
+	g := nextGen(b.gen.Load())
+	b.gen.Store(g) // first: a tagged write of the old generation fails from here on
+	b.clear(start, g)
+}
+
+// clear sets every word to zero in generation g.
+func (b *bucket) clear(start, g int64) {
+	for j := range b.stripes {
+		st := &b.stripes[j]
+		for i := range st.c {
+			if tagged(i) {
+				st.c[i].Store(g)
+			} else {
+				st.c[i].Store(0)
+			}
+		}
+	}
+	b.base.Store(baseUnknown(start))
+	b.direct.Store(false)
 	b.rest.Store(sumUnknown)
+	b.minRT.Store(0)
+	b.granted.Store(g)
+	b.occupied.Store(g)
+	b.spread.Store(false)
+	b.maxConc.Store(0)
+	for e := range b.fz {
+		b.fz[e].Store(0)
+	}
+	b.fz[Pass].Store(g)
+	b.frozen.Store(false)
 }
 
 // stripeOn returns the stripe for hint p (a P index from Pin; any value is
 // correct, the caller's P is fastest).
-func (b *bucket) stripeOn(p int) *stripe { return &b.stripes[p&b.mask] }
+func (b *bucket) stripeOn(p int) *stripe { return &b.stripes[p&int(b.mask)] }
 
-// addOn adds n to event e on stripe p and returns the word's new value (see
-// sealed).
-func (b *bucket) addOn(p int, e Event, n int64) int64 {
-	switch e {
-	case Pass:
-		if !b.direct.Load() {
-			b.direct.Store(true)
-		}
-		return b.stripeOn(p).c[stripeDirect].Add(n)
-	case OccupiedPass:
-		return b.occupied.Add(n)
-	default:
-		return b.stripeOn(p).c[stripeOf[e]].Add(n)
-	}
-}
-
-// sum adds word i over the stripes.
+// sum adds untagged word i over the stripes.
 func (b *bucket) sum(i int) int64 {
 	var s int64
 	for j := range b.stripes {
@@ -152,10 +267,19 @@ func (b *bucket) sum(i int) int64 {
 	return s
 }
 
+// sumT adds tagged word i over the stripes.
+func (b *bucket) sumT(i int) int64 {
+	var s int64
+	for j := range b.stripes {
+		s += loadT(&b.stripes[j].c[i])
+	}
+	return s
+}
+
 // passes returns the bucket's passes: admitted and added directly.
 func (b *bucket) passes() int64 {
 	if b.frozen.Load() {
-		return load(&b.fz[Pass])
+		return loadT(&b.fz[Pass])
 	}
 	return b.livePasses()
 }
@@ -165,7 +289,7 @@ func (b *bucket) livePasses() int64 {
 	var s int64
 	for j := range b.stripes {
 		st := &b.stripes[j]
-		s += load(&st.c[stripeUsed]) + load(&st.c[stripeDirect])
+		s += loadT(&st.c[stripeUsed]) + loadT(&st.c[stripeDirect])
 	}
 	return s
 }
@@ -174,25 +298,25 @@ func (b *bucket) livePasses() int64 {
 func (b *bucket) get(e Event) int64 {
 	switch {
 	case e == OccupiedPass:
-		return load(&b.occupied)
-	case b.frozen.Load():
-		return load(&b.fz[e])
+		return loadT(&b.occupied)
 	case e == Pass:
 		return b.passes()
+	case b.frozen.Load():
+		return load(&b.fz[e])
 	}
 	return b.sum(stripeOf[e])
 }
 
 // committed is what the bucket holds against a threshold: everything leased
 // out plus passes added directly. It is at least get(Pass).
-func (b *bucket) committed() int64 { return b.granted.Load() + b.directSum() }
+func (b *bucket) committed() int64 { return loadT(&b.granted) + b.directSum() }
 
 // directSum is the passes added without admission.
 func (b *bucket) directSum() int64 {
 	if !b.direct.Load() {
 		return 0
 	}
-	return b.sum(stripeDirect)
+	return b.sumT(stripeDirect)
 }
 
 // updateMinRT lowers the bucket's minimum RT to rt if rt is smaller.
@@ -257,7 +381,11 @@ func (b *bucket) freeze() {
 	for j := range b.stripes {
 		st := &b.stripes[j]
 		for _, i := range sealedWords {
-			w[i] += st.c[i].Add(sealBit) - sealBit
+			v := st.c[i].Add(sealBit) - sealBit
+			if tagged(i) {
+				v = countOf(v)
+			}
+			w[i] += v
 		}
 	}
 	b.fz[Pass].Add(w[stripeUsed] + w[stripeDirect])
@@ -275,9 +403,9 @@ func (b *bucket) freeze() {
 // the seal orders (CompleteOn), so those that landed before it are seen.
 func (b *bucket) seal() Counts {
 	c := Counts{
-		Pass: b.fz[Pass].Add(sealBit) - sealBit, Block: b.fz[Block].Add(sealBit) - sealBit,
+		Pass: countOf(b.fz[Pass].Add(sealBit)), Block: b.fz[Block].Add(sealBit) - sealBit,
 		Success: b.fz[Success].Add(sealBit) - sealBit, Exception: b.fz[Exception].Add(sealBit) - sealBit,
-		RT: b.fz[RT].Add(sealBit) - sealBit, Occupied: b.occupied.Add(sealBit) - sealBit,
+		RT: b.fz[RT].Add(sealBit) - sealBit, Occupied: countOf(b.occupied.Add(sealBit)),
 		MinRT: -1, MaxConcurrency: b.maxConcurrency(),
 	}
 	if v, ok := b.lowestRT(); ok {

@@ -1,6 +1,8 @@
 package window
 
 import (
+	"go.uber.org/atomic"
+
 	"github.com/leapflow/leapflow/internal/cpu"
 	"github.com/leapflow/leapflow/internal/ring"
 )
@@ -19,20 +21,50 @@ func WithHandover(fn func(start int64, c Counts)) Option {
 	return func(c *config) { c.handover = fn }
 }
 
-// backOut finishes taking back n passes from bucket b, given the value the
-// taking back returned. If b froze in between, its frozen count holds the
-// passes: take them back there. If it also retired, its hand-over counted
-// them: correct that.
-func (w *Window) backOut(b *ring.WindowWrap[bucket], v, n int64) {
-	if !sealed(v) {
+// takeBack takes back n passes that a writer of generation g (gen word)
+// added to tagged stripe word c (used or direct) of bucket b, which then
+// started at start. If the bucket is still in that generation and not
+// frozen, they come off the word. If it froze since, its frozen passes
+// hold them: they come off there (backOut). If it was reset since, its
+// hand-over counted them: the correction follows it.
+func (w *Window) takeBack(b *ring.WindowWrap[bucket], c *atomic.Int64, start, g, n int64) {
+	for {
+		v := c.Load()
+		switch {
+		case inGen(v, g):
+			if !c.CompareAndSwap(v, v-n) {
+				continue
+			}
+		case sealedIn(v, g):
+			w.backOut(b, start, g, n)
+		default:
+			w.corrected(start, n)
+		}
 		return
 	}
-	if sealed(b.Value.fz[Pass].Add(-n)) && w.handover != nil {
-		w.handover(b.Start(), Counts{Pass: -n, MinRT: -1})
+}
+
+// backOut takes back n passes of generation g that bucket b, which then
+// started at start, counted when it froze: out of its frozen passes, or,
+// once it retired (its frozen passes sealed and handed over, or the bucket
+// reused), out of its hand-over.
+func (w *Window) backOut(b *ring.WindowWrap[bucket], start, g, n int64) {
+	if !addIn(&b.Value.fz[Pass], g, -n) {
+		w.corrected(start, n)
+		return
 	}
 	// The frozen rest cached in the head may hold the passes: clear it.
 	// A fill that read the count before our add has not stored yet (it
 	// then fails) or has (we clear it); one that starts later reads it.
+	w.arr.Head().Value.rest.Store(sumUnknown)
+}
+
+// corrected hands over the taking back of n passes from the retired bucket
+// that started at start.
+func (w *Window) corrected(start, n int64) {
+	if w.handover != nil {
+		w.handover(start, Counts{Pass: -n, MinRT: -1})
+	}
 	w.arr.Head().Value.rest.Store(sumUnknown)
 }
 

@@ -53,7 +53,7 @@ func (w *Window) restOf(head *ring.WindowWrap[bucket]) (rest int64, final bool) 
 		switch {
 		case x == head:
 		case x.Value.frozen.Load():
-			rest += load(&x.Value.fz[Pass])
+			rest += loadT(&x.Value.fz[Pass])
 		default: // superseded, its freeze under way
 			final = false
 			rest += x.Value.livePasses()
@@ -122,7 +122,7 @@ func (r *Reader) Sum(now int64, e Event) int64 {
 		for b := range a.Within(now, r.span) {
 			// passes, by hand: the call would not inline.
 			if v := &b.Value; v.frozen.Load() {
-				sum += load(&v.fz[Pass])
+				sum += loadT(&v.fz[Pass])
 			} else {
 				sum += v.livePasses()
 			}

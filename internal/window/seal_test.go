@@ -58,7 +58,7 @@ func TestFreezeAndSealStep(t *testing.T) {
 	assert.Equal(t, int64(10), w.Sum(999*ms, Pass))
 	// A writer that still held it finds the seal and its add is not counted
 	// there (Window's writers make it again on the newest bucket).
-	assert.True(t, sealed(old.Value.addOn(1, Success, 1)))
+	assert.True(t, sealed(old.Value.stripeOn(1).c[stripeSuccess].Add(1)))
 	assert.Equal(t, int64(4), old.Value.get(Success))
 	// A cancel takes its passes back from the frozen count.
 	early.Cancel()
@@ -78,6 +78,14 @@ func TestFreezeAndSealStep(t *testing.T) {
 	require.Len(t, got, 2)
 	assert.Equal(t, Counts{Pass: -3, MinRT: -1}, got[1])
 	assert.Equal(t, int64(0), starts[1])
+
+	// The next rotation reuses the retired bucket, reset, for its start.
+	w.Add(1500*ms, Block, 1)
+	require.Same(t, old, w.arr.Current(1500*ms), "the retired bucket is reset for the new start")
+	assert.Equal(t, 1500*ms, old.Start())
+	for e, want := range map[Event]int64{Pass: 0, Block: 1, Success: 0, Exception: 0, RT: 0, OccupiedPass: 0} {
+		assert.Equal(t, want, old.Value.get(e), "%v: the new generation starts empty", e)
+	}
 }
 
 // TestHandOverIsExactUnderRotation hammers a window whose buckets retire

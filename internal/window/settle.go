@@ -32,7 +32,7 @@ func (w *Window) Settle(now int64) {
 
 // active reports whether the bucket counted anything.
 func (b *bucket) active() bool {
-	if b.maxConcurrency() != 0 || load(&b.occupied) != 0 {
+	if b.maxConcurrency() != 0 || loadT(&b.occupied) != 0 {
 		return true
 	}
 	if _, ok := b.lowestRT(); ok {

@@ -55,7 +55,7 @@ func NewWindow(sampleCount int, interval time.Duration, opts ...Option) (*Window
 	w := &Window{handover: c.handover}
 	hooks := ring.Hooks[bucket]{
 		Init: func(start int64, b *bucket) {
-			b.init(stripes)
+			b.init(start, stripes)
 			if c.onNew != nil {
 				c.onNew(start, b)
 			}
@@ -83,6 +83,12 @@ func NewWindow(sampleCount int, interval time.Duration, opts ...Option) (*Window
 	if err != nil {
 		return nil, fmt.Errorf("metric: %w", err)
 	}
+	w.arr.Reuse(func(start int64, b *bucket) {
+		b.reuse(start)
+		if c.onNew != nil {
+			c.onNew(start, b)
+		}
+	})
 	w.Reader = Reader{w: w, span: w.arr.Interval()}
 	return w, nil
 }
@@ -99,6 +105,7 @@ func (w *Window) Clamp(now int64) int64 { return w.arr.Clamp(now) }
 // non-negative. Every count lands exactly once: a write that raced the
 // retirement of its bucket either made it into the bucket's final counts or
 // is made again on the current bucket (see WithHandover).
+// A bucket counts at most MaxCount passes (2^49 - 1).
 // A Pass added here is counted without admission (for windows that only
 // keep statistics); it must land in the newest bucket, or is moved there, and
 // later admissions on the same window count it, though one racing it may not.
@@ -107,6 +114,11 @@ func (w *Window) Add(now int64, e Event, n int64) { w.AddOn(cpu.Pin(), now, e, n
 // AddOn is Add with a stripe hint: the caller's P index (any value is correct).
 func (w *Window) AddOn(p int, now int64, e Event, n int64) {
 	now = max(now, 0) // see ring.Clamp: nothing maps below 0
+	if e == Pass || e == OccupiedPass {
+		w.addPass(p, now, e, n)
+		return
+	}
+	i := stripeOf[e]
 	for {
 		// The ring's Current, its fast path spelled out: the generic call
 		// does not inline (AddOn, CompleteOn and AdmitOn all do this).
@@ -114,15 +126,44 @@ func (w *Window) AddOn(p int, now int64, e Event, n int64) {
 		if now >= b.Start()+w.arr.BucketLen() {
 			b = w.arr.Current(now)
 		}
-		v := b.Value.addOn(p, e, n)
-		if sealed(v) {
-			continue // after the hand-over: make it on the current bucket
+		if !sealed(b.Value.stripeOn(p).c[i].Add(n)) {
+			return
 		}
-		if e != Pass || w.arr.Newest(b) {
+		// After the hand-over: make it on the current bucket.
+	}
+}
+
+// addPass adds n passes (e Pass, on stripe p's direct word) or occupied
+// passes (e OccupiedPass) to the bucket holding now: tagged words, written
+// in the generation the writer read (see Generations).
+func (w *Window) addPass(p int, now int64, e Event, n int64) {
+	a := &w.arr
+	for {
+		b := a.Head()
+		start := b.Start()
+		if now >= start+a.BucketLen() {
+			b = a.Current(now)
+			start = b.Start()
+		}
+		g := b.Value.gen.Load()
+		if e == OccupiedPass {
+			if addIn(&b.Value.occupied, g, n) {
+				return
+			}
+			continue // retired meanwhile: make it on the current bucket
+		}
+		if !b.Value.direct.Load() {
+			b.Value.direct.Store(true)
+		}
+		c := &b.Value.stripeOn(p).c[stripeDirect]
+		if !addIn(c, g, n) {
+			continue // frozen or reused meanwhile
+		}
+		if a.Newest(b) && b.Start() == start {
 			return
 		}
 		// A pass must land in the newest bucket: move it there.
-		w.backOut(b, b.Value.addOn(p, e, -n), n)
+		w.takeBack(b, c, start, g, n)
 	}
 }
 
