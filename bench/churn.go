@@ -30,9 +30,14 @@ type churnResult struct {
 	allocs, bytes float64
 }
 
+// churnWarmUp is the simulated time before a churn measurement: past the
+// minute window of 60 one-second buckets, the longest a resource keeps,
+// and its spare, so that every window has made every bucket it reuses.
+const churnWarmUp = 65
+
 // churn measures cases of n active resources, each taking one request
-// every 100 ms of a simulated clock for seconds (after a warm-up of as
-// many), so that every bucket of every window rotates in its turn.
+// every 100 ms of a simulated clock for seconds (after churnWarmUp
+// seconds), so that every bucket of every window rotates in its turn.
 func churn(cases []churnCase, n, seconds int) ([]churnResult, error) {
 	was := runtime.GOMAXPROCS(0)
 	defer runtime.GOMAXPROCS(was)
@@ -69,7 +74,7 @@ func churn(cases []churnCase, n, seconds int) ([]churnResult, error) {
 				}
 			}
 		}
-		step(seconds) // every window's buckets made once
+		step(churnWarmUp) // every window's buckets made once
 		var before, after runtime.MemStats
 		runtime.GC()
 		runtime.ReadMemStats(&before)
@@ -84,9 +89,9 @@ func churn(cases []churnCase, n, seconds int) ([]churnResult, error) {
 // churnSection prints what bucket rotations allocate as resources stay
 // active, at GOMAXPROCS 2 and 64 (stripes per bucket).
 func churnSection(cfg config, w io.Writer) error {
-	n, seconds := 1000, 20
+	n, seconds := 1000, 60
 	if cfg.quick {
-		n, seconds = 200, 5
+		n, seconds = 200, 10
 	}
 	var cases []churnCase
 	for _, procs := range []int{2, 64} {
@@ -99,10 +104,10 @@ func churnSection(cfg config, w io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(w, "Churn: %d resources, each one request every 100 ms of a simulated clock for %d s, after %d s of warm-up:\n"+
-		"heap allocations and bytes per active resource per second (bucket rotations, in steady state).\n\n", n, seconds, seconds)
+		"heap allocations and bytes per active resource per second (bucket rotations, in steady state).\n\n", n, seconds, churnWarmUp)
 	printed(w, []string{"GOMAXPROCS", "rule", "allocs/resource/s", "allocs/resource/min", "bytes/resource/s"}, func(row func(...string)) {
 		for _, r := range res {
-			row(fmt.Sprint(r.procs), r.rule, fmt.Sprintf("%.2f", r.allocs), fmt.Sprintf("%.0f", 60*r.allocs), fmt.Sprintf("%.0f", r.bytes))
+			row(fmt.Sprint(r.procs), r.rule, fmt.Sprintf("%.2f", r.allocs), fmt.Sprintf("%.3f", 60*r.allocs), fmt.Sprintf("%.0f", r.bytes))
 		}
 	})
 	fmt.Fprintln(w, "\nTarget (issue 31): under 1 allocation per active resource per minute.")
