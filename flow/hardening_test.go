@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/atomic"
 
+	"github.com/leapflow/leapflow/internal/window"
 	"github.com/leapflow/leapflow/stat"
 	"github.com/leapflow/leapflow/stat/stattest"
 )
@@ -55,6 +56,7 @@ func TestThresholdAndCountBounds(t *testing.T) {
 			assert.Equal(t, 1, re.Index)
 		}
 	}
+	assert.LessOrEqual(t, perWindow(maxThreshold, time.Hour), int64(window.MaxCount), "the largest window fits a bucket's count")
 	load(t, e, Rule{Resource: "max", Threshold: maxThreshold, StatInterval: time.Hour}, Rule{Resource: "conc", Metric: Concurrency, Threshold: 5})
 	for range 2 {
 		en, err := e.Entry("max", WithCount(maxCount))

@@ -193,8 +193,8 @@ const maxBurst = 1 << 30
 const maxGCRARefill = 30 * 24 * time.Hour
 
 // maxThreshold is the largest Threshold a rule accepts: a trillion a second
-// (or in flight) is beyond any real limit, and keeps every counter of an
-// hour-long window far from the top of its 64-bit word.
+// (or in flight) is beyond any real limit, and an hour-long window of it
+// (3.6e15) fits what a bucket counts (window.MaxCount, about 9e15).
 const maxThreshold = 1e12
 
 // minPacedRate is the smallest non-zero Threshold of a throttling rule: one

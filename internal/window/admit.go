@@ -24,13 +24,31 @@ func (w *Window) Reserve(now, n, threshold int64) bool {
 type Reservation struct {
 	w *Window
 	b *ring.WindowWrap[bucket] // nil when refused
-	s *stripe
-	// n is the count admitted, or for a refusal the count seen.
+	// start is b's start when it counted the admission: b may be reused
+	// later (see Generations).
+	start int64
+	// n is the count admitted, with the index of its stripe from bit
+	// stripeShift up, or for a refusal the count seen. (Four words: a
+	// larger struct is no longer kept in registers, and every admission
+	// would pay for copies through memory.)
 	n int64
-	// start and g are the start and the generation word of b when it
-	// counted the admission: b may be reused later (see Generations).
-	start, g int64
 }
+
+// stripeShift is where a Reservation's n keeps its stripe's index: above
+// any count (MaxCount), below the sign.
+const stripeShift = 56
+
+// Every stripe index fits above stripeShift, and every count below it.
+var (
+	_ [1<<(63-stripeShift) - cpu.MaxStripes]struct{}
+	_ [1<<stripeShift - MaxCount]struct{}
+)
+
+// count returns the count r admitted.
+func (r *Reservation) count() int64 { return r.n & (1<<stripeShift - 1) }
+
+// stripe returns the stripe r counted on.
+func (r *Reservation) stripe() *stripe { return &r.b.Value.stripes[r.n>>stripeShift] }
 
 // Start returns the start of the bucket the admission was counted in. A
 // caller whose now was behind the newest bucket was counted there (see
@@ -70,25 +88,31 @@ func (r *Reservation) Cancel() {
 	if r.b == nil {
 		return
 	}
+	n := r.count()
+	// The generation of the bucket's life that counted it: a reuse hides
+	// the bucket's start before it moves to the next generation, so a
+	// start read after the generation that is still r's dates it.
+	g := r.b.Value.gen.Load()
 	if r.b.Start() != r.start {
 		// Reused since: what it counted was handed over.
-		r.w.corrected(r.start, r.n)
+		r.w.corrected(r.start, n)
 		*r = Reservation{}
 		return
 	}
-	used := &r.s.c[stripeUsed]
+	s := r.stripe()
+	used := &s.c[stripeUsed]
 	for {
 		v := used.Load()
 		switch {
-		case inGen(v, r.g):
-			if !used.CompareAndSwap(v, v-r.n) {
+		case inGen(v, g):
+			if !used.CompareAndSwap(v, v-n) {
 				continue
 			}
-			unlease(r.b, r.s, r.g, r.n)
-		case sealedIn(v, r.g):
-			r.w.backOut(r.b, r.start, r.g, r.n)
+			unlease(r.b, s, g, n)
+		case sealedIn(v, g):
+			r.w.backOut(r.b, r.start, g, n)
 		default:
-			r.w.corrected(r.start, r.n)
+			r.w.corrected(r.start, n)
 		}
 		*r = Reservation{}
 		return
@@ -137,8 +161,52 @@ const (
 	leaseShare = 16
 )
 
-// AdmitOn is Admit with a stripe hint (see AddOn).
+// AdmitOn is Admit with a stripe hint (see AddOn). It does the common
+// cases straight (the stripe's lease covers n in the newest bucket, or no
+// lease is left and the window refuses) and leaves every other to
+// admitSlow.
 func (w *Window) AdmitOn(p int, now, n, threshold int64) (Reservation, bool) {
+	a := &w.arr
+	b := a.Head()
+	// The generation before the start: a start that is still the same
+	// after a write then dates the generation written in (a reuse hides
+	// the start before it moves to the next generation).
+	g := b.Value.gen.Load()
+	start := b.Start()
+	// now in the newest bucket, or behind it (clamped to it: negative
+	// times too). n > threshold refuses on the slow path; a threshold
+	// above MaxCount needs no cap here, no lease being that large.
+	if now < start+a.BucketLen() && n > 0 && n <= threshold {
+		i := p & int(b.Value.mask)
+		s := &b.Value.stripes[i]
+		used, taken := &s.c[stripeUsed], &s.c[stripeTaken]
+		// Admitted iff used stays within taken after our add and the
+		// bucket is still the newest, in the generation we read (a
+		// rotation sums this bucket's passes after publishing the next;
+		// a reuse gives it a later start). A frozen bucket's used word is
+		// sealed, and a reused one's of another generation: inGen fails.
+		if u := used.Load(); inGen(u, g) {
+			if u+n > taken.Load() {
+				// The lease is short: take one, or refuse (a refusal is
+				// this and no more).
+				seen, ok := w.lease(b, s, start, g, n, min(threshold, MaxCount))
+				if !ok {
+					return Reservation{n: seen}, false
+				}
+			} else if used.CompareAndSwap(u, u+n) {
+				if u+n <= taken.Load() && a.Newest(b) && b.Start() == start {
+					return Reservation{w: w, b: b, start: start, n: n | int64(i)<<stripeShift}, true
+				}
+				w.takeBack(b, used, start, g, n)
+			}
+		}
+	}
+	return w.admitSlow(p, now, n, threshold)
+}
+
+// admitSlow is AdmitOn past its fast path: a rotation to make, a lease to
+// take, a lost race to retry, or a refusal.
+func (w *Window) admitSlow(p int, now, n, threshold int64) (Reservation, bool) {
 	threshold = min(threshold, MaxCount)
 	if n <= 0 || n > threshold {
 		return Reservation{}, false
@@ -147,26 +215,24 @@ func (w *Window) AdmitOn(p int, now, n, threshold int64) (Reservation, bool) {
 	a := &w.arr
 	for {
 		b := a.Head()
+		g := b.Value.gen.Load() // before the start: see AdmitOn
 		start := b.Start()
 		if now >= start+a.BucketLen() {
 			b = a.Current(now)
+			g = b.Value.gen.Load()
 			start = b.Start()
 		}
-		g := b.Value.gen.Load()
-		s := b.Value.stripeOn(p)
+		i := p & int(b.Value.mask)
+		s := &b.Value.stripes[i]
 		used, taken := &s.c[stripeUsed], &s.c[stripeTaken]
-		// Fast path: the stripe's lease covers n. Admitted iff used stays
-		// within taken after our add and the bucket is still the newest,
-		// in the generation we read (a rotation sums this bucket's passes
-		// after publishing the next; a reuse gives it a later start). A
-		// frozen bucket's used word is sealed, far above any lease.
+		// The fast path again (see AdmitOn), retried on a lost race.
 		if u := used.Load(); inGen(u, g) {
 			if u+n <= taken.Load() {
 				if !used.CompareAndSwap(u, u+n) {
 					continue
 				}
 				if u+n <= taken.Load() && a.Newest(b) && b.Start() == start {
-					return Reservation{w: w, b: b, s: s, n: n, start: start, g: g}, true
+					return Reservation{w: w, b: b, start: start, n: n | int64(i)<<stripeShift}, true
 				}
 				w.takeBack(b, used, start, g, n)
 				if !a.Newest(b) || b.Start() != start {
@@ -187,13 +253,35 @@ func (w *Window) AdmitOn(p int, now, n, threshold int64) (Reservation, bool) {
 // window has room, in generation g of b (start its start then). When it has
 // none it reports false and what it held.
 func (w *Window) lease(b *ring.WindowWrap[bucket], s *stripe, start, g, n, threshold int64) (int64, bool) {
+	// A full window's refusal first, straight: the base known, no sweep of
+	// leases due (see leaseSlow).
+	a := &w.arr
+	if base := b.Value.base.Load(); base >= 0 {
+		if gr := b.Value.granted.Load(); inGen(gr, g) {
+			// The mark read after the counts, as leaseSlow does.
+			if room := threshold - base - countOf(gr) - b.Value.directSum() - a.Pending(); room < n && !b.Value.spread.Load() {
+				return threshold - room, !a.Newest(b) || b.Start() != start
+			}
+		}
+	}
+	return w.leaseSlow(b, s, start, g, n, threshold)
+}
+
+// leaseSlow is lease past a refusal it could make at once.
+func (w *Window) leaseSlow(b *ring.WindowWrap[bucket], s *stripe, start, g, n, threshold int64) (int64, bool) {
 	a := &w.arr
 	for {
 		base := b.Value.base.Load()
 		for base < 0 {
-			// First lease in this bucket: sum the rest of its window once,
-			// for the start its unknown base stands for.
-			v := w.passExcept(baseStart(base), b)
+			// First lease in this bucket: sum the rest of its window once.
+			// Only for the life the caller read and only once it is the
+			// newest: from then on the rest of its window gains no pass. A
+			// caller that loaded the bucket before a reuse would sum the
+			// next life's window while the bucket before it still admits.
+			if baseStart(base) != start || !a.Newest(b) || b.Start() != start {
+				return 0, true // the caller moves to the newest bucket
+			}
+			v := w.passExcept(start, b)
 			if b.Value.base.CompareAndSwap(base, v) {
 				base = v
 			} else {

@@ -76,18 +76,22 @@ func sealed(v int64) bool { return v >= sealBit/2 }
 // of the current generation over a zero count: the value every tagged word
 // is reset to.
 //
-// Tags are 12 bits: a write of an older generation must fail, and every
-// writer that can be arbitrarily late (a Cancel) first checks the bucket's
-// start, which changes with every reuse, so a tag only has to tell apart
-// the generations a bucket goes through between that check and the write.
+// Tags are 8 bits, which leaves counts 53 bits and a sign (MaxCount, about
+// 9e15: an hour at 1e12 a second, flow's largest window, fits), and a tag
+// only has to tell apart the generations a bucket goes through between
+// two adjacent steps of one writer: every writer that can be arbitrarily
+// late (a Cancel, an Unborrow) first checks the bucket's start, which
+// changes with every reuse, and a bucket is reused once every n+1
+// rotations, so a tag comes back only after 256 x (n+1) rotations.
 const (
-	countBits = 50
+	countBits = 54
 	countBias = 1 << (countBits - 1)
 	countMask = 1<<countBits - 1
 	// tagMask keeps a tag below sealBit.
 	tagMask = 1<<(62-countBits) - 1
-	// MaxCount bounds the passes a bucket counts (2^49 - 1): counts stay
-	// within (-MaxCount, MaxCount). Admission caps a threshold there.
+	// MaxCount bounds the passes a bucket counts (2^53 - 1): counts stay
+	// within (-MaxCount, MaxCount). Admission caps a threshold there, and
+	// passes added beyond it are dropped (see Window.AddOn).
 	MaxCount = countBias - 1
 )
 
@@ -107,6 +111,23 @@ func sealedIn(v, g int64) bool { return (v^g)>>countBits == sealBit>>countBits }
 // nextGen returns the generation word after g.
 func nextGen(g int64) int64 {
 	return ((g>>countBits+1)&tagMask)<<countBits | countBias
+}
+
+// addSat is addIn for counts that no threshold bounds (passes added
+// without admission, and their hand-overs): the count stays within
+// [-MaxCount, MaxCount], what goes beyond is dropped.
+func addSat(c *atomic.Int64, g, n int64) bool {
+	n = min(max(n, -2*MaxCount), 2*MaxCount)
+	for {
+		v := c.Load()
+		if !inGen(v, g) {
+			return false
+		}
+		k := countOf(v)
+		if c.CompareAndSwap(v, v-k+min(max(k+n, -MaxCount), MaxCount)) {
+			return true
+		}
+	}
 }
 
 // tagged reports whether stripe word i is tagged.
@@ -388,7 +409,7 @@ func (b *bucket) freeze() {
 			w[i] += v
 		}
 	}
-	b.fz[Pass].Add(w[stripeUsed] + w[stripeDirect])
+	b.fz[Pass].Add(min(max(w[stripeUsed]+w[stripeDirect], -MaxCount), MaxCount)) // see addSat
 	b.fz[Block].Add(w[stripeBlock])
 	b.fz[Success].Add(w[stripeSuccess])
 	b.fz[Exception].Add(w[stripeException])

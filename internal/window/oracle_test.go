@@ -86,7 +86,7 @@ func checkAgainstOracle(t *testing.T, n int, data []byte) {
 			if len(held) > 0 {
 				r := held[0]
 				held = held[1:]
-				o.adds = append(o.adds, oracleAdd{r.Start(), Pass, -r.n})
+				o.adds = append(o.adds, oracleAdd{r.Start(), Pass, -r.count()})
 				r.Cancel()
 			}
 		default:

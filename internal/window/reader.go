@@ -23,12 +23,19 @@ func (w *Window) SumRange(lo, hi int64, e Event) int64 {
 const sumUnknown = -1
 
 // fillSum returns the passes of the whole window at a time in head's span
-// and caches in head the passes of the other buckets if they are all frozen
-// (their counts are then final but for passes taken back, which clear the
-// cache: see backOut).
-func (w *Window) fillSum(head *ring.WindowWrap[bucket]) int64 {
+// (start, as the caller read it) and caches in head the passes of the
+// other buckets if they are all frozen (their counts are then final but
+// for passes taken back, which clear the cache: see backOut). A caller
+// that loaded head before a reuse must not fill the next life's cache with
+// its own window's sum: the claim stands only if head still starts at
+// start, and is still the newest, after it was made.
+func (w *Window) fillSum(head *ring.WindowWrap[bucket], start int64) int64 {
 	token, filling := w.beginFill(head)
-	rest, final := w.restOf(head)
+	if filling && (head.Start() != start || !w.arr.Newest(head)) {
+		head.Value.rest.CompareAndSwap(token, sumUnknown)
+		filling = false
+	}
+	rest, final := w.restOf(head, start)
 	if filling {
 		w.endFill(head, token, rest, final)
 	}
@@ -43,13 +50,14 @@ func (w *Window) beginFill(head *ring.WindowWrap[bucket]) (int64, bool) {
 	return token, head.Value.rest.CompareAndSwap(sumUnknown, token)
 }
 
-// restOf sums the passes of the buckets of head's window other than head,
-// and says whether they were all frozen. Every time in head's span sees the
-// same buckets; head's start is used, so that a caller whose time is behind
-// head (a rotation raced it) still sums head's window.
-func (w *Window) restOf(head *ring.WindowWrap[bucket]) (rest int64, final bool) {
+// restOf sums the passes of the buckets of the window of head, starting at
+// start, other than head, and says whether they were all frozen. Every
+// time in head's span sees the same buckets; head's start is used, so that
+// a caller whose time is behind head (a rotation raced it) still sums
+// head's window.
+func (w *Window) restOf(head *ring.WindowWrap[bucket], start int64) (rest int64, final bool) {
 	final = true
-	for x := range w.arr.Within(head.Start(), w.arr.Interval()) {
+	for x := range w.arr.Within(start, w.arr.Interval()) {
 		switch {
 		case x == head:
 		case x.Value.frozen.Load():
@@ -113,11 +121,12 @@ func (r *Reader) Sum(now int64, e Event) int64 {
 		// live passes plus the frozen rest, cached in it.
 		// (One unsigned compare: a head newer than now, made by a rotation
 		// that raced us, does not qualify.)
-		if h := a.Head(); r.span == a.Interval() && uint64(now-h.Start()) < uint64(a.BucketLen()) {
+		h := a.Head()
+		if start := h.Start(); r.span == a.Interval() && uint64(now-start) < uint64(a.BucketLen()) {
 			if rest := h.Value.rest.Load(); rest >= 0 {
 				return rest + h.Value.livePasses()
 			}
-			return r.w.fillSum(h)
+			return r.w.fillSum(h, start)
 		}
 		for b := range a.Within(now, r.span) {
 			// passes, by hand: the call would not inline.

@@ -9,6 +9,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/leapflow/leapflow/internal/ring"
 )
 
 // Steady traffic rotates a window's buckets without allocating: each
@@ -125,14 +127,14 @@ func TestLateCancelsAcrossReuseLandOnce(t *testing.T) {
 					now := clock.Add(bl / 9)
 					r, ok := w.AdmitOn(rng.IntN(4), now, 1+rng.Int64N(2), threshold)
 					if ok {
-						net.Add(r.n)
+						net.Add(r.count())
 						held = append(held, r)
 					}
 					// Cancel one held a while: its bucket has often
 					// frozen, retired or been reused since.
 					if len(held) > 12 || (len(held) > 0 && rng.IntN(4) == 0) {
 						k := rng.IntN(len(held))
-						net.Add(-held[k].n)
+						net.Add(-held[k].count())
 						held[k].Cancel()
 						held = append(held[:k], held[k+1:]...)
 					}
@@ -145,4 +147,76 @@ func TestLateCancelsAcrossReuseLandOnce(t *testing.T) {
 		worst, at := log.maxWindow(w.arr.Interval(), bl)
 		assert.LessOrEqual(t, worst, int64(threshold), "goroutines=%d: window ending at %d", g, at)
 	}
+}
+
+// midReuse returns an option that runs fn inside the rotation that reuses
+// the bucket *b for start: after its reset, before it is published (what a
+// caller that loaded the bucket in its earlier life may do then).
+func midReuse(b **ring.WindowWrap[bucket], start int64, fn func()) (Option, *bool) {
+	ran := new(bool)
+	return func(c *config) {
+		c.onNew = func(s int64, v *bucket) {
+			if *b != nil && v == &(*b).Value && s == start {
+				*ran = true
+				fn()
+			}
+		}
+	}, ran
+}
+
+// A lease by a caller that loaded a bucket in its earlier life, resumed
+// while the bucket is reset for its next, cannot set the next life's base:
+// summed before that life is the newest, it would miss what the bucket
+// before it still admits, and the window would hold more than its
+// threshold.
+func TestStaleLeaseCannotSetTheNextLifesBase(t *testing.T) {
+	const threshold = 10
+	for _, stale := range []bool{false, true} {
+		var w *Window
+		var a *ring.WindowWrap[bucket]
+		var startA, gA int64
+		hook, ran := midReuse(&a, 1500*ms, func() {
+			if stale {
+				w.lease(a, a.Value.stripeOn(0), startA, gA, 1, threshold)
+			}
+			// A request whose clock read 1499 ms admits in the bucket
+			// still the newest.
+			_, ok := w.AdmitOn(0, 1499*ms, threshold, threshold)
+			assert.True(t, ok, "the newest bucket admits its threshold")
+		})
+		w = newWindow(t, 2, time.Second, WithStripes(1), hook)
+		w.Add(0, Block, 1)
+		a = w.arr.Head()
+		startA, gA = a.Start(), a.Value.gen.Load()
+		w.Add(500*ms, Block, 1)  // a freezes
+		w.Add(1000*ms, Block, 1) // a retires: the spare
+		var admitted int64
+		for admitted <= threshold && w.Reserve(1500*ms, 1, threshold) {
+			admitted++ // a is reused for 1500 ms on the first
+		}
+		require.True(t, *ran, "a was reused for 1500 ms")
+		assert.Zero(t, admitted, "stale lease %v: the window at 1500 ms is full", stale)
+		assert.Equal(t, int64(threshold), w.Sum(1500*ms, Pass), "stale lease %v", stale)
+	}
+}
+
+// A Sum by a caller that loaded the head in its earlier life, resumed
+// while the bucket is reset for its next, cannot cache its total as the
+// next life's: the sums of that life would miss the rest of its window.
+func TestStaleFillCannotCacheTheNextLifesRest(t *testing.T) {
+	var w *Window
+	var a *ring.WindowWrap[bucket]
+	var startA int64
+	hook, ran := midReuse(&a, 1500*ms, func() { w.fillSum(a, startA) })
+	w = newWindow(t, 2, time.Second, WithStripes(1), hook)
+	w.Add(0, Block, 1)
+	a = w.arr.Head()
+	startA = a.Start()
+	w.Add(500*ms, Block, 1)
+	require.True(t, w.Reserve(1000*ms, 10, 100))
+	w.Add(1500*ms, Block, 1) // a is reused for 1500 ms
+	require.True(t, *ran)
+	assert.Equal(t, int64(10), w.Sum(1500*ms, Pass), "the passes at 1000 ms are in the window")
+	require.True(t, w.Reserve(1600*ms, 1, 100))
+	assert.Equal(t, int64(11), w.Sum(1600*ms, Pass))
 }

@@ -220,7 +220,7 @@ func TestSumCacheFillSteps(t *testing.T) {
 
 	// The rest of head's window is buckets 1..3, whatever time the filler
 	// had: one behind head (a rotation raced it) must not count bucket 0.
-	rest, final := w.restOf(head)
+	rest, final := w.restOf(head, head.Start())
 	assert.Equal(t, int64(2+3+4), rest)
 	assert.True(t, final)
 

@@ -105,7 +105,8 @@ func (w *Window) Clamp(now int64) int64 { return w.arr.Clamp(now) }
 // non-negative. Every count lands exactly once: a write that raced the
 // retirement of its bucket either made it into the bucket's final counts or
 // is made again on the current bucket (see WithHandover).
-// A bucket counts at most MaxCount passes (2^49 - 1).
+// A bucket counts at most MaxCount passes (2^53 - 1, about 9e15) on each
+// stripe: passes added beyond are dropped.
 // A Pass added here is counted without admission (for windows that only
 // keep statistics); it must land in the newest bucket, or is moved there, and
 // later admissions on the same window count it, though one racing it may not.
@@ -114,6 +115,28 @@ func (w *Window) Add(now int64, e Event, n int64) { w.AddOn(cpu.Pin(), now, e, n
 // AddOn is Add with a stripe hint: the caller's P index (any value is correct).
 func (w *Window) AddOn(p int, now int64, e Event, n int64) {
 	now = max(now, 0) // see ring.Clamp: nothing maps below 0
+	a := &w.arr
+	if e == Pass {
+		// Fast path: now in the newest bucket, which counted a direct pass
+		// before, and the count stays within MaxCount. The generation is
+		// read before the start: a start unchanged after the write then
+		// dates the generation written in (see Generations).
+		b := a.Head()
+		g := b.Value.gen.Load()
+		start := b.Start()
+		if now < start+a.BucketLen() && b.Value.direct.Load() {
+			c := &b.Value.stripeOn(p).c[stripeDirect]
+			// Both the word and its sum in generation g, unsealed: the
+			// count neither carries into the tag nor crosses MaxCount.
+			if v := c.Load(); ((v^g)|((v+n)^g))>>countBits == 0 && c.CompareAndSwap(v, v+n) {
+				if a.Newest(b) && b.Start() == start {
+					return
+				}
+				// A pass must land in the newest bucket: move it there.
+				w.takeBack(b, c, start, g, n)
+			}
+		}
+	}
 	if e == Pass || e == OccupiedPass {
 		w.addPass(p, now, e, n)
 		return
@@ -122,9 +145,9 @@ func (w *Window) AddOn(p int, now int64, e Event, n int64) {
 	for {
 		// The ring's Current, its fast path spelled out: the generic call
 		// does not inline (AddOn, CompleteOn and AdmitOn all do this).
-		b := w.arr.Head()
-		if now >= b.Start()+w.arr.BucketLen() {
-			b = w.arr.Current(now)
+		b := a.Head()
+		if now >= b.Start()+a.BucketLen() {
+			b = a.Current(now)
 		}
 		if !sealed(b.Value.stripeOn(p).c[i].Add(n)) {
 			return
@@ -140,14 +163,15 @@ func (w *Window) addPass(p int, now int64, e Event, n int64) {
 	a := &w.arr
 	for {
 		b := a.Head()
+		g := b.Value.gen.Load() // before the start: see AddOn
 		start := b.Start()
 		if now >= start+a.BucketLen() {
 			b = a.Current(now)
+			g = b.Value.gen.Load()
 			start = b.Start()
 		}
-		g := b.Value.gen.Load()
 		if e == OccupiedPass {
-			if addIn(&b.Value.occupied, g, n) {
+			if addSat(&b.Value.occupied, g, n) {
 				return
 			}
 			continue // retired meanwhile: make it on the current bucket
@@ -156,7 +180,7 @@ func (w *Window) addPass(p int, now int64, e Event, n int64) {
 			b.Value.direct.Store(true)
 		}
 		c := &b.Value.stripeOn(p).c[stripeDirect]
-		if !addIn(c, g, n) {
+		if !addSat(c, g, n) {
 			continue // frozen or reused meanwhile
 		}
 		if a.Newest(b) && b.Start() == start {

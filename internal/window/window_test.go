@@ -487,3 +487,44 @@ func TestAdmitsTheWholeThresholdAcrossStripes(t *testing.T) {
 		}
 	}
 }
+
+// Passes a bucket counts without admission stop at MaxCount on a stripe
+// (the rest is dropped) and never carry into the word's generation: every
+// add returns, and the frozen and handed-over counts stay in range.
+func TestPassesBeyondMaxCountSaturate(t *testing.T) {
+	var handed Counts
+	w := newWindow(t, 2, time.Second, WithStripes(2), WithHandover(func(_ int64, c Counts) { handed.Add(c) }))
+	w.AddOn(0, 0, Pass, MaxCount)
+	w.AddOn(0, 0, Pass, MaxCount)
+	w.AddOn(1, 0, Pass, 1<<52)
+	w.AddOn(1, 0, Pass, math.MaxInt64)
+	assert.Equal(t, int64(2*MaxCount), w.Sum(0, Pass), "each stripe holds MaxCount")
+	w.AddOn(1, 0, Pass, -MaxCount)
+	w.AddOn(1, 0, Pass, math.MinInt64)
+	assert.Equal(t, int64(0), w.Sum(0, Pass), "and no less than -MaxCount")
+	w.AddOn(1, 0, Pass, 2*MaxCount)
+	assert.Equal(t, int64(2*MaxCount), w.Sum(0, Pass))
+	w.Add(500*ms, Block, 1)  // freezes the bucket at 0
+	w.Add(1000*ms, Block, 1) // retires it
+	assert.Equal(t, int64(MaxCount), handed.Pass, "the frozen sum stops at MaxCount")
+	w.AddOn(0, 1000*ms, Pass, 7)
+	assert.Equal(t, int64(7), w.Sum(1000*ms, Pass), "later buckets count as before")
+}
+
+// A threshold up to MaxCount admits in full (flow's largest window, a
+// trillion a second over an hour, is below it), and one above admits
+// MaxCount.
+func TestThresholdsUpToMaxCountAdmitInFull(t *testing.T) {
+	const hour = 1e12 * 3600
+	require.Less(t, int64(hour), int64(MaxCount))
+	for _, c := range []struct{ threshold, admits int64 }{{hour, hour}, {MaxCount, MaxCount}, {math.MaxInt64, MaxCount}} {
+		w := newWindow(t, 2, time.Hour, WithStripes(2))
+		_, ok := w.AdmitOn(0, 0, c.admits-1, c.threshold)
+		require.True(t, ok, "threshold %d", c.threshold)
+		_, ok = w.AdmitOn(1, 0, 1, c.threshold)
+		require.True(t, ok, "threshold %d", c.threshold)
+		_, ok = w.AdmitOn(0, 0, 1, c.threshold)
+		assert.False(t, ok, "threshold %d: full", c.threshold)
+		assert.Equal(t, c.admits, w.Sum(0, Pass))
+	}
+}
