@@ -58,7 +58,9 @@ func (w *Window) BucketLen() int64 { return w.in().BucketLen() }
 // Add adds n to event e in the bucket holding now. Counts must stay
 // non-negative. Every count lands exactly once, however it races a
 // bucket's rotation. A Pass added here is counted without admission (for
-// windows that only keep statistics); later admissions count it.
+// windows that only keep statistics); later admissions count it. A bucket
+// counts at most 2^53 - 1 (about 9e15) passes on each of its stripes: more
+// are dropped.
 func (w *Window) Add(now int64, e Event, n int64) { w.in().Add(now, e, n) }
 
 // Complete records n completions at now that took rt each (RT adds
@@ -72,7 +74,8 @@ func (w *Window) RecordConcurrency(now, c int64) { w.in().RecordConcurrency(now,
 // Admit counts n passes at now if the window's passes, plus n, stay at or
 // below threshold: the check and the count are one atomic step, at any
 // concurrency. It returns the admission (which bucket counted it, and how
-// many passes the window held) and whether it was admitted.
+// many passes the window held) and whether it was admitted. A threshold
+// above 2^53 - 1 (about 9e15) admits that many.
 func (w *Window) Admit(now, n, threshold int64) (Reservation, bool) {
 	r, ok := w.in().Admit(now, n, threshold)
 	return Reservation(r), ok
