@@ -166,6 +166,7 @@ const (
 // lease is left and the window refuses) and leaves every other to
 // admitSlow.
 func (w *Window) AdmitOn(p int, now, n, threshold int64) (Reservation, bool) {
+	now = max(now, 0) // see ring.Clamp: nothing maps below 0
 	a := &w.arr
 	b := a.Head()
 	// The generation before the start: a start that is still the same
@@ -173,8 +174,7 @@ func (w *Window) AdmitOn(p int, now, n, threshold int64) (Reservation, bool) {
 	// the start before it moves to the next generation).
 	g := b.Value.gen.Load()
 	start := b.Start()
-	// now in the newest bucket, or behind it (clamped to it: negative
-	// times too). n > threshold refuses on the slow path; a threshold
+	// now in the newest bucket, or behind it (clamped to it). n > threshold refuses on the slow path; a threshold
 	// above MaxCount needs no cap here, no lease being that large.
 	if now < start+a.BucketLen() && n > 0 && n <= threshold {
 		i := p & int(b.Value.mask)
@@ -281,7 +281,10 @@ func (w *Window) leaseSlow(b *ring.WindowWrap[bucket], s *stripe, start, g, n, t
 			if baseStart(base) != start || !a.Newest(b) || b.Start() != start {
 				return 0, true // the caller moves to the newest bucket
 			}
-			v := w.passExcept(start, b)
+			// Never below zero: a negative base reads as unknown (and
+			// passes taken back in a later bucket than they were added
+			// in can leave the rest of a window below zero).
+			v := max(w.passExcept(start, b), 0)
 			if b.Value.base.CompareAndSwap(base, v) {
 				base = v
 			} else {

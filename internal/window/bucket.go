@@ -81,8 +81,9 @@ func sealed(v int64) bool { return v >= sealBit/2 }
 // only has to tell apart the generations a bucket goes through between
 // two adjacent steps of one writer: every writer that can be arbitrarily
 // late (a Cancel, an Unborrow) first checks the bucket's start, which
-// changes with every reuse, and a bucket is reused once every n+1
-// rotations, so a tag comes back only after 256 x (n+1) rotations.
+// changes with every reuse, and a bucket is reused at most every second
+// rotation (it must be retired in between), so a tag comes back only
+// after 512 rotations or more (n+1 x 256 under steady traffic).
 const (
 	countBits = 54
 	countBias = 1 << (countBits - 1)

@@ -419,6 +419,42 @@ func TestFarNegativeTimes(t *testing.T) {
 	}
 	assert.Equal(t, int64(4), w.Sum(0, Pass))
 	assert.Equal(t, int64(4), w.Sum(math.MinInt64, Block))
+	// Each as the first write of a fresh window too, whose head is the
+	// placeholder (no stripes).
+	for _, now := range []int64{math.MinInt64, math.MinInt64 / 2, -5e18} {
+		for name, op := range map[string]func(w *Window){
+			"Admit":    func(w *Window) { _, ok := w.Admit(now, 1, 100); assert.True(t, ok) },
+			"Add":      func(w *Window) { w.Add(now, Pass, 1) },
+			"Complete": func(w *Window) { w.Complete(now, 1, 5, false) },
+		} {
+			w, err := NewWindow(4, time.Second)
+			require.NoError(t, err)
+			assert.NotPanics(t, func() { op(w) }, "%s at %d on a fresh window", name, now)
+		}
+	}
+}
+
+// Passes taken back in a later bucket than they were added in (a caller
+// of metric.Window.Add may) can leave the rest of a window below zero:
+// admission still decides, against a base of no passes.
+func TestWindowBelowZeroStillAdmits(t *testing.T) {
+	w := newWindow(t, 2, time.Second, WithStripes(1))
+	w.Add(0, Pass, 5)
+	w.Add(500*ms, Pass, -5)
+	done := make(chan int64, 1)
+	go func() {
+		var admitted int64
+		for admitted <= 10 && w.Reserve(1000*ms, 1, 10) {
+			admitted++
+		}
+		done <- admitted
+	}()
+	select {
+	case admitted := <-done:
+		assert.Equal(t, int64(10), admitted)
+	case <-time.After(5 * time.Second):
+		t.Fatal("admission at 1000 ms did not return")
+	}
 }
 
 func TestRoomIn(t *testing.T) {
