@@ -15,7 +15,7 @@ import (
 // only err towards refusing. The refused path writes nothing shared, but
 // the sweep of unused leases (reclaim) once per spread of them.
 func (w *Window) Reserve(now, n, threshold int64) bool {
-	_, ok := w.AdmitOn(cpu.Pin(), now, n, threshold)
+	_, ok := w.AdmitOn(cpu.Pin(), max(now, 0), n, threshold)
 	return ok
 }
 
@@ -150,7 +150,7 @@ func unlease(b *ring.WindowWrap[bucket], s *stripe, g, n int64) {
 // Admit is Reserve returning the admission: the bucket it was counted in,
 // or for a refusal what the window held.
 func (w *Window) Admit(now, n, threshold int64) (Reservation, bool) {
-	return w.AdmitOn(cpu.Pin(), now, n, threshold)
+	return w.AdmitOn(cpu.Pin(), max(now, 0), n, threshold)
 }
 
 // maxLease caps one lease; leases are also at most 1/(leaseShare x stripes)
@@ -161,12 +161,12 @@ const (
 	leaseShare = 16
 )
 
-// AdmitOn is Admit with a stripe hint (see AddOn). It does the common
-// cases straight (the stripe's lease covers n in the newest bucket, or no
-// lease is left and the window refuses) and leaves every other to
-// admitSlow.
+// AdmitOn is Admit with a stripe hint (see AddOn), for a now of 0 or more
+// (Admit and Reserve clamp it; flow's engine time never is below). It does
+// the common cases straight (the stripe's lease covers n in the newest
+// bucket, or no lease is left and the window refuses) and leaves every
+// other to admitSlow.
 func (w *Window) AdmitOn(p int, now, n, threshold int64) (Reservation, bool) {
-	now = max(now, 0) // see ring.Clamp: nothing maps below 0
 	a := &w.arr
 	b := a.Head()
 	// The generation before the start: a start that is still the same
