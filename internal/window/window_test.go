@@ -564,3 +564,20 @@ func TestThresholdsUpToMaxCountAdmitInFull(t *testing.T) {
 		assert.Equal(t, c.admits, w.Sum(0, Pass))
 	}
 }
+
+// An admission keeps the stripe it counted on beside its count, for every
+// stripe a window may have: its cancel gives the count back there.
+func TestCancelReturnsToTheAdmissionsStripe(t *testing.T) {
+	w := newWindow(t, 2, time.Second, WithStripes(64))
+	for p := range 64 {
+		r, ok := w.AdmitOn(p, 0, int64(p+1), 1<<40)
+		require.True(t, ok)
+		assert.Same(t, w.arr.Head().Value.stripeOn(p), r.stripe(), "stripe %d", p)
+		assert.Equal(t, int64(p+1), r.count())
+		used := &r.stripe().c[stripeUsed]
+		before := loadT(used)
+		r.Cancel()
+		assert.Equal(t, before-int64(p+1), loadT(used), "stripe %d", p)
+	}
+	assert.Zero(t, w.Sum(0, Pass))
+}
