@@ -14,9 +14,11 @@ import (
 // (no eviction) and on more keys than a small table holds (evictions while
 // counting; as many keys as the table remembers when evicted), on a clock
 // they move on as they go: no key holds more than its limit in any window
-// of Buckets buckets, counted where Admit says.
+// of Buckets buckets, counted where Admit says. The third case's table
+// has sets enough for keys to move to their other set as others arrive
+// (see relocate).
 func TestHammerNeverAdmitsOverTheLimitInAnyWindow(t *testing.T) {
-	for _, c := range []struct{ keys, maxKeys, step int }{{4, 16, 20}, {40, 8, 4}} {
+	for _, c := range []struct{ keys, maxKeys, step int }{{4, 16, 20}, {40, 8, 4}, {300, 256, 1}} {
 		t.Run(fmt.Sprintf("keys=%d/maxKeys=%d", c.keys, c.maxKeys), func(t *testing.T) {
 			const goroutines, limit = 8, 3
 			ops := 3000
