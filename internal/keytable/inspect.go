@@ -27,7 +27,9 @@ func (t *Table) Pinned() []*State {
 	return pinned
 }
 
-// Each calls fn with every state in the table's sets.
+// Each calls fn with every state in the table's sets. With keys being
+// added meanwhile it may see a key that moves (see relocate) twice or not
+// at all: callers hold every lock (lockAll), or call it at quiescence.
 func (t *Table) Each(fn func(*State)) {
 	for i := range t.sets {
 		for j := range t.sets[i].ways {

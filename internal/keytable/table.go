@@ -243,7 +243,16 @@ func (t *Table) Peek(key string) *State {
 	if st := t.sets[a].find(h, &c, t, key); st != nil {
 		return st
 	}
-	return t.sets[b].find(h, &c, t, key)
+	if st := t.sets[b].find(h, &c, t, key); st != nil {
+		return st
+	}
+	// Both missed: a move between the two reads (see relocate) may have
+	// carried the key from b to a. Under their locks the sets hold still.
+	if c == 0 {
+		c = t.check(key)
+	}
+	defer t.lock(a, b).unlock()
+	return t.findLocked(ID{h, c}, a, b)
 }
 
 // Reset empties what key counted: its state leaves the sets (marked dead:

@@ -2,6 +2,9 @@ package keytable
 
 import (
 	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"unsafe"
 
@@ -292,5 +295,77 @@ func TestActiveKeysStayWhileTheTableHasRoom(t *testing.T) {
 		}
 		held, _ := tbl.Held(st, now)
 		assert.Equal(t, int64(1), held, "key-%d kept its count where it moved", i)
+	}
+}
+
+// A lookup that reads a key's two sets without their locks (Peek) finds
+// it while a new key moves it from its second set to its first: a key that
+// never leaves the table never reads as absent.
+func TestPeekFindsAKeyWhileItMoves(t *testing.T) {
+	pool := make([]string, 20000)
+	for i := range pool {
+		pool[i] = fmt.Sprint("key-", i)
+	}
+	for range 300 {
+		var now int64
+		tbl := newWindowTable(64, &now) // 16 sets
+		sets := func(k string) (int, int) { return tbl.setsOf(tbl.hash(k)) }
+		used := map[string]bool{}
+		pick := func(ok func(a, b int) bool) string {
+			for _, k := range pool {
+				if a, b := sets(k); !used[k] && ok(a, b) {
+					used[k] = true
+					return k
+				}
+			}
+			require.FailNow(t, "no key for the sets wanted")
+			return ""
+		}
+		add := func(k string) {
+			_, _, ok, _ := tbl.Admit(tbl.Get(k), now, 1, 10)
+			require.True(t, ok)
+		}
+		// o lands in its second set q (its first, p, full); q then fills.
+		o := pick(func(a, b int) bool { return a != b })
+		p, q := sets(o)
+		var ps []string
+		for range setWays {
+			k := pick(func(a, b int) bool { return a == p && b != q })
+			ps = append(ps, k)
+			add(k)
+		}
+		add(o)
+		for range setWays - 1 {
+			add(pick(func(a, b int) bool { return a == q && b != p && b != q }))
+		}
+		// A new key of q and a full set r, with a way free in p: adding
+		// it moves o from q to p.
+		n := pick(func(a, b int) bool { return a == q && b != p && b != q })
+		_, r := sets(n)
+		for tbl.sets[r].hasEmpty() {
+			add(pick(func(a, b int) bool { return a == r && b != q && b != p }))
+		}
+		tbl.Reset(ps[0], nil)
+		st := tbl.Peek(o)
+		require.NotNil(t, st)
+
+		var started, stop, missed atomic.Bool
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			for !stop.Load() {
+				if tbl.Peek(o) == nil {
+					missed.Store(true)
+				}
+				started.Store(true)
+			}
+		})
+		for !started.Load() {
+			runtime.Gosched()
+		}
+		add(n)
+		stop.Store(true)
+		wg.Wait()
+		require.Same(t, st, tbl.sets[p].findID(st.id), "o moved to its first set, never evicted")
+		require.False(t, missed.Load(), "Peek read o as absent while it moved from set %d to set %d", q, p)
 	}
 }
