@@ -34,9 +34,26 @@ func everyKind() []Rule {
 	}
 }
 
-// Entry and Exit allocate nothing on any kind of rule, admitted or
-// refused, by name and through a handle, once the rule's buckets exist.
-func TestEntryExitAllocateNothingOnEveryKind(t *testing.T) {
+// eachResource calls fn once for each resource the rules name, with the
+// options its requests take (a key, for a PerKey rule).
+func eachResource(rules []Rule, fn func(r Rule, opts []EntryOption)) {
+	seen := map[string]bool{}
+	for _, r := range rules {
+		if seen[r.Resource] {
+			continue
+		}
+		seen[r.Resource] = true
+		var opts []EntryOption
+		if r.PerKey {
+			opts = []EntryOption{WithKey("k")}
+		}
+		fn(r, opts)
+	}
+}
+
+// everyKindEngine is an engine on a fake clock with every kind loaded,
+// whose waits end at once.
+func everyKindEngine(t *testing.T) (*Engine, *stattest.Clock, []Rule) {
 	clock := stattest.NewClock(time.Second)
 	e, err := New(WithClock(clock), WithTokenSource(stubSource))
 	require.NoError(t, err)
@@ -45,18 +62,16 @@ func TestEntryExitAllocateNothingOnEveryKind(t *testing.T) {
 	e.sleep = func(context.Context, time.Duration) error { return nil }
 	rules := everyKind()
 	load(t, e, rules...)
-	seen := map[string]bool{}
-	for _, r := range rules {
-		if seen[r.Resource] {
-			continue
-		}
-		seen[r.Resource] = true
+	return e, clock, rules
+}
+
+// Entry and Exit allocate nothing on any kind of rule, admitted or
+// refused, by name and through a handle, once the rule's buckets exist.
+func TestEntryExitAllocateNothingOnEveryKind(t *testing.T) {
+	e, _, rules := everyKindEngine(t)
+	eachResource(rules, func(r Rule, opts []EntryOption) {
 		h, err := e.Resource(r.Resource)
 		require.NoError(t, err)
-		var opts []EntryOption
-		if r.PerKey {
-			opts = []EntryOption{WithKey("k")}
-		}
 		admitted := 0
 		byName := func() {
 			if en, err := e.Entry(r.Resource, opts...); err == nil {
@@ -74,7 +89,7 @@ func TestEntryExitAllocateNothingOnEveryKind(t *testing.T) {
 		assert.Zero(t, testing.AllocsPerRun(200, byName), "%s by name", r.Resource)
 		assert.Zero(t, testing.AllocsPerRun(200, handle), "%s through a handle", r.Resource)
 		assert.Equal(t, 403, admitted, "%s: every request admitted", r.Resource)
-	}
+	})
 	// Refusals: the dry run's window is full by now (it never refuses); a
 	// threshold of 0 refuses every request.
 	load(t, e, Rule{Resource: "refused", Threshold: 0}, Rule{Resource: "refused-gcra", Threshold: 1, Behavior: GCRA, Burst: 1})
@@ -289,22 +304,8 @@ func TestWarmUpAllocatesNothing(t *testing.T) {
 // once every window has gone round (its buckets and a spare made): each
 // rotation reuses the bucket the previous one retired.
 func TestRotationsAllocateNothingOnEveryKind(t *testing.T) {
-	clock := stattest.NewClock(time.Second)
-	e, err := New(WithClock(clock), WithTokenSource(stubSource))
-	require.NoError(t, err)
-	e.sleep = func(context.Context, time.Duration) error { return nil }
-	rules := everyKind()
-	load(t, e, rules...)
-	seen := map[string]bool{}
-	for _, r := range rules {
-		if seen[r.Resource] {
-			continue
-		}
-		seen[r.Resource] = true
-		var opts []EntryOption
-		if r.PerKey {
-			opts = []EntryOption{WithKey("k")}
-		}
+	e, clock, rules := everyKindEngine(t)
+	eachResource(rules, func(r Rule, opts []EntryOption) {
 		step := func() {
 			clock.Advance(100 * time.Millisecond)
 			if en, err := e.Entry(r.Resource, opts...); err == nil {
@@ -316,5 +317,5 @@ func TestRotationsAllocateNothingOnEveryKind(t *testing.T) {
 			step()
 		}
 		assert.Zero(t, testing.AllocsPerRun(300, step), "%s: 30 s of traffic, every bucket rotating", r.Resource)
-	}
+	})
 }

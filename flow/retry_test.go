@@ -342,16 +342,7 @@ func TestEveryRefusalLeadsBackToItsRule(t *testing.T) {
 		{Resource: "related", Threshold: 0, RelatedResource: "plain"},
 	}
 	load(t, e, rules...)
-	seen := map[string]bool{}
-	for _, r := range rules {
-		if seen[r.Resource] {
-			continue
-		}
-		seen[r.Resource] = true
-		var opts []EntryOption
-		if r.PerKey {
-			opts = []EntryOption{WithKey("k")}
-		}
+	eachResource(rules, func(r Rule, opts []EntryOption) {
 		var last Entry
 		var err error
 		for range 3 { // the first may pass; held entries stay open
@@ -365,7 +356,7 @@ func TestEveryRefusalLeadsBackToItsRule(t *testing.T) {
 		got := last.Refusal()
 		assert.Same(t, be, got.Err, r.Resource)
 		assert.Equal(t, r.Resource, got.Resource)
-	}
+	})
 }
 
 // A refusal by a Global rule's local fallback tells the fallback's quota

@@ -100,23 +100,10 @@ func (r *Reservation) Cancel() {
 		return
 	}
 	s := r.stripe()
-	used := &s.c[stripeUsed]
-	for {
-		v := used.Load()
-		switch {
-		case inGen(v, g):
-			if !used.CompareAndSwap(v, v-n) {
-				continue
-			}
-			unlease(r.b, s, g, n)
-		case sealedIn(v, g):
-			r.w.backOut(r.b, r.start, g, n)
-		default:
-			r.w.corrected(r.start, n)
-		}
-		*r = Reservation{}
-		return
+	if r.w.takeBack(r.b, &s.c[stripeUsed], r.start, g, n) {
+		unlease(r.b, s, g, n)
 	}
+	*r = Reservation{}
 }
 
 // unlease gives n unused tokens of stripe s's lease in generation g back
@@ -214,14 +201,7 @@ func (w *Window) admitSlow(p int, now, n, threshold int64) (Reservation, bool) {
 	now = max(now, 0)
 	a := &w.arr
 	for {
-		b := a.Head()
-		g := b.Value.gen.Load() // before the start: see AdmitOn
-		start := b.Start()
-		if now >= start+a.BucketLen() {
-			b = a.Current(now)
-			g = b.Value.gen.Load()
-			start = b.Start()
-		}
+		b, g, start := w.holding(now)
 		i := p & int(b.Value.mask)
 		s := &b.Value.stripes[i]
 		used, taken := &s.c[stripeUsed], &s.c[stripeTaken]

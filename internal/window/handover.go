@@ -26,8 +26,9 @@ func WithHandover(fn func(start int64, c Counts)) Option {
 // started at start. If the bucket is still in that generation and not
 // frozen, they come off the word. If it froze since, its frozen passes
 // hold them: they come off there (backOut). If it was reset since, its
-// hand-over counted them: the correction follows it.
-func (w *Window) takeBack(b *ring.WindowWrap[bucket], c *atomic.Int64, start, g, n int64) {
+// hand-over counted them: the correction follows it. It reports whether
+// they came off the word.
+func (w *Window) takeBack(b *ring.WindowWrap[bucket], c *atomic.Int64, start, g, n int64) (fromWord bool) {
 	for {
 		v := c.Load()
 		switch {
@@ -35,12 +36,13 @@ func (w *Window) takeBack(b *ring.WindowWrap[bucket], c *atomic.Int64, start, g,
 			if !c.CompareAndSwap(v, v-n) {
 				continue
 			}
+			return true
 		case sealedIn(v, g):
 			w.backOut(b, start, g, n)
 		default:
 			w.corrected(start, n)
 		}
-		return
+		return false
 	}
 }
 

@@ -156,20 +156,31 @@ func (w *Window) AddOn(p int, now int64, e Event, n int64) {
 	}
 }
 
+// holding returns the bucket holding now (the newest, if now is behind
+// it), made if need be, with its generation and start: the generation read
+// before the start, so that a start unchanged after a write dates the
+// generation written in (a reuse hides the start before it moves to the
+// next generation).
+func (w *Window) holding(now int64) (b *ring.WindowWrap[bucket], g, start int64) {
+	a := &w.arr
+	b = a.Head()
+	g = b.Value.gen.Load()
+	start = b.Start()
+	if now >= start+a.BucketLen() {
+		b = a.Current(now)
+		g = b.Value.gen.Load()
+		start = b.Start()
+	}
+	return b, g, start
+}
+
 // addPass adds n passes (e Pass, on stripe p's direct word) or occupied
 // passes (e OccupiedPass) to the bucket holding now: tagged words, written
 // in the generation the writer read (see Generations).
 func (w *Window) addPass(p int, now int64, e Event, n int64) {
 	a := &w.arr
 	for {
-		b := a.Head()
-		g := b.Value.gen.Load() // before the start: see AddOn
-		start := b.Start()
-		if now >= start+a.BucketLen() {
-			b = a.Current(now)
-			g = b.Value.gen.Load()
-			start = b.Start()
-		}
+		b, g, start := w.holding(now)
 		if e == OccupiedPass {
 			if addSat(&b.Value.occupied, g, n) {
 				return
