@@ -138,6 +138,7 @@ type globalRule struct {
 // threshold, and its local fallback's state and limit.
 type globalKeySpec struct {
 	st         *keytable.State
+	life       keytable.Life // st's while listed (see keySpec)
 	threshold  float64
 	localLimit int64
 	// be and beLocal are the rule's errors at the key's threshold: its
@@ -146,13 +147,13 @@ type globalKeySpec struct {
 }
 
 // keyLimits returns the threshold and local fallback limit of the
-// request's key under a PerKey global rule, and the listed key's state
-// (nil: look it up).
-func (g *globalRule) keyLimits(q *request) (float64, int64, *keytable.State) {
+// request's key under a PerKey global rule, and the listed key's state and
+// its life (nil: look it up).
+func (g *globalRule) keyLimits(q *request) (float64, int64, *keytable.State, keytable.Life) {
 	if s, ok := g.listed(q); ok {
-		return s.threshold, s.localLimit, s.st
+		return s.threshold, s.localLimit, s.st, s.life
 	}
-	return g.req.Threshold, g.localLimit, nil
+	return g.req.Threshold, g.localLimit, nil, 0
 }
 
 // blockError is what rule g's source refuses the request with: a listed
@@ -255,23 +256,26 @@ func (e *Engine) global(node *stats.Node, g *globalRule, h *held, i, p int, now 
 	}
 	if g.keys != nil {
 		// Per key, at LocalShare of the threshold.
-		_, limit, spec := g.keyLimits(q)
+		_, limit, spec, specLife := g.keyLimits(q)
 		for {
 			st := g.keys.NoKey()
+			life := st.Life()
 			switch {
-			case spec != nil:
-				st = spec
+			case spec != nil && spec.Alive(specLife):
+				st, life = spec, specLife
 			case q.hasKey:
-				st = g.keys.Get(q.key)
+				// Listed no more (a reload put its state in the sets), or
+				// not listed.
+				st, life = g.keys.Get(q.key)
 			}
-			b, _, ok, dead := g.keys.Admit(st, now, n, limit)
+			b, _, ok, dead := g.keys.Admit(st, life, now, n, limit)
 			if dead {
 				continue
 			}
 			if !ok {
 				return g.localBlockError(q), false
 			}
-			h.gkeys[i] = keyHeld{st: st, b: b}
+			h.gkeys[i] = keyHeld{st: st, b: b, slot: int64(life)}
 			return nil, false
 		}
 	}
@@ -450,7 +454,7 @@ func (e *Engine) acquire(ctx context.Context, g *globalRule, q *request) (ok boo
 	}()
 	req := g.req
 	if req.PerKey {
-		req.Threshold, _, _ = g.keyLimits(q)
+		req.Threshold, _, _, _ = g.keyLimits(q)
 		if g.keyed != nil {
 			return g.keyed.AcquireKey(ctx, q.key, req.Threshold, q.n)
 		}
@@ -503,7 +507,8 @@ func compileGlobal(c *compiling) {
 		if len(r.Keys) > 0 {
 			g.spec = make(map[string]globalKeySpec, len(r.Keys))
 			for _, kl := range r.Keys {
-				g.spec[kl.Key] = globalKeySpec{st: t.Specific(kl.Key), threshold: kl.Threshold,
+				st, life := t.Specific(kl.Key)
+				g.spec[kl.Key] = globalKeySpec{st: st, life: life, threshold: kl.Threshold,
 					localLimit: perWindow(kl.Threshold*r.LocalShare, r.StatInterval),
 					be:         newKeyBlockError(r, ReasonGlobal, kl.Threshold),
 					beLocal:    newKeyBlockError(r, ReasonFlow, kl.Threshold*r.LocalShare)}
@@ -572,7 +577,7 @@ func (rr *resourceRules) releaseGlobals(h *held, n int64) {
 			rr.globals[i].gcra.give(n, h.ggcra[i])
 		}
 		if st := h.gkeys[i].st; st != nil {
-			st.Undo(h.gkeys[i].b, n)
+			st.Undo(h.gkeys[i].b, keytable.Life(h.gkeys[i].slot), n)
 		}
 	}
 }

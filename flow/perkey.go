@@ -24,9 +24,11 @@ type keyRule struct {
 }
 
 // keySpec is a listed key: its state, kept apart from the table (never
-// evicted), its own threshold and the error that says so.
+// evicted) while listed, and its life then, its own threshold and the
+// error that says so.
 type keySpec struct {
 	st    *keytable.State
+	life  keytable.Life
 	limit int64
 	rate  float64
 	be    *BlockError
@@ -38,7 +40,8 @@ type keyHeld struct {
 	st *keytable.State
 	b  int64 // Window: the bucket counted in; Pace: the cost
 	// slot is a Pace rule's slot on the key's timeline (see
-	// pace.GiveBack).
+	// pace.GiveBack); a Window rule's, the life of the state counted in
+	// (see keytable.Life: a state is reused for other keys).
 	slot int64
 }
 
@@ -63,7 +66,8 @@ func addKeyed(c *compiling) {
 		kr.spec = make(map[string]keySpec, len(r.Keys))
 		for _, kl := range r.Keys {
 			limit, rate := keyLimit(t.Kind(), r, kl.Threshold)
-			kr.spec[kl.Key] = keySpec{st: t.Specific(kl.Key), limit: limit, rate: rate,
+			st, life := t.Specific(kl.Key)
+			kr.spec[kl.Key] = keySpec{st: st, life: life, limit: limit, rate: rate,
 				be: newKeyBlockError(r, kr.be.Reason, kl.Threshold)}
 		}
 	}
@@ -214,22 +218,26 @@ func keyTableConfig(r *Rule, now func() int64) keytable.Config {
 	return cfg
 }
 
-// state returns the state and limits of the request's key.
-func (kr *keyRule) state(key string, hasKey bool) (*keytable.State, int64, float64) {
+// state returns the state of the request's key, the life it found it in,
+// and the key's limits.
+func (kr *keyRule) state(key string, hasKey bool) (*keytable.State, keytable.Life, int64, float64) {
 	if !hasKey {
-		return kr.t.NoKey(), kr.limit, kr.rate
+		st := kr.t.NoKey()
+		return st, st.Life(), kr.limit, kr.rate
 	}
 	if kr.spec != nil {
 		if s, ok := kr.spec[key]; ok {
-			if !s.st.Dead() {
-				return s.st, s.limit, s.rate
+			if s.st.Alive(s.life) {
+				return s.st, s.life, s.limit, s.rate
 			}
 			// A reload that no longer lists the key put its state in the
 			// sets, which evicted it: the key is in the table now.
-			return kr.t.Get(key), s.limit, s.rate
+			st, life := kr.t.Get(key)
+			return st, life, s.limit, s.rate
 		}
 	}
-	return kr.t.Get(key), kr.limit, kr.rate
+	st, life := kr.t.Get(key)
+	return st, life, kr.limit, kr.rate
 }
 
 // room is how long from now until the rule would admit the request under
@@ -264,7 +272,7 @@ func (kr *keyRule) peek(q *request) (*keytable.State, int64, float64) {
 		return kr.t.NoKey(), kr.limit, kr.rate
 	}
 	if s, ok := kr.spec[q.key]; ok {
-		if !s.st.Dead() {
+		if s.st.Alive(s.life) {
 			return s.st, s.limit, s.rate
 		}
 		return kr.t.Peek(q.key), s.limit, s.rate
@@ -286,8 +294,8 @@ func (kr *keyRule) blockError(q *request) *BlockError {
 // acquire counts the request in its key's concurrency.
 func (kr *keyRule) acquire(q *request) (*keytable.State, int64, bool) {
 	for {
-		st, limit, _ := kr.state(q.key, q.hasKey)
-		seen, ok, dead := st.Acquire(q.n, limit)
+		st, life, limit, _ := kr.state(q.key, q.hasKey)
+		seen, ok, dead := st.Acquire(life, q.n, limit)
 		if !dead {
 			return st, seen, ok
 		}
@@ -313,20 +321,20 @@ func (kr *keyRule) admitAt(q *request, t int64, held *keyHeld) (wait int64, seen
 
 func (kr *keyRule) admitQueue(q *request, now int64, held *keyHeld, maxQueue int64) (wait int64, seen float64, rm room, ok bool) {
 	for {
-		st, limit, rate := kr.state(q.key, q.hasKey)
+		st, life, limit, rate := kr.state(q.key, q.hasKey)
 		if kr.t.Kind() == keytable.Pace {
 			ph, d, ok := pace.Reserve(st.Timeline(), maxQueue, now, q.n, rate)
 			if !ok {
 				return 0, rate, paceRoom(d, maxQueue), false
 			}
-			if st.Dead() {
+			if !st.Alive(life) {
 				pace.GiveBack(st.Timeline(), ph)
 				continue
 			}
 			*held = keyHeld{st: st, b: ph.Cost, slot: ph.Slot}
 			return d, 0, room{}, true
 		}
-		b, s, ok, dead := kr.t.Admit(st, now, q.n, limit)
+		b, s, ok, dead := kr.t.Admit(st, life, now, q.n, limit)
 		if dead {
 			continue
 		}
@@ -334,7 +342,7 @@ func (kr *keyRule) admitQueue(q *request, now int64, held *keyHeld, maxQueue int
 			retry, reset := kr.t.RoomIn(st, now, q.n, limit)
 			return 0, float64(s), room{retry, reset}, false
 		}
-		*held = keyHeld{st: st, b: b}
+		*held = keyHeld{st: st, b: b, slot: int64(life)}
 		return 0, 0, room{}, true
 	}
 }
@@ -348,7 +356,7 @@ func (kr *keyRule) undo(h keyHeld, n int64) {
 		pace.GiveBack(h.st.Timeline(), pace.Held{Cost: h.b, Slot: h.slot})
 		return
 	}
-	h.st.Undo(h.b, n)
+	h.st.Undo(h.b, keytable.Life(h.slot), n)
 }
 
 // keyless counts a request without a key checked by per-key rules.

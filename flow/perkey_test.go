@@ -437,6 +437,39 @@ func TestPerKeyPathsAllocateNothing(t *testing.T) {
 	}
 }
 
+// TestNewKeysThroughAFullTableAllocateNothing: with a key table full,
+// every request of a new key evicts another and takes its state: no rule
+// kind allocates for it (the evicted keys' memory is made once).
+func TestNewKeysThroughAFullTableAllocateNothing(t *testing.T) {
+	clock := stattest.NewClock(time.Hour)
+	e, _ := newEngine(t, clock)
+	load(t, e,
+		Rule{Resource: "qps", Threshold: 1e9, PerKey: true, MaxKeys: 256},
+		Rule{Resource: "paced", Threshold: 1e9, Behavior: Throttle, PerKey: true, MaxKeys: 256},
+		Rule{Resource: "conc", Metric: Concurrency, Threshold: 1e9, PerKey: true, MaxKeys: 256},
+	)
+	keys := make([]string, 1<<14)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("user-%011d", i)
+	}
+	for _, res := range []string{"qps", "paced", "conc"} {
+		i := 0
+		next := func() {
+			clock.Advance(time.Microsecond)
+			try(e, res, WithKey(keys[i%len(keys)]))
+			i++
+		}
+		for range 4096 { // full, and evicting
+			next()
+		}
+		before := e.rules.Load().byResource[res].node.KeyEvictions()
+		assert.Zero(t, testing.AllocsPerRun(2000, next), res)
+		if res == "qps" {
+			assert.Greater(t, e.rules.Load().byResource[res].node.KeyEvictions(), before, "active keys evicted")
+		}
+	}
+}
+
 // TestPerKeyBoundedMemory: a million distinct keys through a rule with
 // MaxKeys 1000 leave at most 1000 tracked, and no request errs.
 func TestPerKeyBoundedMemory(t *testing.T) {

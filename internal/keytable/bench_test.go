@@ -37,11 +37,11 @@ func BenchmarkAdmit(b *testing.B) {
 		b.Run(fmt.Sprintf("limit=%d", limit), func(b *testing.B) {
 			var now int64
 			tbl := newWindowTable(64, &now)
-			st := tbl.Get("user-1")
+			st, stL := tbl.Get("user-1")
 			b.ReportAllocs()
 			for b.Loop() {
 				now += 10
-				tbl.Admit(st, now, 1, limit)
+				tbl.Admit(st, stL, now, 1, limit)
 			}
 		})
 	}
@@ -51,10 +51,10 @@ func BenchmarkAdmit(b *testing.B) {
 // given back.
 func BenchmarkAcquireRelease(b *testing.B) {
 	tbl := newConcTable(64)
-	st := tbl.Get("user-1")
+	st, stL := tbl.Get("user-1")
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, ok, _ := st.Acquire(1, 8); ok {
+		if _, ok, _ := st.Acquire(stL, 1, 8); ok {
 			tbl.Release(st, 1)
 		}
 	}

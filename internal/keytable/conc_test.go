@@ -16,30 +16,30 @@ func newConcTable(maxKeys int) *Table {
 
 func TestAcquireHoldsAtMostTheLimitInFlight(t *testing.T) {
 	tbl := newConcTable(16)
-	st := tbl.Get("k")
+	st, stL := tbl.Get("k")
 	for i := range 3 {
-		_, ok, dead := st.Acquire(1, 3)
+		_, ok, dead := st.Acquire(stL, 1, 3)
 		require.True(t, ok, "request %d", i)
 		require.False(t, dead)
 	}
-	seen, ok, _ := st.Acquire(1, 3)
+	seen, ok, _ := st.Acquire(stL, 1, 3)
 	assert.False(t, ok)
 	assert.Equal(t, int64(3), seen)
-	_, ok, _ = st.Acquire(5, 4)
+	_, ok, _ = st.Acquire(stL, 5, 4)
 	assert.False(t, ok, "more than the limit never fits")
 	tbl.Release(st, 2)
 	assert.Equal(t, int64(1), st.InFlight())
-	_, ok, _ = st.Acquire(2, 3)
+	_, ok, _ = st.Acquire(stL, 2, 3)
 	assert.True(t, ok)
-	_, ok, _ = st.Acquire(1, 3)
+	_, ok, _ = st.Acquire(stL, 1, 3)
 	assert.False(t, ok)
 }
 
 func TestAcquireOnAnEvictedStateCountsNothing(t *testing.T) {
 	tbl := newConcTable(4)
-	st := tbl.Get("k")
-	st.dead.Store(true)
-	_, ok, dead := st.Acquire(1, 3)
+	st, stL := tbl.Get("k")
+	st.kill()
+	_, ok, dead := st.Acquire(stL, 1, 3)
 	assert.False(t, ok)
 	assert.True(t, dead)
 	assert.Zero(t, st.InFlight())
@@ -50,23 +50,25 @@ func TestAcquireOnAnEvictedStateCountsNothing(t *testing.T) {
 // its last Release takes it out.
 func TestKeyInFlightIsNeverDropped(t *testing.T) {
 	tbl := newConcTable(4)
-	a := tbl.Get("a")
-	_, ok, _ := a.Acquire(2, 2)
+	a, aL := tbl.Get("a")
+	_, ok, _ := a.Acquire(aL, 2, 2)
 	require.True(t, ok)
 	// Keys with requests in flight too, until a goes.
 	var others []*State
 	for i := 0; len(tbl.Pinned()) == 0; i++ {
 		require.Less(t, i, 100, "a never evicted")
-		st := tbl.Get(fmt.Sprint("other", i))
-		_, ok, _ := st.Acquire(1, 2)
+		st, stL := tbl.Get(fmt.Sprint("other", i))
+		_, ok, _ := st.Acquire(stL, 1, 2)
 		require.True(t, ok)
 		others = append(others, st)
 	}
 	pinned := tbl.Pinned()
-	assert.False(t, a.Dead(), "a pinned state stays alive")
-	_, ok, _ = tbl.Get("a").Acquire(1, 2)
+	assert.True(t, a.Alive(aL), "a pinned state stays alive")
+	back, backL := tbl.Get("a")
+	assert.Equal(t, aL, backL, "in the life it was pinned in")
+	_, ok, _ = back.Acquire(backL, 1, 2)
 	assert.False(t, ok, "back from the side table with its 2 in flight")
-	assert.Same(t, a, tbl.Get("a"))
+	assert.Same(t, a, back)
 	assert.NotContains(t, tbl.Pinned(), a, "seen again, it is back in the sets")
 	// The other pinned states go with their last release.
 	for _, st := range others {
@@ -88,13 +90,13 @@ func TestListingAnEvictedKeyKeepsItsRequestsInFlight(t *testing.T) {
 	for i := 0; len(tbl.Pinned()) == 0; i++ {
 		require.Less(t, i, 100, "no key ever evicted")
 		k := fmt.Sprint("k", i)
-		st := tbl.Get(k)
-		_, ok, _ := st.Acquire(1, 3)
+		st, stL := tbl.Get(k)
+		_, ok, _ := st.Acquire(stL, 1, 3)
 		require.True(t, ok)
 		held[k] = st
 	}
 	for k, st := range held {
-		listed := tbl.Specific(k)
+		listed, _ := tbl.Specific(k)
 		assert.Same(t, st, listed, "%s: the listed state is the one holding its request", k)
 		assert.EqualValues(t, 1, listed.InFlight(), k)
 	}
@@ -105,15 +107,16 @@ func TestIdleConcKeyGoesFirstAndUnpinned(t *testing.T) {
 	tbl := newConcTable(4)
 	busy := make([]*State, 3)
 	for i := range busy {
-		busy[i] = tbl.Get(fmt.Sprint("busy", i))
-		_, ok, _ := busy[i].Acquire(1, 1)
+		var l Life
+		busy[i], l = tbl.Get(fmt.Sprint("busy", i))
+		_, ok, _ := busy[i].Acquire(l, 1, 1)
 		require.True(t, ok)
 	}
-	idle := tbl.Get("idle")
+	idle, idleL := tbl.Get("idle")
 	tbl.Get("new")
-	assert.True(t, idle.Dead())
+	assert.False(t, idle.Alive(idleL), "the idle key went")
 	for _, st := range busy {
-		assert.False(t, st.Dead())
+		assert.True(t, st.Alive(st.Life()&^dead), "a busy key stays")
 	}
 	assert.Empty(t, tbl.Pinned())
 }
@@ -150,8 +153,8 @@ func TestMigratingTablesKeepEveryKeyInFlight(t *testing.T) {
 				if spins > 1_000_000 {
 					t.Fatalf("key %d: a lookup spins on dead states", k)
 				}
-				st := latest.Load().Get(fmt.Sprint("k", k))
-				_, ok, dead := st.Acquire(1, 2)
+				st, stL := latest.Load().Get(fmt.Sprint("k", k))
+				_, ok, dead := st.Acquire(stL, 1, 2)
 				if dead {
 					continue
 				}

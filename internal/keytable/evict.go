@@ -53,29 +53,32 @@ func (t *Table) idleFor(st *State, now int64) int64 {
 
 // evict takes st out of the table (its way is being replaced, under the
 // set's lock): what it holds goes to the ghosts, or, for a Conc state with
-// requests in flight, to the side table.
-func (t *Table) evict(st *State, now int64) {
-	st.dead.Store(true)
+// requests in flight, to the side table. It reports whether the state may
+// be reused for another key (see renew): all but a pinned one may.
+func (t *Table) evict(st *State, now int64) bool {
+	st.kill()
 	switch t.kind {
 	case Conc:
 		if st.head.Load() > 0 {
 			t = t.lockSpec() // the side table it moved to, if it did
-			t.pinned[st.id] = st
+			id := st.id()
+			t.pinned[id] = st
 			st.pinned.Store(true)
 			if st.head.Load() == 0 {
 				// Its last request exited as we pinned it, and may have
 				// missed the mark: unpinned here.
-				delete(t.pinned, st.id)
+				delete(t.pinned, id)
 				st.pinned.Store(false)
 				t.specMu.Unlock()
-				return
+				return true
 			}
 			// Alive again before the lock goes: a release that unpins it
 			// (under the lock) marks it dead after this.
-			st.dead.Store(false)
+			st.revive()
 			t.specMu.Unlock()
+			return false
 		}
-		return
+		return true
 	case Window:
 		// Read after dead is set: a request that counts later sees it.
 		// Kept for a window more than this clock reading needs: another
@@ -83,25 +86,26 @@ func (t *Table) evict(st *State, now int64) {
 		b := now / t.bucketLen
 		c, ok := st.carry(b - Buckets)
 		if !ok {
-			return // its window is over: nothing to keep
+			return true // its window is over: nothing to keep
 		}
-		t.remember(st.id.h, ghostOf(c), b)
+		t.remember(st.idh.Load(), ghostOf(c), b)
 		if c.head+Buckets <= b {
-			return // idle by this clock: not counted as active
+			return true // idle by this clock: not counted as active
 		}
 	case Pace:
 		// Kept even when past: the next request's cost runs from it.
 		at := st.head.Load()
 		var x ghost
 		x.setTimeline(at)
-		t.remember(st.id.h, x, now)
+		t.remember(st.idh.Load(), x, now)
 		if at <= now-t.paceLife.Load() {
-			return // idle past its slowest slot: not counted as active
+			return true // idle past its slowest slot: not counted as active
 		}
 	}
 	if count := t.evicted.Load(); count != nil {
 		(*count)()
 	}
+	return true
 }
 
 // memory is the table's ghosts, made if needed (once: they are large).
@@ -160,25 +164,53 @@ func (t *Table) countForgotten(n int) {
 // evicted, if remembered.
 func (t *Table) fresh(id ID) *State {
 	st := t.newState(id)
+	t.renew(st, id, t.begin(id, t.now()))
+	return st
+}
+
+// begin is what a key's state starts from: what it had when it was
+// evicted, if remembered (taken from the memory), else nothing.
+type begin struct {
+	c  carry // Window
+	at int64 // Pace: the timeline's head (noBucket: idle)
+}
+
+// begin takes id's ghost, if any, as a start at now.
+func (t *Table) begin(id ID, now int64) begin {
 	switch t.kind {
 	case Window:
 		// The state starts at the newest bucket its carry was read for,
 		// even with nothing carried: a request whose clock reading is
 		// behind counts there, not in a window the carry was not read for.
-		b := max(t.now(), 0) / t.bucketLen
-		c := carry{head: b}
+		b := max(now, 0) / t.bucketLen
 		if x, ok := t.ghost(id); ok {
-			c = x.carryAt(b)
+			return begin{c: x.carryAt(b)}
 		}
-		// Each count back in its own bucket: they leave the window when
-		// they would have.
-		st.load(c)
+		return begin{c: carry{head: b}}
 	case Pace:
 		if x, ok := t.ghost(id); ok {
-			st.head.Store(x.timeline())
+			return begin{at: x.timeline()}
 		}
+		return begin{at: noBucket}
 	}
-	return st
+	return begin{}
+}
+
+// renew makes st, new or evicted (dead), the state of id starting from
+// from, in its next life: its identity is written before that life
+// begins, so that a lookup that finds the life finds the identity (see
+// find). A Conc state keeps its count in flight: a request of its earlier
+// life that counted there late takes it back (see Acquire).
+func (t *Table) renew(st *State, id ID, from begin) {
+	l := (st.Life() | dead) + 1
+	st.setID(id)
+	switch t.kind {
+	case Window:
+		st.load(from.c, l)
+	case Pace:
+		st.head.Store(from.at)
+	}
+	st.life.Store(uint32(l))
 }
 
 // ghost takes key id's ghost: while a table moves into this one, from its
@@ -273,13 +305,13 @@ func (t *Table) Release(st *State, n int64) {
 		// Dead first, then look again: a request that counted in it
 		// meanwhile either sees it dead (and takes its count back) or is
 		// seen here, and the state stays pinned, alive.
-		st.dead.Store(true)
+		st.kill()
 		if st.head.Load() != 0 {
-			st.dead.Store(false)
+			st.revive()
 			return
 		}
-		if t.pinned[st.id] == st {
-			delete(t.pinned, st.id)
+		if id := st.id(); t.pinned[id] == st {
+			delete(t.pinned, id)
 		}
 		st.pinned.Store(false)
 	}
@@ -338,14 +370,14 @@ func (t *Table) Rewindow(old *Table, rule Limits, limits func(key string) Limits
 		return out
 	}
 	state := func(st *State, lim Limits) *State {
-		ns := t.newState(st.id)
+		ns := t.newState(st.id())
 		head := st.head.Load()
 		if head == noBucket || head > ob+Buckets {
 			return ns // never counted (or on a clock far ahead): nothing known
 		}
 		c, _ := st.carry(head)
 		c.head = head
-		ns.load(conv(c, lim))
+		ns.load(conv(c, lim), ns.Life())
 		return ns
 	}
 	t.noKey = state(old.noKey, rule)
@@ -398,5 +430,6 @@ func (t *Table) RescaleTimelines(now int64, rule float64, ratio func(key string)
 // RescaleListed rescales the timeline of a key the rule lists, kept apart
 // from now on (see Specific and pace.Rescale; load time).
 func (t *Table) RescaleListed(key string, now int64, ratio float64) {
-	pace.Rescale(&t.Specific(key).head, now, ratio)
+	st, _ := t.Specific(key)
+	pace.Rescale(&st.head, now, ratio)
 }

@@ -146,14 +146,14 @@ func TestMigrateMovesWhatEvictedKeysHad(t *testing.T) {
 	var now int64
 	old := newWindowTable(4, &now)
 	for k := range 12 {
-		st := old.Get(fmt.Sprint("k", k))
-		_, _, ok, _ := old.Admit(st, now, 3, 3)
+		st, stL := old.Get(fmt.Sprint("k", k))
+		_, _, ok, _ := old.Admit(st, stL, now, 3, 3)
 		require.True(t, ok)
 	}
 	next := newWindowTable(64, &now)
 	next.Migrate(old)
 	for k := range 12 {
-		_, _, ok, _ := next.Admit(next.Get(fmt.Sprint("k", k)), now, 1, 3)
+		_, _, ok, _ := admitKey(next, fmt.Sprint("k", k), now, 1, 3)
 		assert.False(t, ok, "key %d: its 3 of 3 kept", k)
 	}
 }

@@ -40,7 +40,7 @@ func TestHammerNeverAdmitsOverTheLimitInAnyWindow(t *testing.T) {
 						now := clock.Add(rng.Int64N(int64(c.step)))
 						k := rng.IntN(c.keys)
 						for {
-							b, _, ok, dead := tbl.Admit(tbl.Get(fmt.Sprint("key-", k)), now, 1, limit)
+							b, _, ok, dead := admitKey(tbl, fmt.Sprint("key-", k), now, 1, limit)
 							if dead {
 								continue // evicted as it counted: look again
 							}
@@ -94,10 +94,11 @@ func TestHammerNeverHoldsOverTheLimitInFlight(t *testing.T) {
 					for range ops {
 						k := rng.IntN(c.keys)
 						var st *State
+						var stL Life
 						ok, dead := false, true
 						for dead {
-							st = tbl.Get(fmt.Sprint("key-", k))
-							_, ok, dead = st.Acquire(1, limit)
+							st, stL = tbl.Get(fmt.Sprint("key-", k))
+							_, ok, dead = st.Acquire(stL, 1, limit)
 						}
 						if !ok {
 							continue

@@ -44,4 +44,4 @@ func (t *Table) Each(fn func(*State)) {
 // tests only: should a regression make a request spin on a dead state (a
 // state live in one table and evicted from another, see Migrate), it lets
 // the request finish, so that the test fails instead of hanging.
-func (t *Table) Revive() { t.Each(func(st *State) { st.dead.Store(false) }) }
+func (t *Table) Revive() { t.Each(func(st *State) { st.revive() }) }

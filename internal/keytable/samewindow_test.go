@@ -35,7 +35,7 @@ func TestKeyWindowDecidesAsTheResourceWindow(t *testing.T) {
 			}
 			now = max(now, 0)
 			n := int64(1 + rng.IntN(4))
-			b, seen, ok, dead := tbl.Admit(st, now, n, limit)
+			b, seen, ok, dead := tbl.Admit(st, st.Life(), now, n, limit)
 			require.False(t, dead)
 			r, wok := w.AdmitOn(0, now, n, limit)
 			require.Equal(t, wok, ok, "seed %d step %d at %d: n %d, limit %d", seed, i, now, n, limit)

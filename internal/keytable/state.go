@@ -11,28 +11,70 @@ import (
 // the 64-byte size class, it starts a line). Only the fields of its
 // table's kind are used: one type keeps the table's code single. It must
 // not be copied after first use.
+//
+// A state evicted from its table's sets is reused for the key that
+// replaces it: each reuse is a new life (see Life), and a request that
+// found the state in an earlier life counts nothing in the new one.
 type State struct {
 	// head is the newest bucket index (Window), the timeline's head in ns
 	// (Pace), or the requests in flight (Conc).
 	head  atomic.Int64
 	words [Buckets]atomic.Uint64
-	// id is the key's identity in its table (see ID).
-	id ID
-	// dead is set when the state left its table: a request that counted
-	// in it since takes the count back and looks the key up again. The
+	// idh and idc are the key's identity in its table (see ID), rewritten
+	// when the state is reused.
+	idh, idc stdatomic.Uint64
+	// life is the state's generation above its dead bit (see Life). The
 	// flags are sync/atomic's (4 bytes; go.uber.org/atomic's Bool is 8),
 	// so the state fits one line.
-	dead stdatomic.Bool
+	life stdatomic.Uint32
 	// pinned is set while a Conc state with requests in flight sits in
 	// its table's side table.
 	pinned stdatomic.Bool
 }
 
+// Life is a state's generation (bits 1 and up) and dead bit (bit 0) as a
+// lookup found them. A request keeps the life it found its key's state
+// in and hands it to Admit, Undo and Acquire, which count nothing once the
+// state has left that life: evicted (dead, the bit set) or reused for
+// another key (the generation moved on). A lookup returns live states
+// only, so a Life a request holds has the bit clear.
+type Life uint32
+
+// dead is Life's dead bit.
+const dead Life = 1
+
+// tag is the 8 bits of a life's generation a Window word carries (see
+// packBucket): a count written in one life never passes for one of the
+// next 255 lives of its state.
+func (l Life) tag() uint64 { return uint64(uint8(l >> 1)) }
+
+// Life is the state's life now.
+func (st *State) Life() Life { return Life(st.life.Load()) }
+
+// Alive reports whether the state is still in life l.
+func (st *State) Alive(l Life) bool { return Life(st.life.Load()) == l }
+
+// id is the state's key identity.
+func (st *State) id() ID { return ID{st.idh.Load(), st.idc.Load()} }
+
+// setID makes id the state's identity.
+func (st *State) setID(id ID) {
+	st.idh.Store(id.h)
+	st.idc.Store(id.c)
+}
+
+// kill sets the dead bit: a request that counted in the state since takes
+// its count back and looks its key up again. revive clears it (a Conc
+// state with requests in flight stays alive in the side table).
+func (st *State) kill()   { st.life.Or(uint32(dead)) }
+func (st *State) revive() { st.life.And(^uint32(dead)) }
+
 // noBucket is the head of a window that never counted.
 const noBucket = math.MinInt64 / 2
 
 func (t *Table) newState(id ID) *State {
-	st := &State{id: id}
+	st := &State{}
+	st.setID(id)
 	if t.kind != Conc {
 		st.head.Store(noBucket)
 	}
@@ -53,10 +95,6 @@ func (st *State) reset(k Kind) {
 	}
 }
 
-// Dead reports whether the state left its table: a request that took
-// from it since gives back and looks its key up again.
-func (st *State) Dead() bool { return st.dead.Load() }
-
 // Timeline is a Pace state's timeline head (ns), for the pacer to reserve
 // on.
 func (st *State) Timeline() *atomic.Int64 { return &st.head }
@@ -64,21 +102,22 @@ func (st *State) Timeline() *atomic.Int64 { return &st.head }
 // InFlight is a Conc state's count in flight.
 func (st *State) InFlight() int64 { return st.head.Load() }
 
-// Acquire counts n in flight on a Conc state if it stays at or below
-// limit. It returns the count seen when it refuses; dead reports that the
-// state left the table (nothing counted): the caller looks the key up
-// again. Release gives it back.
-func (st *State) Acquire(n, limit int64) (seen int64, ok, dead bool) {
+// Acquire counts n in flight on a Conc state found in life l if it stays
+// at or below limit. It returns the count seen when it refuses; gone
+// reports that the state left life l (nothing counted): the caller looks
+// the key up again. Release gives it back. (A reused Conc state keeps its
+// count: what a request of an earlier life adds here it takes back.)
+func (st *State) Acquire(l Life, n, limit int64) (seen int64, ok, gone bool) {
 	for {
 		cur := st.head.Load()
 		if cur+n > limit {
-			return cur, false, st.dead.Load()
+			return cur, false, !st.Alive(l)
 		}
 		if st.head.CompareAndSwap(cur, cur+n) {
 			break
 		}
 	}
-	if st.dead.Load() {
+	if !st.Alive(l) {
 		st.head.Sub(n)
 		return 0, false, true
 	}

@@ -169,13 +169,14 @@ func (t *Table) setsOf(h uint64) (int, int) {
 
 // Specific returns the state of a key listed in the rule's Keys, kept
 // apart from the sets (never evicted) and across reloads (load time
-// only).
-func (t *Table) Specific(key string) *State {
+// only), and its life: a reload that no longer lists the key puts the
+// state into the sets, where it may be evicted and reused.
+func (t *Table) Specific(key string) (*State, Life) {
 	t.specMu.Lock()
 	st := t.spec[key]
 	t.specMu.Unlock()
 	if st != nil {
-		return st
+		return st, st.Life()
 	}
 	// Out of the sets, or back from its ghost, with its counts (the sets'
 	// locks are not taken under specMu: add takes specMu under them).
@@ -183,7 +184,7 @@ func (t *Table) Specific(key string) *State {
 	t.specMu.Lock()
 	t.spec[key] = st
 	t.specMu.Unlock()
-	return st
+	return st, st.Life()
 }
 
 // KeepSpecific drops the states of keys no longer listed, those not in
@@ -210,19 +211,20 @@ func (t *Table) KeepSpecific(keys []string) {
 	}
 }
 
-// Get returns key's state, adding it if the table lacks it.
-func (t *Table) Get(key string) *State {
+// Get returns key's state, adding it if the table lacks it, and the life
+// it found it in (see Life).
+func (t *Table) Get(key string) (*State, Life) {
 	if n := t.next.Load(); n != nil {
 		return n.current().Get(key) // moved to a table of another MaxKeys
 	}
 	h := t.hash(key)
 	a, b := t.setsOf(h)
 	var c uint64 // the second hash, made when a tag matches
-	if st := t.sets[a].find(h, &c, t, key); st != nil {
-		return st
+	if st, l := t.sets[a].find(h, &c, t, key); st != nil {
+		return st, l
 	}
-	if st := t.sets[b].find(h, &c, t, key); st != nil {
-		return st
+	if st, l := t.sets[b].find(h, &c, t, key); st != nil {
+		return st, l
 	}
 	if c == 0 {
 		c = t.check(key)
@@ -240,10 +242,10 @@ func (t *Table) Peek(key string) *State {
 	h := t.hash(key)
 	a, b := t.setsOf(h)
 	var c uint64
-	if st := t.sets[a].find(h, &c, t, key); st != nil {
+	if st, _ := t.sets[a].find(h, &c, t, key); st != nil {
 		return st
 	}
-	if st := t.sets[b].find(h, &c, t, key); st != nil {
+	if st, _ := t.sets[b].find(h, &c, t, key); st != nil {
 		return st
 	}
 	// Both missed: a move between the two reads (see relocate) may have
@@ -294,31 +296,36 @@ func (t *Table) Reset(key string, listed *State) {
 // ghost out of t's memory (the sets' locks held).
 func forget(t *Table, id ID, a, b int) {
 	if st := t.removeLocked(id, a, b); st != nil {
-		st.dead.Store(true)
+		st.kill()
 	}
 	t.takeGhost(id)
 }
 
-// find returns the live state of key in s, or nil.
-func (s *set) find(h uint64, c *uint64, t *Table, key string) *State {
+// find returns the live state of key in s and its life, or nil. The life
+// is read before the identity: a state reused since for another key (its
+// identity rewritten before its new life begins) fails the identity check
+// or, found in its old life, counts nothing in the new one.
+func (s *set) find(h uint64, c *uint64, t *Table, key string) (*State, Life) {
 	for i := range s.ways {
 		w := &s.ways[i]
 		if w.tag.Load() == h {
 			if *c == 0 {
 				*c = t.check(key)
 			}
-			if st := w.st.Load(); st != nil && st.id == (ID{h, *c}) {
-				return st
+			if st := w.st.Load(); st != nil {
+				if l := st.Life(); l&dead == 0 && st.idh.Load() == h && st.idc.Load() == *c {
+					return st, l
+				}
 			}
 		}
 	}
-	return nil
+	return nil, 0
 }
 
-// findID is find by identity (under the sets' locks).
+// findID is find by identity (under the sets' locks: no life changes).
 func (s *set) findID(id ID) *State {
 	for i := range s.ways {
-		if st := s.ways[i].st.Load(); st != nil && st.id == id {
+		if st := s.ways[i].st.Load(); st != nil && st.id() == id {
 			return st
 		}
 	}
@@ -326,7 +333,7 @@ func (s *set) findID(id ID) *State {
 }
 
 // add is Get's slow path: a key new to the table (or back to it).
-func (t *Table) add(id ID, a, b int) *State {
+func (t *Table) add(id ID, a, b int) (*State, Life) {
 	// While a table moves into this one, its key may not have moved yet:
 	// its sets are locked first (the order Migrate locks in), and a state
 	// still there moves now.
@@ -348,7 +355,7 @@ func (t *Table) add(id ID, a, b int) *State {
 	defer unlock.unlock()
 	// Added by another request while we waited?
 	if st := t.findLocked(id, a, b); st != nil {
-		return st
+		return st, st.Life()
 	}
 	var st *State
 	if from != nil {
@@ -359,11 +366,8 @@ func (t *Table) add(id ID, a, b int) *State {
 		// next was read (this add's sets are moved after it).
 		st = t.unpin(id)
 	}
-	if st == nil {
-		st = t.fresh(id)
-	}
-	t.placeLocked(st, a, b)
-	return st
+	st = t.placeLocked(st, id, a, b)
+	return st, st.Life()
 }
 
 // removeLocked takes the state of id out of sets a and b, if there (their
@@ -372,7 +376,7 @@ func (t *Table) removeLocked(id ID, a, b int) *State {
 	for _, si := range [2]int{a, b} {
 		for i := range t.sets[si].ways {
 			w := &t.sets[si].ways[i]
-			if st := w.st.Load(); st != nil && st.id == id {
+			if st := w.st.Load(); st != nil && st.id() == id {
 				w.tag.Store(0)
 				w.st.Store(nil)
 				t.size.Dec()
@@ -383,14 +387,16 @@ func (t *Table) removeLocked(id ID, a, b int) *State {
 	return nil
 }
 
-// getID is Get for a key known by its identity (same seeds: see Migrate).
-func (t *Table) getID(id ID) *State {
+// getID is Get for a key known by its identity (same seeds: see
+// Migrate). The sets are read under their locks: findID reads a state's
+// identity, which a reuse rewrites.
+func (t *Table) getID(id ID) (*State, Life) {
 	a, b := t.setsOf(id.h)
-	if st := t.sets[a].findID(id); st != nil {
-		return st
-	}
-	if st := t.sets[b].findID(id); st != nil {
-		return st
+	unlock := t.lock(a, b)
+	st := t.findLocked(id, a, b)
+	unlock.unlock()
+	if st != nil {
+		return st, st.Life()
 	}
 	return t.add(id, a, b)
 }
@@ -434,9 +440,17 @@ func (t *Table) findLocked(id ID, a, b int) *State {
 }
 
 // placeLocked puts st into set a or b, replacing the victim's state; an
-// active victim only if no key of a or b can move to its other set.
-func (t *Table) placeLocked(st *State, a, b int) {
+// active victim only if no key of a or b can move to its other set. With
+// st nil it makes id's state: the victim's, reused, if there is one (see
+// evict), else a new one. It returns the state placed.
+func (t *Table) placeLocked(st *State, id ID, a, b int) *State {
 	now := t.now()
+	var from begin
+	if st == nil {
+		// Before the victim's memory is kept: its keeping may forget
+		// others'.
+		from = t.begin(id, now)
+	}
 	si, wi := t.victim(a, b, now)
 	w := &t.sets[si].ways[wi]
 	if old := w.st.Load(); old != nil && t.idleFor(old, now) < 0 {
@@ -445,14 +459,25 @@ func (t *Table) placeLocked(st *State, a, b int) {
 			w = &t.sets[si].ways[wi]
 		}
 	}
-	if old := w.st.Load(); old != nil {
-		t.evict(old, now)
+	w.tag.Store(0) // no lookup matches a half-written way
+	old := w.st.Load()
+	reuse := false
+	if old != nil {
+		reuse = t.evict(old, now) && st == nil
 	} else {
 		t.size.Inc()
 	}
-	w.tag.Store(0) // no lookup matches a half-written way
+	switch {
+	case reuse:
+		st = old
+		t.renew(st, id, from)
+	case st == nil:
+		st = t.newState(id)
+		t.renew(st, id, from)
+	}
 	w.st.Store(st)
-	w.tag.Store(st.id.h)
+	w.tag.Store(id.h)
+	return st
 }
 
 // relocate makes room in set a or b (their locks held, both full) by
@@ -473,7 +498,7 @@ func (t *Table) relocate(a, b int) (setIdx, wayIdx int, ok bool) {
 			if o == nil {
 				continue
 			}
-			p, q := t.setsOf(o.id.h)
+			p, q := t.setsOf(o.idh.Load())
 			alt := p
 			if alt == x {
 				alt = q
@@ -492,7 +517,7 @@ func (t *Table) relocate(a, b int) (setIdx, wayIdx int, ok bool) {
 					to := &t.sets[alt].ways[j]
 					if to.st.Load() == nil {
 						to.st.Store(o)
-						to.tag.Store(o.id.h)
+						to.tag.Store(o.idh.Load())
 						from.tag.Store(0)
 						from.st.Store(nil)
 						moved = true
@@ -557,15 +582,16 @@ func (t *Table) unpin(id ID) *State {
 // put puts st, the state of key, into the sets: a key that left the
 // rule's Keys keeps its counts (load time).
 func (t *Table) put(key string, st *State) {
-	st.id = ID{t.hash(key), t.check(key)}
+	st.setID(ID{t.hash(key), t.check(key)})
 	t.insert(st)
 }
 
 // insert puts st into its sets unless its key is there already.
 func (t *Table) insert(st *State) {
-	a, b := t.setsOf(st.id.h)
+	id := st.id()
+	a, b := t.setsOf(id.h)
 	defer t.lock(a, b).unlock()
-	if t.findLocked(st.id, a, b) == nil {
-		t.placeLocked(st, a, b)
+	if t.findLocked(id, a, b) == nil {
+		t.placeLocked(st, id, a, b)
 	}
 }

@@ -26,15 +26,15 @@ func TestGetReturnsTheSameStateForTheSameKey(t *testing.T) {
 	states := map[*State]string{}
 	for i := range 200 {
 		k := fmt.Sprint("key-", i)
-		st := tbl.Get(k)
+		st, _ := tbl.Get(k)
 		require.NotContains(t, states, st, "%s shares %s's state", k, states[st])
 		states[st] = k
 	}
 	for st, k := range states {
-		assert.Same(t, st, tbl.Get(k), k)
+		assert.Same(t, st, stateOf(tbl, k), k)
 	}
 	assert.Equal(t, int64(200), tbl.Len())
-	assert.NotSame(t, tbl.NoKey(), tbl.Get(""), "no key is not the empty key")
+	assert.NotSame(t, tbl.NoKey(), stateOf(tbl, ""), "no key is not the empty key")
 }
 
 func TestTableNeverHoldsMoreThanItsCapacity(t *testing.T) {
@@ -48,7 +48,7 @@ func TestTableNeverHoldsMoreThanItsCapacity(t *testing.T) {
 			now += 10
 			// Active keys, remembered once evicted (more than the table
 			// remembers: some are forgotten).
-			_, _, _, dead := tbl.Admit(tbl.Get(fmt.Sprint(i)), now, 1, 1)
+			_, _, _, dead := admitKey(tbl, fmt.Sprint(i), now, 1, 1)
 			require.False(t, dead)
 		}
 		n := 0
@@ -58,16 +58,16 @@ func TestTableNeverHoldsMoreThanItsCapacity(t *testing.T) {
 	}
 }
 
-// fill adds keys prefix0.. to tbl until st is evicted (dead), counting
-// one in each at now if count; it returns how many it added.
-func fill(t *testing.T, tbl *Table, st *State, prefix string, now int64, count bool) int {
+// fill adds keys prefix0.. to tbl until st leaves its life stL (evicted),
+// counting one in each at now if count; it returns how many it added.
+func fill(t *testing.T, tbl *Table, st *State, stL Life, prefix string, now int64, count bool) int {
 	t.Helper()
 	for i := range 100 * tbl.Capacity() {
-		f := tbl.Get(fmt.Sprint(prefix, i))
+		f, fL := tbl.Get(fmt.Sprint(prefix, i))
 		if count {
-			tbl.Admit(f, now, 1, 1)
+			tbl.Admit(f, fL, now, 1, 1)
 		}
-		if st.Dead() {
+		if !st.Alive(stL) {
 			return i + 1
 		}
 	}
@@ -80,21 +80,21 @@ func TestEvictionTakesAnIdleKeyFirstAndCountsNone(t *testing.T) {
 	tbl := newWindowTable(4, &now) // one set: every key competes
 	evictions := 0
 	tbl.CountEvictions(func() { evictions++ })
-	idle := tbl.Get("idle")
-	_, _, ok, _ := tbl.Admit(idle, 0, 1, 3)
+	idle, idleL := tbl.Get("idle")
+	_, _, ok, _ := tbl.Admit(idle, idleL, 0, 1, 3)
 	require.True(t, ok)
 	now = 2000 // idle's window is over
 	var active []*State
 	for i := range 3 {
-		st := tbl.Get(fmt.Sprint("active", i))
-		_, _, ok, _ := tbl.Admit(st, now, 1, 3)
+		st, stL := tbl.Get(fmt.Sprint("active", i))
+		_, _, ok, _ := tbl.Admit(st, stL, now, 1, 3)
 		require.True(t, ok)
 		active = append(active, st)
 	}
 	tbl.Get("new")
-	assert.True(t, idle.Dead(), "the idle key went")
+	assert.True(t, !idle.Alive(idleL), "the idle key went")
 	for _, st := range active {
-		assert.False(t, st.Dead())
+		assert.True(t, st.Alive(st.Life()&^dead), "an active key stays")
 	}
 	assert.Zero(t, evictions, "an idle key's eviction loses nothing")
 }
@@ -108,15 +108,14 @@ func TestEvictedKeyComesBackWithItsCount(t *testing.T) {
 	evictions := 0
 	tbl.CountEvictions(func() { evictions++ })
 	const limit = 3
-	hot := tbl.Get("hot")
+	hot, hotL := tbl.Get("hot")
 	runAdmitSteps(t, tbl, hot, limit, []admitStep{{0, 1, true}, {300, 2, true}, {400, 1, false}})
 	now = 500
 	// Keys that count nothing leave no ghost: hot comes back with
 	// exactly its own counts.
-	fill(t, tbl, hot, "flood", now, false)
+	fill(t, tbl, hot, hotL, "flood", now, false)
 	assert.Positive(t, evictions, "an active key's eviction is counted")
-	back := tbl.Get("hot")
-	require.NotSame(t, hot, back)
+	back, _ := tbl.Get("hot")
 	runAdmitSteps(t, tbl, back, limit, []admitStep{
 		{600, 1, false},  // still 3 in the window
 		{1000, 1, true},  // bucket 0's 1 left
@@ -126,23 +125,23 @@ func TestEvictedKeyComesBackWithItsCount(t *testing.T) {
 	// Evicted again and again within one window: never more.
 	now = 1300
 	for round := range 5 {
-		st := tbl.Get("hot")
-		_, _, ok, _ := tbl.Admit(st, now, 1, limit)
+		st, stL := tbl.Get("hot")
+		_, _, ok, _ := tbl.Admit(st, stL, now, 1, limit)
 		assert.False(t, ok, "round %d", round)
-		fill(t, tbl, st, fmt.Sprint("round", round, "-"), now, true)
+		fill(t, tbl, st, stL, fmt.Sprint("round", round, "-"), now, true)
 	}
 }
 
 func TestEvictedPaceKeyKeepsItsTimeline(t *testing.T) {
 	var now int64
 	tbl := New(Config{Kind: Pace, MaxKeys: 4, Now: func() int64 { return now }})
-	hot := tbl.Get("hot")
+	hot, hotL := tbl.Get("hot")
 	hot.Timeline().Store(5e9)
-	for i := 0; !hot.Dead(); i++ {
+	for i := 0; hot.Alive(hotL); i++ {
 		require.Less(t, i, 1000, "never evicted")
-		tbl.Get(fmt.Sprint("flood", i)).Timeline().Store(6e9) // ahead of hot: hot goes first
+		stateOf(tbl, fmt.Sprint("flood", i)).Timeline().Store(6e9) // ahead of hot: hot goes first
 	}
-	assert.GreaterOrEqual(t, tbl.Get("hot").Timeline().Load(), int64(5e9))
+	assert.GreaterOrEqual(t, stateOf(tbl, "hot").Timeline().Load(), int64(5e9))
 }
 
 func TestSpecificKeysAreNeverEvicted(t *testing.T) {
@@ -150,21 +149,22 @@ func TestSpecificKeysAreNeverEvicted(t *testing.T) {
 	tbl := newWindowTable(4, &now)
 	const limit = 2
 	// A key in the sets moves out with its count when listed.
-	st := tbl.Get("vip")
+	st, _ := tbl.Get("vip")
 	runAdmitSteps(t, tbl, st, limit, []admitStep{{0, 2, true}})
-	vip := tbl.Specific("vip")
+	vip, vipL := tbl.Specific("vip")
 	require.Same(t, st, vip)
 	assert.Zero(t, tbl.Len())
 	assert.Equal(t, 1, tbl.Listed())
 	for i := range 100 {
-		tbl.Admit(tbl.Get(fmt.Sprint("flood", i)), 0, 1, 1)
+		admitKey(tbl, fmt.Sprint("flood", i), 0, 1, 1)
 	}
-	assert.False(t, vip.Dead())
-	assert.Same(t, vip, tbl.Specific("vip"))
+	assert.True(t, vip.Alive(vipL))
+	again, _ := tbl.Specific("vip")
+	assert.Same(t, vip, again)
 	// No longer listed: back in the sets, with its count.
 	tbl.KeepSpecific([]string{"other"})
 	assert.Zero(t, tbl.Listed())
-	assert.Same(t, vip, tbl.Get("vip"))
+	assert.Same(t, vip, stateOf(tbl, "vip"))
 	runAdmitSteps(t, tbl, vip, limit, []admitStep{{10, 1, false}})
 }
 
@@ -182,7 +182,7 @@ func TestMigrateKeepsCounts(t *testing.T) {
 			for i := range c.from / 2 {
 				k := fmt.Sprint("k", i)
 				keys = append(keys, k)
-				_, _, ok, _ := old.Admit(old.Get(k), 0, limit, limit)
+				_, _, ok, _ := admitKey(old, k, 0, limit, limit)
 				require.True(t, ok)
 			}
 			next := newWindowTable(c.to, &now)
@@ -190,9 +190,9 @@ func TestMigrateKeepsCounts(t *testing.T) {
 			assert.LessOrEqual(t, next.Len(), int64(next.Capacity()))
 			for _, k := range keys {
 				for _, tbl := range []*Table{next, old} {
-					st := tbl.Get(k)
-					require.False(t, st.Dead(), "%s", k)
-					_, seen, ok, dead := tbl.Admit(st, 100, 1, limit)
+					st, stL := tbl.Get(k)
+					require.False(t, !st.Alive(stL), "%s", k)
+					_, seen, ok, dead := tbl.Admit(st, stL, 100, 1, limit)
 					assert.False(t, dead, "%s", k)
 					assert.False(t, ok, "%s counted again after the reload", k)
 					assert.GreaterOrEqual(t, seen, int64(limit), "%s", k)
@@ -200,7 +200,7 @@ func TestMigrateKeepsCounts(t *testing.T) {
 			}
 			if c.to > c.from {
 				for _, k := range keys {
-					assert.Same(t, next.Get(k), old.Get(k), "%s: one state", k)
+					assert.Same(t, stateOf(next, k), stateOf(old, k), "%s: one state", k)
 				}
 			}
 		})
@@ -215,9 +215,9 @@ func TestRewindowKeepsCountsOverTheNewSpan(t *testing.T) {
 	const ms = 1 // the test tables' clock: a window of 1000, buckets of 250
 	var now int64
 	old := newWindowTable(64, &now)
-	st := old.Get("k")
+	st, _ := old.Get("k")
 	admit := func(tbl *Table, st *State, n, limit int64) bool {
-		_, _, ok, _ := tbl.Admit(st, now, n, limit)
+		_, _, ok, _ := tbl.Admit(st, st.Life(), now, n, limit)
 		return ok
 	}
 	now = 100 * ms
@@ -227,7 +227,7 @@ func TestRewindowKeepsCountsOverTheNewSpan(t *testing.T) {
 	now = 900 * ms
 	next := New(Config{Kind: Window, MaxKeys: 64, Window: 2000 * ms, Now: func() int64 { return now }})
 	next.Rewindow(old, Limits{10, 10}, nil)
-	ns := next.Get("k")
+	ns, _ := next.Get("k")
 	assert.NotSame(t, st, ns)
 	assert.False(t, admit(next, ns, 4, 10), "7 of 10 held: [0, 250 ms) in bucket 0, [500, 750) in bucket 1 (500 ms each)")
 	assert.True(t, admit(next, ns, 3, 10))
@@ -248,7 +248,7 @@ func TestRewindowToALongerWindowChargesWhatItCannotKnow(t *testing.T) {
 	old := newWindowTable(4, &now) // a window of 1000, buckets of 250
 	next := New(Config{Kind: Window, MaxKeys: 4, Window: 2000, Now: func() int64 { return now }})
 	admit := func(tbl *Table, key string, n, limit int64) bool {
-		_, _, ok, _ := tbl.Admit(tbl.Get(key), now, n, limit)
+		_, _, ok, _ := admitKey(tbl, key, now, n, limit)
 		return ok
 	}
 	now = 10_100
@@ -283,7 +283,7 @@ func TestActiveKeysStayWhileTheTableHasRoom(t *testing.T) {
 	tbl.CountEvictions(func() { evicted++ })
 	n := tbl.Capacity() * 8 / 10
 	for i := range n {
-		_, _, ok, _ := tbl.Admit(tbl.Get(fmt.Sprint("key-", i)), now, 1, 10)
+		_, _, ok, _ := admitKey(tbl, fmt.Sprint("key-", i), now, 1, 10)
 		require.True(t, ok)
 	}
 	assert.LessOrEqual(t, evicted, n/200, "active keys evicted of %d", n)
@@ -322,7 +322,7 @@ func TestPeekFindsAKeyWhileItMoves(t *testing.T) {
 			return ""
 		}
 		add := func(k string) {
-			_, _, ok, _ := tbl.Admit(tbl.Get(k), now, 1, 10)
+			_, _, ok, _ := admitKey(tbl, k, now, 1, 10)
 			require.True(t, ok)
 		}
 		// o lands in its second set q (its first, p, full); q then fills.
@@ -365,7 +365,19 @@ func TestPeekFindsAKeyWhileItMoves(t *testing.T) {
 		add(n)
 		stop.Store(true)
 		wg.Wait()
-		require.Same(t, st, tbl.sets[p].findID(st.id), "o moved to its first set, never evicted")
+		require.Same(t, st, tbl.sets[p].findID(st.id()), "o moved to its first set, never evicted")
 		require.False(t, missed.Load(), "Peek read o as absent while it moved from set %d to set %d", q, p)
 	}
+}
+
+// admitKey is Admit on key's state, in the life Get found it in.
+func admitKey(t *Table, key string, now, n, limit int64) (b, seen int64, ok, gone bool) {
+	st, l := t.Get(key)
+	return t.Admit(st, l, now, n, limit)
+}
+
+// stateOf is key's state (its life unread).
+func stateOf(t *Table, key string) *State {
+	st, _ := t.Get(key)
+	return st
 }

@@ -32,7 +32,7 @@ type admitStep struct {
 func runAdmitSteps(t *testing.T, tbl *Table, st *State, limit int64, steps []admitStep) {
 	t.Helper()
 	for i, s := range steps {
-		_, _, ok, dead := tbl.Admit(st, s.now, s.n, limit)
+		_, _, ok, dead := tbl.Admit(st, st.Life(), s.now, s.n, limit)
 		require.False(t, dead, "step %d", i)
 		if ok != s.want {
 			t.Fatalf("step %d: Admit(now %d, n %d) = %v want %v", i, s.now, s.n, ok, s.want)
@@ -67,7 +67,7 @@ func TestAdmitLateClearOldKeepsNewerCounts(t *testing.T) {
 	tbl, st := windowState()
 	const limit = 4
 	// The key counted long ago at bucket 0.
-	_, _, ok, _ := tbl.Admit(st, 0, 1, limit)
+	_, _, ok, _ := tbl.Admit(st, st.Life(), 0, 1, limit)
 	require.True(t, ok)
 	// Goroutine A (now in bucket 10) CASes the head 0 -> 10, and is
 	// descheduled before clearOld(10). Simulate the CAS:
@@ -76,16 +76,16 @@ func TestAdmitLateClearOldKeepsNewerCounts(t *testing.T) {
 	// Meanwhile others count on, up to bucket b+5, filling its window.
 	now := int64(b+5) * testBucket
 	for range limit {
-		_, _, ok, _ := tbl.Admit(st, now, 1, limit)
+		_, _, ok, _ := tbl.Admit(st, st.Life(), now, 1, limit)
 		require.True(t, ok)
 	}
-	_, _, ok, _ = tbl.Admit(st, now, 1, limit)
+	_, _, ok, _ = tbl.Admit(st, st.Life(), now, 1, limit)
 	require.False(t, ok, "window full")
 	// A resumes.
-	st.clearOld(b)
+	st.clearOld(b, st.Life().tag())
 	got := 0
 	for range limit {
-		if _, _, ok, _ := tbl.Admit(st, now, 1, limit); ok {
+		if _, _, ok, _ := tbl.Admit(st, st.Life(), now, 1, limit); ok {
 			got++
 		}
 	}
@@ -117,7 +117,7 @@ func TestAdmitMatchesBucketOracle(t *testing.T) {
 				sum += counts[b-j]
 			}
 			want := sum+n <= limit
-			got, seen, ok, dead := tbl.Admit(st, now, n, limit)
+			got, seen, ok, dead := tbl.Admit(st, st.Life(), now, n, limit)
 			require.False(t, dead)
 			require.Equal(t, want, ok, "seed %d at %d: window held %d, limit %d, n %d", seed, now, sum, limit, n)
 			if ok {
@@ -135,10 +135,10 @@ func TestAdmitMatchesBucketOracle(t *testing.T) {
 func TestUndoGivesBackToItsBucket(t *testing.T) {
 	tbl, st := windowState()
 	const limit = 3
-	b, _, ok, _ := tbl.Admit(st, 0, 3, limit)
+	b, _, ok, _ := tbl.Admit(st, st.Life(), 0, 3, limit)
 	require.True(t, ok)
 	runAdmitSteps(t, tbl, st, limit, []admitStep{{10, 1, false}})
-	st.Undo(b, 2)
+	st.Undo(b, st.Life(), 2)
 	runAdmitSteps(t, tbl, st, limit, []admitStep{{20, 2, true}, {30, 1, false}})
 }
 
@@ -147,12 +147,12 @@ func TestUndoGivesBackToItsBucket(t *testing.T) {
 func TestUndoOfABucketPastTheWindowChangesNothing(t *testing.T) {
 	tbl, st := windowState()
 	const limit = 3
-	old, _, ok, _ := tbl.Admit(st, 0, 1, limit)
+	old, _, ok, _ := tbl.Admit(st, st.Life(), 0, 1, limit)
 	require.True(t, ok)
-	b, _, ok, _ := tbl.Admit(st, Buckets*testBucket, 3, limit)
+	b, _, ok, _ := tbl.Admit(st, st.Life(), Buckets*testBucket, 3, limit)
 	require.True(t, ok)
 	require.Equal(t, slotOf(old), slotOf(b), "the same word")
-	st.Undo(old, 1)
+	st.Undo(old, st.Life(), 1)
 	runAdmitSteps(t, tbl, st, limit, []admitStep{{Buckets * testBucket, 1, false}})
 	assert.Equal(t, uint64(3), st.sum(b))
 }
@@ -183,17 +183,20 @@ func TestRoomInSaysWhenTheOldestBucketsLeave(t *testing.T) {
 
 func TestAdmitOnAnEvictedStateCountsNothing(t *testing.T) {
 	tbl, st := windowState()
-	st.dead.Store(true)
-	_, _, ok, dead := tbl.Admit(st, 0, 1, 3)
+	l := st.Life()
+	st.kill()
+	_, _, ok, dead := tbl.Admit(st, l, 0, 1, 3)
 	assert.False(t, ok)
 	assert.True(t, dead)
 	assert.Zero(t, st.sum(0), "the count was taken back")
 }
 
-func TestWindowWordsKeepEpochAndCount(t *testing.T) {
+func TestWindowWordsKeepEpochLifeAndCount(t *testing.T) {
 	for _, b := range []int64{0, 1, 5, -3, 1<<24 - 1, 1 << 24, 1<<40 + 7} {
-		w := packBucket(b, 12345)
+		w := packBucket(b, 0xa7, 12345)
 		assert.True(t, epochIs(w, b), "bucket %d", b)
+		assert.True(t, ours(w, b, 0xa7), "bucket %d", b)
+		assert.False(t, ours(w, b, 0xa6), "bucket %d in another life", b)
 		assert.False(t, epochIs(w, b+1), "bucket %d", b)
 		assert.Equal(t, uint64(12345), w&countMask)
 		assert.True(t, newer(w, b-1), "bucket %d is newer than %d", b, b-1)

@@ -42,7 +42,7 @@ func TestReleaseOnceWhateverCopiesExit(t *testing.T) {
 func TestReleaseReturnsWhatWasCounted(t *testing.T) {
 	s := New(&owner{})
 	kt := keytable.New(keytable.Config{Kind: keytable.Conc, MaxKeys: 16, Now: func() int64 { return 0 }})
-	st := kt.Get("k")
+	st, _ := kt.Get("k")
 	sl, w := s.Claim(1, 3, true, st, kt, nil)
 	assert.True(t, Counted(w))
 	n, p := sl.Holder()
