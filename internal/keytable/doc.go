@@ -29,7 +29,11 @@
 //     moves to a side table until its last request exits or it is seen
 //     again.
 //
-// A request that found a key's state just before it was evicted and counts
-// in it after sees the state marked dead, takes its count back and looks
-// the key up again.
+// The state an eviction frees is the new key's: evicting allocates
+// nothing. Each use of a state is a life (see Life): a lookup returns the
+// life it found the state in, and a request that found a key's state just
+// before it was evicted (or reused) counts nothing in it after: it sees
+// its life gone, takes back what it counted in that life, and looks the
+// key up again. Window words carry 8 bits of the life, so that a late
+// write of one life reads as empty in the next.
 package keytable
