@@ -43,10 +43,10 @@ type Life uint32
 // dead is Life's dead bit.
 const dead Life = 1
 
-// tag is the 8 bits of a life's generation a Window word carries (see
-// packBucket): a count written in one life never passes for one of the
-// next 255 lives of its state.
-func (l Life) tag() uint64 { return uint64(uint8(l >> 1)) }
+// tag is the 8 bits of a life's generation a Window word carries, in
+// place above its epoch (see packBucket): a count written in one life
+// never passes for one of the next 255 lives of its state.
+func (l Life) tag() uint64 { return uint64(uint8(l>>1)) << epochBits }
 
 // Life is the state's life now.
 func (st *State) Life() Life { return Life(st.life.Load()) }

@@ -8,10 +8,10 @@ import "math"
 // second window).
 const Buckets = 4
 
-// A window word is a bucket's epoch (its index, low bits, in the top 24
-// bits), the tag of the life that wrote it (8 bits, see Life.tag) and its
-// count (32 bits: per-key limits fit, see carry). A word counts for a
-// reader only in its own life: one of another life reads as empty.
+// A window word is the tag of the life that wrote it (its top 8 bits, see
+// Life.tag), a bucket's epoch (its index, low 24 bits) and its count (32
+// bits: per-key limits fit, see carry). A word counts for a reader only
+// in its own life: one of another life reads as empty.
 const (
 	countBits = 32
 	tagBits   = 8
@@ -20,21 +20,21 @@ const (
 	epochMask = 1<<epochBits - 1
 )
 
+// packBucket is bucket b's word holding count, in the life of tag (a
+// Life.tag: in place above the epoch).
 func packBucket(b int64, tag, count uint64) uint64 {
-	return (uint64(b)&epochMask<<tagBits|tag)<<countBits | count
+	return (tag|uint64(b)&epochMask)<<countBits | count
 }
 
-func epochIs(w uint64, b int64) bool { return w>>(countBits+tagBits) == uint64(b)&epochMask }
+func epochIs(w uint64, b int64) bool { return w>>countBits&epochMask == uint64(b)&epochMask }
 
 // ours reports whether w is bucket b's word in the life of tag.
-func ours(w uint64, b int64, tag uint64) bool {
-	return w>>countBits == uint64(b)&epochMask<<tagBits|tag
-}
+func ours(w uint64, b int64, tag uint64) bool { return w>>countBits == tag|uint64(b)&epochMask }
 
 // newer reports whether w holds a bucket later than b (epochs compared
 // modulo 2^24, so within 2^23 buckets of each other), whatever its life.
 func newer(w uint64, b int64) bool {
-	d := (w>>(countBits+tagBits) - uint64(b)) & epochMask
+	d := (w>>countBits - uint64(b)) & epochMask
 	return d != 0 && d < 1<<(epochBits-1)
 }
 

@@ -193,10 +193,12 @@ func TestAdmitOnAnEvictedStateCountsNothing(t *testing.T) {
 
 func TestWindowWordsKeepEpochLifeAndCount(t *testing.T) {
 	for _, b := range []int64{0, 1, 5, -3, 1<<24 - 1, 1 << 24, 1<<40 + 7} {
-		w := packBucket(b, 0xa7, 12345)
+		tag, other := Life(0xa7<<1).tag(), Life(0xa6<<1).tag()
+		w := packBucket(b, tag, 12345)
 		assert.True(t, epochIs(w, b), "bucket %d", b)
-		assert.True(t, ours(w, b, 0xa7), "bucket %d", b)
-		assert.False(t, ours(w, b, 0xa6), "bucket %d in another life", b)
+		assert.True(t, ours(w, b, tag), "bucket %d", b)
+		assert.False(t, ours(w, b, other), "bucket %d in another life", b)
+		assert.Equal(t, Life(0xa7<<1).tag(), Life(0xa7<<1+256<<1+1).tag(), "8 bits of the generation")
 		assert.False(t, epochIs(w, b+1), "bucket %d", b)
 		assert.Equal(t, uint64(12345), w&countMask)
 		assert.True(t, newer(w, b-1), "bucket %d is newer than %d", b, b-1)
