@@ -275,7 +275,7 @@ func (e *Engine) global(node *stats.Node, g *globalRule, h *held, i, p int, now 
 			if !ok {
 				return g.localBlockError(q), false
 			}
-			h.gkeys[i] = keyHeld{st: st, b: b, slot: int64(life)}
+			h.gkeys[i] = keyHeld{st: st, b: b, life: life}
 			return nil, false
 		}
 	}
@@ -577,7 +577,7 @@ func (rr *resourceRules) releaseGlobals(h *held, n int64) {
 			rr.globals[i].gcra.give(n, h.ggcra[i])
 		}
 		if st := h.gkeys[i].st; st != nil {
-			st.Undo(h.gkeys[i].b, keytable.Life(h.gkeys[i].slot), n)
+			st.Undo(h.gkeys[i].b, h.gkeys[i].life, n)
 		}
 	}
 }

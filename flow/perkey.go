@@ -40,9 +40,11 @@ type keyHeld struct {
 	st *keytable.State
 	b  int64 // Window: the bucket counted in; Pace: the cost
 	// slot is a Pace rule's slot on the key's timeline (see
-	// pace.GiveBack); a Window rule's, the life of the state counted in
-	// (see keytable.Life: a state is reused for other keys).
+	// pace.GiveBack).
 	slot int64
+	// life is the state's when it counted (see keytable.Life: a state is
+	// reused for other keys, and gives back only in its own life).
+	life keytable.Life
 }
 
 // maxKeyRules bounds a resource's PerKey QPS rules (held on the stack
@@ -295,7 +297,7 @@ func (kr *keyRule) blockError(q *request) *BlockError {
 func (kr *keyRule) acquire(q *request) (*keytable.State, int64, bool) {
 	for {
 		st, life, limit, _ := kr.state(q.key, q.hasKey)
-		seen, ok, dead := st.Acquire(life, q.n, limit)
+		seen, ok, dead := kr.t.Acquire(st, life, q.n, limit)
 		if !dead {
 			return st, seen, ok
 		}
@@ -331,7 +333,7 @@ func (kr *keyRule) admitQueue(q *request, now int64, held *keyHeld, maxQueue int
 				pace.GiveBack(st.Timeline(), ph)
 				continue
 			}
-			*held = keyHeld{st: st, b: ph.Cost, slot: ph.Slot}
+			*held = keyHeld{st: st, b: ph.Cost, slot: ph.Slot, life: life}
 			return d, 0, room{}, true
 		}
 		b, s, ok, dead := kr.t.Admit(st, life, now, q.n, limit)
@@ -342,7 +344,7 @@ func (kr *keyRule) admitQueue(q *request, now int64, held *keyHeld, maxQueue int
 			retry, reset := kr.t.RoomIn(st, now, q.n, limit)
 			return 0, float64(s), room{retry, reset}, false
 		}
-		*held = keyHeld{st: st, b: b, slot: int64(life)}
+		*held = keyHeld{st: st, b: b, life: life}
 		return 0, 0, room{}, true
 	}
 }
@@ -353,10 +355,14 @@ func (kr *keyRule) undo(h keyHeld, n int64) {
 		return
 	}
 	if kr.t.Kind() == keytable.Pace {
-		pace.GiveBack(h.st.Timeline(), pace.Held{Cost: h.b, Slot: h.slot})
+		// Not into another key's timeline: its head may be this slot's
+		// end too.
+		if h.st.Alive(h.life) {
+			pace.GiveBack(h.st.Timeline(), pace.Held{Cost: h.b, Slot: h.slot})
+		}
 		return
 	}
-	h.st.Undo(h.b, keytable.Life(h.slot), n)
+	h.st.Undo(h.b, h.life, n)
 }
 
 // keyless counts a request without a key checked by per-key rules.

@@ -627,3 +627,43 @@ func TestAKeyEvictedAndBackInItsWindowGetsNoMore(t *testing.T) {
 		})
 	}
 }
+
+// TestACancelAfterItsKeyLeftGivesNothingToTheNextKey: a reservation
+// cancelled after its key's state went to another key gives back nothing:
+// for a Throttle rule the next key's timeline may end where the cancelled
+// slot did, and giving that slot back would give the next key two slots
+// at one instant; for a Reject rule its count left with its key.
+func TestACancelAfterItsKeyLeftGivesNothingToTheNextKey(t *testing.T) {
+	for _, r := range []Rule{
+		{Resource: "paced", Threshold: 1, Behavior: Throttle, PerKey: true, MaxKeys: 4, MaxQueueing: 10 * time.Second},
+		{Resource: "window", Threshold: 1, PerKey: true, MaxKeys: 4},
+	} {
+		t.Run(r.Resource, func(t *testing.T) {
+			e, _ := newEngine(t, stattest.NewClock(time.Hour))
+			load(t, e, r)
+			tbl := e.rules.Load().byResource[r.Resource].keyed[0].t
+			res, err := e.Reserve(r.Resource, WithKey("a"), WithWait(0))
+			require.NoError(t, err)
+			st := tbl.Peek("a")
+			life := st.Life()
+			var next string
+			for i := 0; next == ""; i++ {
+				require.Less(t, i, 1000, "a's state never reused")
+				k := fmt.Sprint("f-", i)
+				_, err := e.Reserve(r.Resource, WithKey(k), WithWait(0))
+				require.NoError(t, err, k)
+				if tbl.Peek(k) == st && !st.Alive(life) {
+					next = k
+				}
+			}
+			res.Cancel()
+			again, err := e.Reserve(r.Resource, WithKey(next), WithWait(0))
+			if r.Behavior == Throttle {
+				require.NoError(t, err)
+				assert.Equal(t, time.Second, again.Delay(), "%s's second slot a second after its first, at 1/s", next)
+			} else {
+				assert.Error(t, err, "%s admitted twice in a window at 1/s", next)
+			}
+		})
+	}
+}

@@ -31,7 +31,7 @@ func TestTrackedKeyPathsAllocateNothing(t *testing.T) {
 		"pace": func() { stateOf(pace, string(key)).Timeline().Add(1) },
 		"conc": func() {
 			st, stL := conc.Get(string(key))
-			if _, ok, _ := st.Acquire(stL, 1, 8); ok {
+			if _, ok, _ := conc.Acquire(st, stL, 1, 8); ok {
 				conc.Release(st, 1)
 			}
 		},

@@ -54,7 +54,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 	st, stL := tbl.Get("user-1")
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, ok, _ := st.Acquire(stL, 1, 8); ok {
+		if _, ok, _ := tbl.Acquire(st, stL, 1, 8); ok {
 			tbl.Release(st, 1)
 		}
 	}

@@ -18,20 +18,20 @@ func TestAcquireHoldsAtMostTheLimitInFlight(t *testing.T) {
 	tbl := newConcTable(16)
 	st, stL := tbl.Get("k")
 	for i := range 3 {
-		_, ok, dead := st.Acquire(stL, 1, 3)
+		_, ok, dead := tbl.Acquire(st, stL, 1, 3)
 		require.True(t, ok, "request %d", i)
 		require.False(t, dead)
 	}
-	seen, ok, _ := st.Acquire(stL, 1, 3)
+	seen, ok, _ := tbl.Acquire(st, stL, 1, 3)
 	assert.False(t, ok)
 	assert.Equal(t, int64(3), seen)
-	_, ok, _ = st.Acquire(stL, 5, 4)
+	_, ok, _ = tbl.Acquire(st, stL, 5, 4)
 	assert.False(t, ok, "more than the limit never fits")
 	tbl.Release(st, 2)
 	assert.Equal(t, int64(1), st.InFlight())
-	_, ok, _ = st.Acquire(stL, 2, 3)
+	_, ok, _ = tbl.Acquire(st, stL, 2, 3)
 	assert.True(t, ok)
-	_, ok, _ = st.Acquire(stL, 1, 3)
+	_, ok, _ = tbl.Acquire(st, stL, 1, 3)
 	assert.False(t, ok)
 }
 
@@ -39,7 +39,7 @@ func TestAcquireOnAnEvictedStateCountsNothing(t *testing.T) {
 	tbl := newConcTable(4)
 	st, stL := tbl.Get("k")
 	st.kill()
-	_, ok, dead := st.Acquire(stL, 1, 3)
+	_, ok, dead := tbl.Acquire(st, stL, 1, 3)
 	assert.False(t, ok)
 	assert.True(t, dead)
 	assert.Zero(t, st.InFlight())
@@ -51,14 +51,14 @@ func TestAcquireOnAnEvictedStateCountsNothing(t *testing.T) {
 func TestKeyInFlightIsNeverDropped(t *testing.T) {
 	tbl := newConcTable(4)
 	a, aL := tbl.Get("a")
-	_, ok, _ := a.Acquire(aL, 2, 2)
+	_, ok, _ := tbl.Acquire(a, aL, 2, 2)
 	require.True(t, ok)
 	// Keys with requests in flight too, until a goes.
 	var others []*State
 	for i := 0; len(tbl.Pinned()) == 0; i++ {
 		require.Less(t, i, 100, "a never evicted")
 		st, stL := tbl.Get(fmt.Sprint("other", i))
-		_, ok, _ := st.Acquire(stL, 1, 2)
+		_, ok, _ := tbl.Acquire(st, stL, 1, 2)
 		require.True(t, ok)
 		others = append(others, st)
 	}
@@ -66,7 +66,7 @@ func TestKeyInFlightIsNeverDropped(t *testing.T) {
 	assert.True(t, a.Alive(aL), "a pinned state stays alive")
 	back, backL := tbl.Get("a")
 	assert.Equal(t, aL, backL, "in the life it was pinned in")
-	_, ok, _ = back.Acquire(backL, 1, 2)
+	_, ok, _ = tbl.Acquire(back, backL, 1, 2)
 	assert.False(t, ok, "back from the side table with its 2 in flight")
 	assert.Same(t, a, back)
 	assert.NotContains(t, tbl.Pinned(), a, "seen again, it is back in the sets")
@@ -91,7 +91,7 @@ func TestListingAnEvictedKeyKeepsItsRequestsInFlight(t *testing.T) {
 		require.Less(t, i, 100, "no key ever evicted")
 		k := fmt.Sprint("k", i)
 		st, stL := tbl.Get(k)
-		_, ok, _ := st.Acquire(stL, 1, 3)
+		_, ok, _ := tbl.Acquire(st, stL, 1, 3)
 		require.True(t, ok)
 		held[k] = st
 	}
@@ -109,7 +109,7 @@ func TestIdleConcKeyGoesFirstAndUnpinned(t *testing.T) {
 	for i := range busy {
 		var l Life
 		busy[i], l = tbl.Get(fmt.Sprint("busy", i))
-		_, ok, _ := busy[i].Acquire(l, 1, 1)
+		_, ok, _ := tbl.Acquire(busy[i], l, 1, 1)
 		require.True(t, ok)
 	}
 	idle, idleL := tbl.Get("idle")
@@ -153,8 +153,9 @@ func TestMigratingTablesKeepEveryKeyInFlight(t *testing.T) {
 				if spins > 1_000_000 {
 					t.Fatalf("key %d: a lookup spins on dead states", k)
 				}
-				st, stL := latest.Load().Get(fmt.Sprint("k", k))
-				_, ok, dead := st.Acquire(stL, 1, 2)
+				cur := latest.Load()
+				st, stL := cur.Get(fmt.Sprint("k", k))
+				_, ok, dead := cur.Acquire(st, stL, 1, 2)
 				if dead {
 					continue
 				}

@@ -293,6 +293,33 @@ func (t *Table) lockSpec() *Table {
 	}
 }
 
+// Acquire counts n in flight on Conc state st, found in life l, if it
+// stays at or below limit. It returns the count seen when it refuses;
+// gone reports that the state left life l (nothing counted): the caller
+// looks the key up again. Release gives it back. A reused Conc state keeps
+// its count: what a request of an earlier life added late it takes back
+// through Release, which unpins the state should that leave it evicted
+// with nothing in flight.
+func (t *Table) Acquire(st *State, l Life, n, limit int64) (seen int64, ok, gone bool) {
+	for {
+		cur := st.head.Load()
+		if cur+n > limit {
+			return cur, false, !st.Alive(l)
+		}
+		if !st.Alive(l) {
+			return 0, false, true
+		}
+		if st.head.CompareAndSwap(cur, cur+n) {
+			break
+		}
+	}
+	if !st.Alive(l) {
+		t.Release(st, n)
+		return 0, false, true
+	}
+	return 0, true, false
+}
+
 // Release ends a Conc request of n on st (counted by st.Acquire), which
 // may have left the table meanwhile (see evict).
 func (t *Table) Release(st *State, n int64) {

@@ -98,7 +98,7 @@ func TestHammerNeverHoldsOverTheLimitInFlight(t *testing.T) {
 						ok, dead := false, true
 						for dead {
 							st, stL = tbl.Get(fmt.Sprint("key-", k))
-							_, ok, dead = st.Acquire(stL, 1, limit)
+							_, ok, dead = tbl.Acquire(st, stL, 1, limit)
 						}
 						if !ok {
 							continue

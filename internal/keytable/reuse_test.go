@@ -79,7 +79,7 @@ func TestARequestOfAnEarlierLifeCountsNothingInTheNext(t *testing.T) {
 		tbl := newConcTable(4)
 		st, l := tbl.Get("a")
 		reuseFor(t, tbl, st, l, 0, false)
-		_, ok, gone := st.Acquire(l, 1, 5)
+		_, ok, gone := tbl.Acquire(st, l, 1, 5)
 		assert.False(t, ok)
 		assert.True(t, gone)
 		assert.Zero(t, st.InFlight(), "taken back")
@@ -169,4 +169,48 @@ func TestANewKeyThroughAFullTableAllocatesNothing(t *testing.T) {
 		}
 		assert.Zero(t, testing.AllocsPerRun(2000, next), name)
 	}
+}
+
+// TestAStaleRequestCountsNothing256LivesOn: a window word carries 8 bits
+// of its life, so a state reused 256 times has words of the tag a request
+// of its first life holds; that request still counts nothing in them.
+func TestAStaleRequestCountsNothing256LivesOn(t *testing.T) {
+	now := int64(10 * testBucket)
+	tbl := newWindowTable(4, &now)
+	st, l := tbl.Get("a")
+	for i := 0; st.Life()>>1 != l>>1+256; i++ {
+		require.Less(t, i, 1<<16, "never reused 256 times")
+		tbl.Get(fmt.Sprint("k", i))
+	}
+	nl := st.Life()
+	require.Equal(t, l.tag(), nl.tag(), "the same tag")
+	_, _, ok, gone := tbl.Admit(st, l, now, 1, 5)
+	assert.False(t, ok)
+	assert.True(t, gone)
+	held, _ := tbl.Held(st, now)
+	assert.Zero(t, held, "nothing counted in the 256th life")
+	_, _, ok, _ = tbl.Admit(st, nl, now, 1, 1)
+	assert.True(t, ok, "its key has its whole limit")
+}
+
+// TestALateAcquireGivingBackUnpinsTheState: a request of a Conc state's
+// earlier life whose count landed after the state went to another key,
+// and then that key was evicted with it in flight (pinned), gives it back
+// through Release: the state leaves the side table with nothing in
+// flight, not kept there until its key returns.
+func TestALateAcquireGivingBackUnpinsTheState(t *testing.T) {
+	tbl := newConcTable(4)
+	st, l := tbl.Get("a")
+	reuseFor(t, tbl, st, l, 0, false)
+	st.head.Add(1) // the late request's count, as Acquire's CAS makes it
+	// The new key evicted now, with that 1 in flight: pinned.
+	a, b := tbl.setsOf(st.idh.Load())
+	unlock := tbl.lock(a, b)
+	require.False(t, tbl.evict(st, 0), "pinned, not for reuse")
+	require.NotNil(t, tbl.removeLocked(st.id(), a, b))
+	unlock.unlock()
+	require.Contains(t, tbl.Pinned(), st, "evicted with 1 in flight")
+	require.False(t, st.Alive(l))
+	tbl.Release(st, 1) // what Acquire does on finding its life gone
+	assert.Empty(t, tbl.Pinned(), "nothing in flight: nothing pinned")
 }

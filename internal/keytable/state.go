@@ -101,25 +101,3 @@ func (st *State) Timeline() *atomic.Int64 { return &st.head }
 
 // InFlight is a Conc state's count in flight.
 func (st *State) InFlight() int64 { return st.head.Load() }
-
-// Acquire counts n in flight on a Conc state found in life l if it stays
-// at or below limit. It returns the count seen when it refuses; gone
-// reports that the state left life l (nothing counted): the caller looks
-// the key up again. Release gives it back. (A reused Conc state keeps its
-// count: what a request of an earlier life adds here it takes back.)
-func (st *State) Acquire(l Life, n, limit int64) (seen int64, ok, gone bool) {
-	for {
-		cur := st.head.Load()
-		if cur+n > limit {
-			return cur, false, !st.Alive(l)
-		}
-		if st.head.CompareAndSwap(cur, cur+n) {
-			break
-		}
-	}
-	if !st.Alive(l) {
-		st.head.Sub(n)
-		return 0, false, true
-	}
-	return 0, true, false
-}

@@ -160,6 +160,11 @@ func (t *Table) Admit(st *State, l Life, now, n, limit int64) (b int64, seen int
 		if sum+n > limit {
 			return 0, sum, false, !st.Alive(l)
 		}
+		if !st.Alive(l) {
+			// Left life l since its lookup: its words may be a later
+			// life's of the same tag (256 lives on), not ours to count in.
+			return 0, 0, false, true
+		}
 		if !slot.CompareAndSwap(w, w+uint64(n)) {
 			continue
 		}
