@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -496,4 +497,106 @@ func TestListingKeysUnderTrafficNeverDeadlocks(t *testing.T) {
 		wg.Wait()
 	}
 	assert.True(t, done, "reloads stuck after %d", reloads)
+}
+
+// TestListingKeysUnderTrafficNeverAdmitsTwice: reloads that list and
+// unlist keys of two PerKey rules (tiny tables: keys are evicted and their
+// states reused all along) run while requests of the old and the new rule
+// set count: each key has one state in each rule whichever rule set finds
+// it, so no key is admitted over the stricter rule's threshold in any
+// window (brute force over every 4-bucket window). Window rules, and the
+// same for in-flight counts of Concurrency rules.
+func TestListingKeysUnderTrafficNeverAdmitsTwice(t *testing.T) {
+	const keys, goroutines, phases = 8, 8, 300
+	ruleSet := func(kind Metric, v int) []Rule {
+		a := Rule{ID: "a", Resource: "api", Metric: kind, Threshold: 3, PerKey: true, MaxKeys: 4}
+		b := Rule{ID: "b", Resource: "api", Metric: kind, Threshold: 2, PerKey: true, MaxKeys: 1}
+		switch v % 3 {
+		case 1:
+			a.Keys = []KeyLimit{{"k0", 3}, {"k1", 3}}
+			b.Keys = []KeyLimit{{"k2", 2}}
+		case 2:
+			a.Keys = []KeyLimit{{"k2", 3}}
+			b.Keys = []KeyLimit{{"k0", 2}, {"k1", 2}}
+		}
+		if kind == Concurrency {
+			// One PerKey Concurrency rule per resource: b's keys on a.
+			a.Threshold, a.Keys = 2, append(a.Keys, b.Keys...)
+			for i := range a.Keys {
+				a.Keys[i].Threshold = 2
+			}
+			return []Rule{a}
+		}
+		return []Rule{a, b}
+	}
+	t.Run("window", func(t *testing.T) {
+		clock := stattest.NewClock(time.Hour)
+		e, _ := newEngine(t, clock)
+		load(t, e, ruleSet(QPS, 0)...)
+		const bucket = int64(250 * time.Millisecond)
+		admitted := make([]map[int64]int64, keys) // by key, by bucket
+		for k := range admitted {
+			admitted[k] = map[int64]int64{}
+		}
+		for phase := range phases {
+			clock.Advance(time.Duration(phase*7919%150) * time.Millisecond)
+			at := clock.Now() / bucket
+			var counts [keys]atomic.Int64
+			var wg sync.WaitGroup
+			var reloadErr error
+			wg.Go(func() { reloadErr = e.LoadRules(ruleSet(QPS, phase)) })
+			for g := range goroutines {
+				wg.Go(func() {
+					for i := range 40 {
+						k := (g*31 + i*17 + phase) % keys
+						if try(e, "api", WithKey(fmt.Sprint("k", k))) {
+							counts[k].Add(1)
+						}
+					}
+				})
+			}
+			wg.Wait()
+			require.NoError(t, reloadErr)
+			for k := range counts {
+				admitted[k][at] += counts[k].Load()
+			}
+		}
+		for k, per := range admitted {
+			for b := range per {
+				held := per[b] + per[b+1] + per[b+2] + per[b+3]
+				assert.LessOrEqual(t, held, int64(2), "key k%d, buckets %d to %d", k, b, b+3)
+			}
+		}
+	})
+	t.Run("concurrency", func(t *testing.T) {
+		e, _ := newEngine(t, stattest.NewClock(time.Hour))
+		load(t, e, ruleSet(Concurrency, 0)...)
+		var inFlight [keys]atomic.Int64
+		var worst atomic.Int64
+		for phase := range phases {
+			var wg sync.WaitGroup
+			var reloadErr error
+			wg.Go(func() { reloadErr = e.LoadRules(ruleSet(Concurrency, phase)) })
+			for g := range goroutines {
+				wg.Go(func() {
+					for i := range 40 {
+						k := (g*31 + i*17 + phase) % keys
+						en, err := e.Entry("api", WithKey(fmt.Sprint("k", k)))
+						if err != nil {
+							continue
+						}
+						n := inFlight[k].Add(1)
+						for w := worst.Load(); n > w && !worst.CompareAndSwap(w, n); w = worst.Load() {
+						}
+						runtime.Gosched()
+						inFlight[k].Add(-1)
+						en.Exit(nil)
+					}
+				})
+			}
+			wg.Wait()
+			require.NoError(t, reloadErr)
+		}
+		assert.LessOrEqual(t, worst.Load(), int64(2), "in flight under one key")
+	})
 }

@@ -241,8 +241,9 @@ func (t *Table) Migrate(old *Table) {
 	t.from.Store(old)
 	defer t.from.Store(nil)
 	old.specMu.Lock()
-	t.spec, t.pinned = old.spec, old.pinned
-	old.spec, old.pinned = map[string]*State{}, map[ID]*State{}
+	t.spec, t.listed, t.pinned = old.spec, old.listed, old.pinned
+	old.spec, old.listed, old.pinned = map[string]*State{}, map[ID]*State{}, map[ID]*State{}
+	t.hasListed.Store(old.hasListed.Load())
 	old.next.Store(t)
 	old.specMu.Unlock()
 	// Each set is read under its lock: an add to it that began before
@@ -410,7 +411,7 @@ func (t *Table) Rewindow(old *Table, rule Limits, limits func(key string) Limits
 	t.noKey = state(old.noKey, rule)
 	old.specMu.Lock()
 	for k, st := range old.spec {
-		t.spec[k] = state(st, limits(k))
+		t.list(k, state(st, limits(k)))
 	}
 	old.specMu.Unlock()
 	for i := range old.sets {

@@ -77,11 +77,15 @@ type Table struct {
 	next, from atomic.Pointer[Table]
 
 	// specMu guards spec, the states of the keys listed in the rule's
-	// Keys (kept across reloads), and pinned, Conc states with requests
-	// in flight that were evicted.
-	specMu sync.Mutex
-	spec   map[string]*State
-	pinned map[ID]*State
+	// Keys (kept across reloads), listed, the same by identity, and
+	// pinned, Conc states with requests in flight that were evicted.
+	// hasListed is set once spec held a key: lookups that miss the sets
+	// look in listed only then.
+	specMu    sync.Mutex
+	spec      map[string]*State
+	listed    map[ID]*State
+	hasListed atomic.Bool
+	pinned    map[ID]*State
 }
 
 // ID identifies a key in its table: two 64-bit hashes of it, keyed by
@@ -116,7 +120,7 @@ type paddedMutex struct {
 // New makes a table.
 func New(cfg Config) *Table {
 	t := &Table{kind: cfg.Kind, now: cfg.Now, seeds: [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()},
-		spec: map[string]*State{}, pinned: map[ID]*State{}}
+		spec: map[string]*State{}, listed: map[ID]*State{}, pinned: map[ID]*State{}}
 	// The shared "no key" state starts as every key's does: a Conc
 	// table's at nothing in flight.
 	t.noKey = t.newState(ID{})
@@ -170,44 +174,83 @@ func (t *Table) setsOf(h uint64) (int, int) {
 // Specific returns the state of a key listed in the rule's Keys, kept
 // apart from the sets (never evicted) and across reloads (load time
 // only), and its life: a reload that no longer lists the key puts the
-// state into the sets, where it may be evicted and reused.
+// state into the sets, where it may be evicted and reused. Meanwhile a
+// lookup of the key (by a request of a rule set that does not list it,
+// during a reload) finds this state too: a key has one state.
 func (t *Table) Specific(key string) (*State, Life) {
+	id := ID{t.hash(key), t.check(key)}
+	a, b := t.setsOf(id.h)
+	defer t.lock(a, b).unlock()
 	t.specMu.Lock()
 	st := t.spec[key]
 	t.specMu.Unlock()
-	if st != nil {
-		return st, st.Life()
+	if st == nil {
+		// Out of the sets, or back from the side table or its ghost, with
+		// its counts; under the sets' locks, so that no lookup adds
+		// another state for it meanwhile.
+		if st = t.removeLocked(id, a, b); st == nil {
+			if st = t.unpin(id); st == nil {
+				st = t.fresh(id)
+			}
+		}
+		t.specMu.Lock()
+		t.list(key, st)
+		t.specMu.Unlock()
 	}
-	// Out of the sets, or back from its ghost, with its counts (the sets'
-	// locks are not taken under specMu: add takes specMu under them).
-	st = t.take(key)
-	t.specMu.Lock()
-	t.spec[key] = st
-	t.specMu.Unlock()
 	return st, st.Life()
+}
+
+// list adds st, the state of key, to the listed keys (specMu held).
+func (t *Table) list(key string, st *State) {
+	t.spec[key] = st
+	t.listed[st.id()] = st
+	t.hasListed.Store(true)
+}
+
+// listedState is the state of listed key id, or nil (the sets' locks of
+// id held).
+func (t *Table) listedState(id ID) *State {
+	if !t.hasListed.Load() {
+		return nil
+	}
+	side := t.lockSpec() // the table it moved to, if it did
+	defer side.specMu.Unlock()
+	return side.listed[id]
 }
 
 // KeepSpecific drops the states of keys no longer listed, those not in
 // keys, into the sets, with their counts (load time).
 func (t *Table) KeepSpecific(keys []string) {
-	listed := make(map[string]bool, len(keys))
+	keep := make(map[string]bool, len(keys))
 	for _, k := range keys {
-		listed[k] = true
+		keep[k] = true
 	}
 	t.specMu.Lock()
 	var gone []string
 	for k := range t.spec {
-		if !listed[k] {
+		if !keep[k] {
 			gone = append(gone, k)
 		}
 	}
 	t.specMu.Unlock()
 	for _, k := range gone {
+		id := ID{t.hash(k), t.check(k)}
+		a, b := t.setsOf(id.h)
+		unlock := t.lock(a, b)
 		t.specMu.Lock()
 		st := t.spec[k]
 		delete(t.spec, k)
+		delete(t.listed, id)
 		t.specMu.Unlock()
-		t.put(k, st)
+		if st != nil {
+			st.setID(id)
+			if t.findLocked(id, a, b) == nil {
+				t.placeLocked(st, id, a, b)
+			} else {
+				st.kill() // not expected: one state per key (see Specific)
+			}
+		}
+		unlock.unlock()
 	}
 }
 
@@ -353,8 +396,12 @@ func (t *Table) add(id ID, a, b int) (*State, Life) {
 	}
 	defer unlockFrom.unlock()
 	defer unlock.unlock()
-	// Added by another request while we waited?
+	// Added by another request while we waited? Or listed in the rule's
+	// Keys (by a rule set this request's does not know yet)?
 	if st := t.findLocked(id, a, b); st != nil {
+		return st, st.Life()
+	}
+	if st := t.listedState(id); st != nil {
 		return st, st.Life()
 	}
 	var st *State
@@ -547,21 +594,6 @@ func (s *set) hasEmpty() bool {
 	return false
 }
 
-// take removes key's state from the sets, without ending it, or makes it
-// from its ghost or afresh: it moves to the rule's Keys (load time).
-func (t *Table) take(key string) *State {
-	id := ID{t.hash(key), t.check(key)}
-	a, b := t.setsOf(id.h)
-	defer t.lock(a, b).unlock()
-	if st := t.removeLocked(id, a, b); st != nil {
-		return st
-	}
-	if st := t.unpin(id); st != nil {
-		return st // evicted with requests in flight: their counts kept
-	}
-	return t.fresh(id)
-}
-
 // unpin takes the state of id back from the side table of Conc states
 // evicted with requests in flight (nil if not there), with the sets'
 // locks of id held.
@@ -577,13 +609,6 @@ func (t *Table) unpin(id ID) *State {
 		st.pinned.Store(false)
 	}
 	return st
-}
-
-// put puts st, the state of key, into the sets: a key that left the
-// rule's Keys keeps its counts (load time).
-func (t *Table) put(key string, st *State) {
-	st.setID(ID{t.hash(key), t.check(key)})
-	t.insert(st)
 }
 
 // insert puts st into its sets unless its key is there already.

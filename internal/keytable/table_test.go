@@ -381,3 +381,25 @@ func stateOf(t *Table, key string) *State {
 	st, _ := t.Get(key)
 	return st
 }
+
+// TestAListedKeyHasOneState: a key listed in the rule's Keys has one
+// state, whoever looks it up: a lookup through the sets (a request of a
+// rule set that does not list it, during a reload) finds the listed state
+// rather than starting the key afresh, before and after it is unlisted.
+func TestAListedKeyHasOneState(t *testing.T) {
+	var now int64
+	tbl := newWindowTable(64, &now)
+	st, l := tbl.Get("k")
+	_, _, ok, _ := tbl.Admit(st, l, now, 2, 3)
+	require.True(t, ok)
+	listed, _ := tbl.Specific("k")
+	require.Same(t, st, listed, "it moves out with its count")
+	got, gl := tbl.Get("k")
+	assert.Same(t, listed, got, "a lookup finds the listed state")
+	assert.Zero(t, tbl.Len(), "and leaves it out of the sets")
+	_, _, ok, _ = tbl.Admit(got, gl, now, 2, 3)
+	assert.False(t, ok, "its 2 are there")
+	tbl.KeepSpecific(nil)
+	assert.Same(t, listed, stateOf(tbl, "k"), "unlisted, into the sets")
+	assert.EqualValues(t, 1, tbl.Len())
+}
