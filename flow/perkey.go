@@ -330,7 +330,9 @@ func (kr *keyRule) admitQueue(q *request, now int64, held *keyHeld, maxQueue int
 				return 0, rate, paceRoom(d, maxQueue), false
 			}
 			if !st.Alive(life) {
-				pace.GiveBack(st.Timeline(), ph)
+				// Left its life as it reserved: the slot stays where it
+				// landed (its key's memory, or the next key's timeline:
+				// stricter, never looser); look again.
 				continue
 			}
 			*held = keyHeld{st: st, b: ph.Cost, slot: ph.Slot, life: life}
@@ -357,9 +359,7 @@ func (kr *keyRule) undo(h keyHeld, n int64) {
 	if kr.t.Kind() == keytable.Pace {
 		// Not into another key's timeline: its head may be this slot's
 		// end too.
-		if h.st.Alive(h.life) {
-			pace.GiveBack(h.st.Timeline(), pace.Held{Cost: h.b, Slot: h.slot})
-		}
+		h.st.GiveBack(h.life, pace.Held{Cost: h.b, Slot: h.slot})
 		return
 	}
 	h.st.Undo(h.b, h.life, n)

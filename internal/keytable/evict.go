@@ -208,6 +208,7 @@ func (t *Table) renew(st *State, id ID, from begin) {
 	case Window:
 		st.load(from.c, l)
 	case Pace:
+		st.awaitGiveBacks() // the dead bit is set: later ones give nothing
 		st.head.Store(from.at)
 	}
 	st.life.Store(uint32(l))

@@ -3,9 +3,12 @@ package keytable
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/leapflow/leapflow/internal/pace"
 )
 
 // reuseFor floods tbl with keys counting one each at now (if count) until
@@ -213,4 +216,43 @@ func TestALateAcquireGivingBackUnpinsTheState(t *testing.T) {
 	require.False(t, st.Alive(l))
 	tbl.Release(st, 1) // what Acquire does on finding its life gone
 	assert.Empty(t, tbl.Pinned(), "nothing in flight: nothing pinned")
+}
+
+// TestAReuseWaitsForAGiveBackInProgress: a Throttle key's give-back
+// checks its life and moves the timeline back under the state's guard; a
+// reuse of the state waits for the guard before it writes the next key's
+// timeline, so the give-back moves its own life's timeline, never the
+// next key's (which may end at the same instant).
+func TestAReuseWaitsForAGiveBackInProgress(t *testing.T) {
+	const second = int64(1e9)
+	now := 3600 * second
+	tbl := New(Config{Kind: Pace, MaxKeys: 4, Now: func() int64 { return now }}) // one set
+	for i := range 3 { // three keys queued ahead: k1 goes first
+		st, _ := tbl.Get(fmt.Sprint("x", i))
+		st.Timeline().Store(now + 2*second)
+	}
+	k1, l1 := tbl.Get("k1")
+	held, _, ok := pace.Reserve(k1.Timeline(), 0, now, 1, 1)
+	require.True(t, ok)
+	k1.words[0].Store(1) // a give-back past its life check, before its swap
+	reused := make(chan *State)
+	go func() {
+		st, _ := tbl.Get("k2")
+		reused <- st
+	}()
+	select {
+	case <-reused:
+		t.Fatal("reused while a give-back of the earlier life was in progress")
+	case <-time.After(20 * time.Millisecond):
+	}
+	pace.GiveBack(k1.Timeline(), held) // the give-back's swap, in its own life
+	k1.words[0].Store(0)
+	k2 := <-reused
+	require.Same(t, k1, k2)
+	require.False(t, k2.Alive(l1))
+	_, _, ok = pace.Reserve(k2.Timeline(), 0, now, 1, 1)
+	require.True(t, ok, "k2's first slot")
+	k1.GiveBack(l1, held) // late: k2's timeline ends where k1's slot did
+	_, _, ok = pace.Reserve(k2.Timeline(), 0, now, 1, 1)
+	assert.False(t, ok, "k2 gets one slot per second")
 }

@@ -2,9 +2,12 @@ package keytable
 
 import (
 	"math"
+	"runtime"
 	stdatomic "sync/atomic"
 
 	"go.uber.org/atomic"
+
+	"github.com/leapflow/leapflow/internal/pace"
 )
 
 // State is one key's state, one cache line (64 bytes: allocated alone, in
@@ -98,6 +101,33 @@ func (st *State) reset(k Kind) {
 // Timeline is a Pace state's timeline head (ns), for the pacer to reserve
 // on.
 func (st *State) Timeline() *atomic.Int64 { return &st.head }
+
+// GiveBack returns slot h, which a request of life l took on a Pace
+// state's timeline, unless the state has left life l: its timeline is
+// then another key's (or its key's memory keeps the slot: stricter, never
+// looser). The life is checked and the slot given back under the state's
+// give-back guard (its first word, unused by a timeline), which a reuse
+// waits out before it rewrites the timeline: the head a give-back moves
+// is always its own life's.
+func (st *State) GiveBack(l Life, h pace.Held) {
+	guard := &st.words[0]
+	for !guard.CompareAndSwap(0, 1) {
+		runtime.Gosched() // another give-back of this key, a few instructions long
+	}
+	if st.Alive(l) {
+		pace.GiveBack(&st.head, h)
+	}
+	guard.Store(0)
+}
+
+// awaitGiveBacks waits until no give-back holds the guard of a Pace state
+// whose life has ended (see GiveBack), so that none moves its new
+// timeline.
+func (st *State) awaitGiveBacks() {
+	for st.words[0].Load() != 0 {
+		runtime.Gosched()
+	}
+}
 
 // InFlight is a Conc state's count in flight.
 func (st *State) InFlight() int64 { return st.head.Load() }
