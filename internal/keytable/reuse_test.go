@@ -227,7 +227,8 @@ func TestAReuseWaitsForAGiveBackInProgress(t *testing.T) {
 	const second = int64(1e9)
 	now := 3600 * second
 	tbl := New(Config{Kind: Pace, MaxKeys: 4, Now: func() int64 { return now }}) // one set
-	for i := range 3 {                                                           // three keys queued ahead: k1 goes first
+	// Three keys queued ahead: k1 goes first.
+	for i := range 3 {
 		st, _ := tbl.Get(fmt.Sprint("x", i))
 		st.Timeline().Store(now + 2*second)
 	}
