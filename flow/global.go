@@ -257,19 +257,24 @@ func (e *Engine) global(node *stats.Node, g *globalRule, h *held, i, p int, now 
 	if g.keys != nil {
 		// Per key, at LocalShare of the threshold.
 		_, limit, spec, specLife := g.keyLimits(q)
+		t := g.keys
 		for {
-			st := g.keys.NoKey()
-			life := st.Life()
+			st, life := t.NoKeyState()
 			switch {
 			case spec != nil && spec.Alive(specLife):
 				st, life = spec, specLife
 			case q.hasKey:
 				// Listed no more (a reload put its state in the sets), or
 				// not listed.
-				st, life = g.keys.Get(q.key)
+				st, life = t.Get(q.key)
 			}
-			b, _, ok, dead := g.keys.Admit(st, life, now, n, limit)
+			b, _, ok, dead := t.Admit(st, life, now, n, limit)
 			if dead {
+				if nt, lim := t.Successor(q.key, q.hasKey, limit); nt != nil {
+					// A reload of a new window moved the keys (see
+					// admitMoved).
+					t, limit, spec = nt, lim, nil
+				}
 				continue
 			}
 			if !ok {

@@ -135,11 +135,15 @@ func (e *Engine) keyTable(c *compiling) *keytable.Table {
 		switch {
 		case t.Kind() == keytable.Window && t.BucketLen() != cfg.Window/keytable.Buckets:
 			nt := newKeyTable(cfg, rr)
+			// In the table's terms: a Global rule's local fallback admits
+			// LocalShare of its thresholds.
 			before, after := keyThresholds(was), keyThresholds(r)
 			limits := func(key string) keytable.Limits {
-				return keytable.Limits{Was: perWindow(before(key), was.StatInterval), Now: perWindow(after(key), r.StatInterval)}
+				return keytable.Limits{Was: perWindow(before(key)*tableShare(was), was.StatInterval),
+					Now: perWindow(after(key)*tableShare(r), r.StatInterval)}
 			}
-			rule := keytable.Limits{Was: perWindow(was.Threshold, was.StatInterval), Now: perWindow(r.Threshold, r.StatInterval)}
+			rule := keytable.Limits{Was: perWindow(was.Threshold*tableShare(was), was.StatInterval),
+				Now: perWindow(r.Threshold*tableShare(r), r.StatInterval)}
 			nt.Rewindow(t, rule, limits)
 			return nt, true
 		case t.Capacity() != keytable.CapacityFor(r.MaxKeys):
@@ -173,6 +177,15 @@ func (e *Engine) keyTable(c *compiling) *keytable.Table {
 		}
 	}
 	return t
+}
+
+// tableShare is the share of PerKey rule r's thresholds its key table
+// admits: a Global rule's LocalShare (its local fallback), else all.
+func tableShare(r *Rule) float64 {
+	if r.Global {
+		return r.LocalShare
+	}
+	return 1
 }
 
 // slowestSlot is the longest slot of PerKey Throttle rule r, at its
@@ -224,8 +237,8 @@ func keyTableConfig(r *Rule, now func() int64) keytable.Config {
 // and the key's limits.
 func (kr *keyRule) state(key string, hasKey bool) (*keytable.State, keytable.Life, int64, float64) {
 	if !hasKey {
-		st := kr.t.NoKey()
-		return st, st.Life(), kr.limit, kr.rate
+		st, life := kr.t.NoKeyState()
+		return st, life, kr.limit, kr.rate
 	}
 	if kr.spec != nil {
 		if s, ok := kr.spec[key]; ok {
@@ -340,10 +353,36 @@ func (kr *keyRule) admitQueue(q *request, now int64, held *keyHeld, maxQueue int
 		}
 		b, s, ok, dead := kr.t.Admit(st, life, now, q.n, limit)
 		if dead {
+			if nt, lim := kr.t.Successor(q.key, q.hasKey, limit); nt != nil {
+				return admitMoved(nt, q, now, held, lim)
+			}
 			continue
 		}
 		if !ok {
 			retry, reset := kr.t.RoomIn(st, now, q.n, limit)
+			return 0, float64(s), room{retry, reset}, false
+		}
+		*held = keyHeld{st: st, b: b, life: life}
+		return 0, 0, room{}, true
+	}
+}
+
+// admitMoved is admitQueue's window part for a request of a rule set
+// being replaced whose keys went to table t, of the new rule's window (see
+// keytable.Successor): it counts there, under limit, the stricter of the
+// key's two limits.
+func admitMoved(t *keytable.Table, q *request, now int64, held *keyHeld, limit int64) (wait int64, seen float64, rm room, ok bool) {
+	for {
+		st, life := t.Lookup(q.key, q.hasKey)
+		b, s, ok, dead := t.Admit(st, life, now, q.n, limit)
+		if dead {
+			if nt, lim := t.Successor(q.key, q.hasKey, limit); nt != nil {
+				t, limit = nt, lim
+			}
+			continue
+		}
+		if !ok {
+			retry, reset := t.RoomIn(st, now, q.n, limit)
 			return 0, float64(s), room{retry, reset}, false
 		}
 		*held = keyHeld{st: st, b: b, life: life}

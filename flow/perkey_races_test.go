@@ -600,3 +600,105 @@ func TestListingKeysUnderTrafficNeverAdmitsTwice(t *testing.T) {
 		assert.LessOrEqual(t, worst.Load(), int64(2), "in flight under one key")
 	})
 }
+
+// A reload that changes a PerKey rule's StatInterval makes its key table
+// anew; the requests of the rule set it replaces, which run on until the
+// new one is in force, count in the new table under the stricter of their
+// two limits: none is admitted past a limit the new rules would see, for
+// a key the old table tracked, a listed key, a key new to it, requests
+// without a key, or a Global rule's local fallback.
+func TestRequestsOfTheReplacedRuleSetCountInTheNewWindow(t *testing.T) {
+	for _, global := range []bool{false, true} {
+		t.Run(fmt.Sprintf("global=%v", global), func(t *testing.T) {
+			clock := stattest.NewClock(time.Hour)
+			src := &fakeSource{}
+			src.err.Store(errors.New("down")) // the local fallback decides
+			e, _ := newEngine(t, clock, WithTokenSource(src))
+			rule := func(interval time.Duration) Rule {
+				// 3 per window in both rule sets, 2 for listed key v.
+				per := float64(time.Second) / float64(interval)
+				r := Rule{ID: "a", Resource: "api", PerKey: true, Threshold: 3 * per, StatInterval: interval,
+					Keys: []KeyLimit{{"v", 2 * per}}}
+				if global {
+					r.Global, r.LocalShare, r.Threshold, r.Keys[0].Threshold = true, 0.5, 2*r.Threshold, 2*r.Keys[0].Threshold
+				}
+				return r
+			}
+			load(t, e, rule(2*time.Second))
+			for _, key := range []string{"k", "v", ""} {
+				require.Equal(t, 1, admitted(e, "api", key, 1), "key %q", key)
+			}
+			// A request that read the rule set just before a reload to a
+			// shorter window (nothing charged for what the old one knew not).
+			old := e.rules.Load().byResource["api"]
+			load(t, e, rule(time.Second))
+			for _, c := range []struct {
+				key   string
+				limit int
+			}{{"k", 3}, {"v", 2}, {"", 3}, {"new", 3}} {
+				var opts []EntryOption
+				if c.key != "" {
+					opts = append(opts, WithKey(c.key))
+				}
+				n := 0
+				for range 5 {
+					if en, err := e.enter(old, old.node, opts); err == nil {
+						en.Exit(nil)
+						n++
+					}
+				}
+				n += admitted(e, "api", c.key, 5)
+				if c.key != "new" {
+					n++ // before the reload
+				}
+				assert.Equal(t, c.limit, n, "key %q admitted at one instant by both rule sets, limit %d a window in each", c.key, c.limit)
+			}
+		})
+	}
+}
+
+// Reloads that alternate a PerKey rule's StatInterval, its Keys and its
+// MaxKeys under traffic never admit a key past its limit at one instant,
+// whichever rule set admitted it: the requests of a replaced rule set
+// count where the new one sees them.
+func TestReloadsOfNewWindowsUnderTrafficNeverAdmitOverTheLimit(t *testing.T) {
+	const keys, goroutines, epochs, phases = 12, 8, 40, 8
+	rule := func(v int) Rule {
+		interval := []time.Duration{time.Second, 2 * time.Second}[v/2%2]
+		r := Rule{ID: "a", Resource: "api", PerKey: true, StatInterval: interval,
+			Threshold: 3 * float64(time.Second) / float64(interval), MaxKeys: []int{4, 8, 12}[v%3]}
+		for _, k := range [][]string{nil, {"k0", "k1"}, {"k2"}, {"k0", "k2", "k3"}}[v%4] {
+			r.Keys = append(r.Keys, KeyLimit{k, r.Threshold})
+		}
+		return r
+	}
+	clock := stattest.NewClock(time.Hour)
+	e, _ := newEngine(t, clock)
+	load(t, e, rule(0))
+	v := 0
+	for epoch := range epochs {
+		clock.Advance(10 * time.Second) // a fresh window for every key
+		var admitted [keys]atomic.Int64
+		for range phases {
+			v++
+			var wg sync.WaitGroup
+			var reloadErr error
+			wg.Go(func() { reloadErr = e.LoadRules([]Rule{rule(v)}) })
+			for g := range goroutines {
+				wg.Go(func() {
+					for i := range 3 {
+						k := (g*31 + i*17 + v) % keys
+						if try(e, "api", WithKey(fmt.Sprint("k", k))) {
+							admitted[k].Add(1)
+						}
+					}
+				})
+			}
+			wg.Wait()
+			require.NoError(t, reloadErr)
+		}
+		for k := range admitted {
+			require.LessOrEqual(t, admitted[k].Load(), int64(3), "epoch %d, key k%d", epoch, k)
+		}
+	}
+}

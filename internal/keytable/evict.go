@@ -376,12 +376,17 @@ type Limits struct{ Was, Now int64 }
 // that part's last instant: it errs strict. limits gives a listed key's
 // limits, rule those of the others.
 //
-// old lives on for the requests of the old rule set; what they count there
-// from now on is not carried.
+// The requests of the old rule set, which run on until the new one is in
+// force, count in t from then on: each state of old is ended before its
+// counts are read (a request that counted in it meanwhile either is read
+// or takes its count back), and old's lookups lead nowhere but to
+// Successor, which waits until t holds every key, then names t and the
+// stricter of a key's two limits there.
 func (t *Table) Rewindow(old *Table, rule Limits, limits func(key string) Limits) {
 	now := max(t.now(), 0)
 	unlockOld := old.lockAll()
 	defer unlockOld()
+	old.rewound.Store(&successor{t: t, rule: rule.Now, limits: limits})
 	t.seeds = old.seeds
 	ob := now / old.bucketLen
 	conv := func(c carry, lim Limits) carry {
@@ -399,6 +404,7 @@ func (t *Table) Rewindow(old *Table, rule Limits, limits func(key string) Limits
 		return out
 	}
 	state := func(st *State, lim Limits) *State {
+		st.kill() // before its counts are read: see Admit
 		ns := t.newState(st.id())
 		head := st.head.Load()
 		if head == noBucket || head > ob+Buckets {
@@ -435,6 +441,55 @@ func (t *Table) Rewindow(old *Table, rule Limits, limits func(key string) Limits
 		})
 		t.countForgotten(forgot)
 	}
+}
+
+// successor is where a table's keys went (see Rewindow): the table, and
+// a key's limit there (limits nil: rule for every key).
+type successor struct {
+	t      *Table
+	rule   int64
+	limits func(key string) Limits
+}
+
+// moved is what a lookup of a table whose keys went to another (see
+// Rewindow) returns: a state no request counts in (Admit reports it
+// gone), so that the request asks Successor.
+var moved = func() *State {
+	st := &State{}
+	st.head.Store(noBucket)
+	st.kill()
+	return st
+}()
+
+// Successor is the table a request counts in once t's keys went to a
+// table of another window (see Rewindow), following later moves, and
+// limit lowered to the key's limit there if that is stricter (hasKey
+// false: the rule's). It returns nil while t is in use: a request that
+// Admit reported gone then looks its key up again in t.
+func (t *Table) Successor(key string, hasKey bool, limit int64) (*Table, int64) {
+	s := t.rewound.Load()
+	if s == nil {
+		return nil, limit
+	}
+	// Wait out the move itself: Rewindow holds every lock of t's sets
+	// until the successor holds every key, and one made there by a
+	// request meanwhile would stand beside the key moved.
+	t.locks[0].Lock()
+	t.locks[0].Unlock() //nolint:staticcheck // an empty section: a wait
+	now := s.rule
+	if hasKey && s.limits != nil {
+		now = s.limits(key).Now
+	}
+	return s.t.current(), min(limit, now)
+}
+
+// Lookup is the state a request of key counts in (hasKey false: the
+// state requests without a key share), and its life.
+func (t *Table) Lookup(key string, hasKey bool) (*State, Life) {
+	if !hasKey {
+		return t.current().NoKeyState()
+	}
+	return t.Get(key)
 }
 
 // RescaleTimelines makes every Pace key's queue ahead of now ratio times

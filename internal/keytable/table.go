@@ -75,6 +75,9 @@ type Table struct {
 	// next is the table this one moved to, from the table moving into
 	// this one while Migrate runs (see Migrate).
 	next, from atomic.Pointer[Table]
+	// rewound is where t's keys went when a reload changed the window
+	// (see Rewindow); nil while t is in use.
+	rewound atomic.Pointer[successor]
 
 	// specMu guards spec, the states of the keys listed in the rule's
 	// Keys (kept across reloads), listed, the same by identity, and
@@ -151,6 +154,14 @@ func (t *Table) BucketLen() int64 { return t.bucketLen }
 
 // NoKey is the state requests without a key share.
 func (t *Table) NoKey() *State { return t.noKey }
+
+// NoKeyState is NoKey and the life a request counts in it in: its own,
+// the dead bit clear, so that once it ended (a reload of another window
+// moved it: see Successor) Admit reports it gone.
+func (t *Table) NoKeyState() (*State, Life) {
+	st := t.noKey
+	return st, st.Life() &^ dead
+}
 
 // Capacity is the most keys the table tracks: MaxKeys rounded up to a
 // whole set.
@@ -396,6 +407,11 @@ func (t *Table) add(id ID, a, b int) (*State, Life) {
 	}
 	defer unlockFrom.unlock()
 	defer unlock.unlock()
+	if t.rewound.Load() != nil {
+		// Its keys went to a table of another window (see Rewindow):
+		// the request counts there, through Successor.
+		return moved, 0
+	}
 	// Added by another request while we waited? Or listed in the rule's
 	// Keys (by a rule set this request's does not know yet)?
 	if st := t.findLocked(id, a, b); st != nil {

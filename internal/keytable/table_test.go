@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/stretchr/testify/assert"
@@ -402,4 +403,118 @@ func TestAListedKeyHasOneState(t *testing.T) {
 	tbl.KeepSpecific(nil)
 	assert.Same(t, listed, stateOf(tbl, "k"), "unlisted, into the sets")
 	assert.EqualValues(t, 1, tbl.Len())
+}
+
+// admitThrough is a request of the rule set of table tbl: it counts in its
+// key's state there, or, once a reload of another window moved the keys
+// (see Rewindow), in the successor under the stricter limit.
+func admitThrough(tbl *Table, key string, hasKey bool, now, n, limit int64) bool {
+	for {
+		st, l := tbl.Lookup(key, hasKey)
+		_, _, ok, gone := tbl.Admit(st, l, now, n, limit)
+		if !gone {
+			return ok
+		}
+		if next, lim := tbl.Successor(key, hasKey, limit); next != nil {
+			tbl, limit = next, lim
+		}
+	}
+}
+
+// A request of the rule set a reload of another window replaces counts
+// in the table the keys moved to, under the stricter of its two limits:
+// a key it tracked, a key new to it and the state of requests without a
+// key alike. Its own table counts nothing more.
+func TestRewindowedRequestsCountInTheSuccessor(t *testing.T) {
+	var now int64 = 10_000
+	old := New(Config{Kind: Window, MaxKeys: 64, Window: 2000, Now: func() int64 { return now }})
+	require.True(t, admitThrough(old, "k", true, now, 2, 4))
+	require.True(t, admitThrough(old, "", false, now, 2, 4))
+	next := newWindowTable(64, &now) // a window of 1000: nothing charged
+	next.Rewindow(old, Limits{Was: 4, Now: 3}, nil)
+
+	for _, key := range []string{"k", "new"} {
+		nt, lim := old.Successor(key, true, 4)
+		assert.Same(t, next, nt, key)
+		assert.Equal(t, int64(3), lim, "%s: the new limit, stricter", key)
+		st, l := old.Get(key)
+		_, _, ok, gone := old.Admit(st, l, now, 1, 4)
+		assert.True(t, !ok && gone, "%s: the old table counts nothing", key)
+	}
+	assert.True(t, admitThrough(old, "k", true, now, 1, 4), "2 moved + 1 of 3")
+	assert.False(t, admitThrough(old, "k", true, now, 1, 4))
+	assert.False(t, admitThrough(next, "k", true, now, 1, 3), "the new rule set sees the old one's request")
+	assert.True(t, admitThrough(old, "", false, now, 1, 4))
+	assert.False(t, admitThrough(next, "", false, now, 1, 3))
+	assert.True(t, admitThrough(old, "new", true, now, 3, 4))
+	assert.False(t, admitThrough(next, "new", true, now, 1, 3))
+	_, lim := old.Successor("k", true, 2)
+	assert.Equal(t, int64(2), lim, "the old limit where stricter")
+	nt, _ := next.Successor("k", true, 3)
+	assert.Nil(t, nt, "a table in use has none")
+}
+
+// Requests of the replaced rule set, running while a reload of another
+// window moves the keys, are neither lost nor counted beside a moved key:
+// no key is admitted over its limit at one instant, whichever rule set
+// admitted it.
+func TestRewindowUnderTrafficNeverAdmitsOverTheLimit(t *testing.T) {
+	const keys, goroutines, rounds, limit = 512, 4, 20, 3
+	for round := range rounds {
+		var now int64 = 10_000
+		old := newWindowTable(keys/2, &now) // half the keys at a time: evictions too
+		windows := [2]int64{500, 250}       // shorter: nothing charged
+		next := New(Config{Kind: Window, MaxKeys: keys / 2, Window: windows[round%2], Now: func() int64 { return now }})
+		var admitted [keys + 1]atomic.Int64
+		var inForce, started atomic.Bool // inForce: the new rule set, through next
+		var wg sync.WaitGroup
+		for g := range goroutines {
+			wg.Go(func() {
+				for i := 0; i < 4*keys || !inForce.Load(); i++ {
+					k := (g*7919 + i*131 + round) % (keys + 1) // keys, and no key
+					tbl := old
+					if g%2 == 1 && inForce.Load() {
+						tbl = next
+					}
+					if admitThrough(tbl, fmt.Sprint("k", k), k < keys, now, 1, limit) {
+						admitted[k].Add(1)
+					}
+					if i == keys {
+						started.Store(true)
+					}
+				}
+			})
+		}
+		for !started.Load() {
+			runtime.Gosched()
+		}
+		next.Rewindow(old, Limits{Was: limit, Now: limit}, nil)
+		inForce.Store(true)
+		wg.Wait()
+		for k := range admitted {
+			require.LessOrEqual(t, admitted[k].Load(), int64(limit), "round %d, key %d", round, k)
+		}
+	}
+}
+
+// Successor waits while the keys are moving (Rewindow holds every set's
+// lock until the successor holds them all): a request it sent on early
+// would add its key there beside the one being moved.
+func TestSuccessorWaitsUntilTheKeysMoved(t *testing.T) {
+	var now int64
+	old, next := newWindowTable(4, &now), newWindowTable(4, &now)
+	unlock := old.lockAll() // a Rewindow under way
+	old.rewound.Store(&successor{t: next, rule: 3})
+	got := make(chan *Table, 1)
+	go func() {
+		nt, _ := old.Successor("k", true, 3)
+		got <- nt
+	}()
+	select {
+	case <-got:
+		t.Fatal("Successor returned while the keys were moving")
+	case <-time.After(20 * time.Millisecond):
+	}
+	unlock()
+	assert.Same(t, next, <-got)
 }
