@@ -258,23 +258,20 @@ func (e *Engine) global(node *stats.Node, g *globalRule, h *held, i, p int, now 
 		// Per key, at LocalShare of the threshold.
 		_, limit, spec, specLife := g.keyLimits(q)
 		t := g.keys
+		st, life := spec, specLife
+		if spec == nil || !spec.Alive(specLife) {
+			// Listed no more (a reload put its state in the sets), or
+			// not listed.
+			st, life = t.Lookup(q.key, q.hasKey)
+		}
 		for {
-			st, life := t.NoKeyState()
-			switch {
-			case spec != nil && spec.Alive(specLife):
-				st, life = spec, specLife
-			case q.hasKey:
-				// Listed no more (a reload put its state in the sets), or
-				// not listed.
-				st, life = t.Get(q.key)
-			}
 			b, _, ok, dead := t.Admit(st, life, now, n, limit)
 			if dead {
+				// As keyRule.admitQueue.
 				if nt, lim := t.Successor(q.key, q.hasKey, limit); nt != nil {
-					// A reload of a new window moved the keys (see
-					// admitMoved).
-					t, limit, spec = nt, lim, nil
+					t, limit = nt, lim
 				}
+				st, life = t.Lookup(q.key, q.hasKey)
 				continue
 			}
 			if !ok {

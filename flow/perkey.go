@@ -335,9 +335,10 @@ func (kr *keyRule) admitAt(q *request, t int64, held *keyHeld) (wait int64, seen
 }
 
 func (kr *keyRule) admitQueue(q *request, now int64, held *keyHeld, maxQueue int64) (wait int64, seen float64, rm room, ok bool) {
+	st, life, limit, rate := kr.state(q.key, q.hasKey)
+	t := kr.t
 	for {
-		st, life, limit, rate := kr.state(q.key, q.hasKey)
-		if kr.t.Kind() == keytable.Pace {
+		if t.Kind() == keytable.Pace {
 			ph, d, ok := pace.Reserve(st.Timeline(), maxQueue, now, q.n, rate)
 			if !ok {
 				return 0, rate, paceRoom(d, maxQueue), false
@@ -346,39 +347,21 @@ func (kr *keyRule) admitQueue(q *request, now int64, held *keyHeld, maxQueue int
 				// Left its life as it reserved: the slot stays where it
 				// landed (its key's memory, or the next key's timeline:
 				// stricter, never looser); look again.
+				st, life = t.Lookup(q.key, q.hasKey)
 				continue
 			}
 			*held = keyHeld{st: st, b: ph.Cost, slot: ph.Slot, life: life}
 			return d, 0, room{}, true
 		}
-		b, s, ok, dead := kr.t.Admit(st, life, now, q.n, limit)
-		if dead {
-			if nt, lim := kr.t.Successor(q.key, q.hasKey, limit); nt != nil {
-				return admitMoved(nt, q, now, held, lim)
-			}
-			continue
-		}
-		if !ok {
-			retry, reset := kr.t.RoomIn(st, now, q.n, limit)
-			return 0, float64(s), room{retry, reset}, false
-		}
-		*held = keyHeld{st: st, b: b, life: life}
-		return 0, 0, room{}, true
-	}
-}
-
-// admitMoved is admitQueue's window part for a request of a rule set
-// being replaced whose keys went to table t, of the new rule's window (see
-// keytable.Successor): it counts there, under limit, the stricter of the
-// key's two limits.
-func admitMoved(t *keytable.Table, q *request, now int64, held *keyHeld, limit int64) (wait int64, seen float64, rm room, ok bool) {
-	for {
-		st, life := t.Lookup(q.key, q.hasKey)
 		b, s, ok, dead := t.Admit(st, life, now, q.n, limit)
 		if dead {
+			// Left the table as we counted: look again, in the table a
+			// reload of a new window moved the keys to, if it did (under
+			// the stricter of the key's two limits).
 			if nt, lim := t.Successor(q.key, q.hasKey, limit); nt != nil {
 				t, limit = nt, lim
 			}
+			st, life = t.Lookup(q.key, q.hasKey)
 			continue
 		}
 		if !ok {

@@ -542,21 +542,11 @@ func TestListingKeysUnderTrafficNeverAdmitsTwice(t *testing.T) {
 			clock.Advance(time.Duration(phase*7919%150) * time.Millisecond)
 			at := clock.Now() / bucket
 			var counts [keys]atomic.Int64
-			var wg sync.WaitGroup
-			var reloadErr error
-			wg.Go(func() { reloadErr = e.LoadRules(ruleSet(QPS, phase)) })
-			for g := range goroutines {
-				wg.Go(func() {
-					for i := range 40 {
-						k := (g*31 + i*17 + phase) % keys
-						if try(e, "api", WithKey(fmt.Sprint("k", k))) {
-							counts[k].Add(1)
-						}
-					}
-				})
-			}
-			wg.Wait()
-			require.NoError(t, reloadErr)
+			duringReload(t, e, ruleSet(QPS, phase), goroutines, 40, keys, phase, func(k int) {
+				if try(e, "api", WithKey(fmt.Sprint("k", k))) {
+					counts[k].Add(1)
+				}
+			})
 			for k := range counts {
 				admitted[k][at] += counts[k].Load()
 			}
@@ -574,28 +564,18 @@ func TestListingKeysUnderTrafficNeverAdmitsTwice(t *testing.T) {
 		var inFlight [keys]atomic.Int64
 		var worst atomic.Int64
 		for phase := range phases {
-			var wg sync.WaitGroup
-			var reloadErr error
-			wg.Go(func() { reloadErr = e.LoadRules(ruleSet(Concurrency, phase)) })
-			for g := range goroutines {
-				wg.Go(func() {
-					for i := range 40 {
-						k := (g*31 + i*17 + phase) % keys
-						en, err := e.Entry("api", WithKey(fmt.Sprint("k", k)))
-						if err != nil {
-							continue
-						}
-						n := inFlight[k].Add(1)
-						for w := worst.Load(); n > w && !worst.CompareAndSwap(w, n); w = worst.Load() {
-						}
-						runtime.Gosched()
-						inFlight[k].Add(-1)
-						en.Exit(nil)
-					}
-				})
-			}
-			wg.Wait()
-			require.NoError(t, reloadErr)
+			duringReload(t, e, ruleSet(Concurrency, phase), goroutines, 40, keys, phase, func(k int) {
+				en, err := e.Entry("api", WithKey(fmt.Sprint("k", k)))
+				if err != nil {
+					return
+				}
+				n := inFlight[k].Add(1)
+				for w := worst.Load(); n > w && !worst.CompareAndSwap(w, n); w = worst.Load() {
+				}
+				runtime.Gosched()
+				inFlight[k].Add(-1)
+				en.Exit(nil)
+			})
 		}
 		assert.LessOrEqual(t, worst.Load(), int64(2), "in flight under one key")
 	})
@@ -681,24 +661,33 @@ func TestReloadsOfNewWindowsUnderTrafficNeverAdmitOverTheLimit(t *testing.T) {
 		var admitted [keys]atomic.Int64
 		for range phases {
 			v++
-			var wg sync.WaitGroup
-			var reloadErr error
-			wg.Go(func() { reloadErr = e.LoadRules([]Rule{rule(v)}) })
-			for g := range goroutines {
-				wg.Go(func() {
-					for i := range 3 {
-						k := (g*31 + i*17 + v) % keys
-						if try(e, "api", WithKey(fmt.Sprint("k", k))) {
-							admitted[k].Add(1)
-						}
-					}
-				})
-			}
-			wg.Wait()
-			require.NoError(t, reloadErr)
+			duringReload(t, e, []Rule{rule(v)}, goroutines, 3, keys, v, func(k int) {
+				if try(e, "api", WithKey(fmt.Sprint("k", k))) {
+					admitted[k].Add(1)
+				}
+			})
 		}
 		for k := range admitted {
 			require.LessOrEqual(t, admitted[k].Load(), int64(3), "epoch %d, key k%d", epoch, k)
 		}
 	}
+}
+
+// duringReload loads rules while goroutines goroutines make tries requests
+// each, request(k) for keys k spread over keys by the goroutine, the try
+// and phase, and fails t if the load failed.
+func duringReload(t *testing.T, e *Engine, rules []Rule, goroutines, tries, keys, phase int, request func(k int)) {
+	t.Helper()
+	var wg sync.WaitGroup
+	var reloadErr error
+	wg.Go(func() { reloadErr = e.LoadRules(rules) })
+	for g := range goroutines {
+		wg.Go(func() {
+			for i := range tries {
+				request((g*31 + i*17 + phase) % keys)
+			}
+		})
+	}
+	wg.Wait()
+	require.NoError(t, reloadErr)
 }

@@ -487,7 +487,7 @@ func (t *Table) Successor(key string, hasKey bool, limit int64) (*Table, int64) 
 // state requests without a key share), and its life.
 func (t *Table) Lookup(key string, hasKey bool) (*State, Life) {
 	if !hasKey {
-		return t.current().NoKeyState()
+		return t.NoKeyState() // shared by the tables it moves between (see Migrate)
 	}
 	return t.Get(key)
 }
