@@ -11,7 +11,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # failure. vet and test run with GOWORK=off: each module is built from its
 # own go.mod (its replace directives point at its neighbours in this tree),
 # as its users build it.
-MODULES := . global grpcflow promflow chiflow ginflow echoflow fiberflow dashboard bench examples
+MODULES := . global grpcflow promflow chiflow ginflow echoflow fiberflow dashboard cmd/leapflow bench examples
 
 # test is the one command CI runs (.ci/run): it installs what the tests
 # need, runs the static checks, then every test of every module with the

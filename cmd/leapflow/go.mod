@@ -1,0 +1,32 @@
+module github.com/leapflow/leapflow/cmd/leapflow
+
+go 1.26.0
+
+replace (
+	github.com/leapflow/leapflow => ../../
+	github.com/leapflow/leapflow/dashboard => ../../dashboard
+	github.com/leapflow/leapflow/global => ../../global
+	github.com/leapflow/leapflow/promflow => ../../promflow
+)
+
+require (
+	github.com/envoyproxy/go-control-plane/envoy v1.40.0
+	github.com/goccy/go-yaml v1.19.2
+	github.com/leapflow/leapflow v0.0.0-00010101000000-000000000000
+	github.com/stretchr/testify v1.12.1
+	google.golang.org/grpc v1.85.0
+	google.golang.org/protobuf v1.36.12
+)
+
+require (
+	github.com/cncf/xds/go v0.0.0-20260202195803-dba9d589def2 // indirect
+	github.com/envoyproxy/protoc-gen-validate v1.3.3 // indirect
+	github.com/fsnotify/fsnotify v1.10.1 // indirect
+	github.com/planetscale/vtprotobuf v0.6.1-0.20240319094008-0393e58bdf10 // indirect
+	go.uber.org/atomic v1.12.0 // indirect
+	go.yaml.in/yaml/v3 v3.0.5 // indirect
+	golang.org/x/net v0.60.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+	golang.org/x/text v0.42.0 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
+)
