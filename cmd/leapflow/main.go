@@ -1,7 +1,9 @@
-// Command leapflow checks and formats leapflow rule files.
+// Command leapflow checks and formats leapflow rule files, and serves
+// rate limits to gateways.
 //
 //	leapflow check rules.yaml [more.yaml | rules.d ...]   # validate; print each file's rules in normal form
 //	leapflow fmt rules.yaml [rules.d ...]                 # print the normal form; -w rewrites the files
+//	leapflow serve -config ratelimit.d [-redis host:6379] # Envoy's RLS v3 (see package rls and serve -h)
 //
 // The normal form keeps the file's comments, each beside the rule or key
 // it was written beside (see rulefile.FormatFile). fmt -w writes only what
@@ -14,7 +16,9 @@
 // several). A bad file is reported as file:line:column with the rule and
 // key, and the command exits 1; a usage error exits 2.
 //
-//	go install github.com/leapflow/leapflow/cmd/leapflow@latest
+// The command is a module of its own (github.com/leapflow/leapflow/cmd/leapflow),
+// so that the gRPC and Envoy types serve needs stay out of flow's users'
+// builds; from a clone, `go install .` in this directory.
 package main
 
 import (
@@ -35,6 +39,7 @@ func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 const usage = `usage:
   leapflow check FILE|DIR...    validate rule files and print them in normal form
   leapflow fmt [-w] FILE|DIR... print rule files in normal form, comments kept (-w: rewrite them)
+  leapflow serve [flags]        serve Envoy's rate limit protocol (serve -h: its flags)
 `
 
 // run is the command; it returns the exit status.
@@ -48,6 +53,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return check(args[1:], stdout, stderr)
 	case "fmt":
 		return format(args[1:], stdout, stderr)
+	case "serve":
+		return serveCmd(args[1:], stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0
