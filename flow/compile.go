@@ -328,8 +328,8 @@ func (e *Engine) resourceRules(next *ruleSet, r *Rule, nodes map[string]*stats.N
 }
 
 // perWindow is a per-second threshold as a count per window of interval.
-// Thresholds are at most maxThreshold and intervals at most an hour, so the
-// count stays below what a bucket counts (window.MaxCount).
+// Rule validation keeps the count within what a bucket counts
+// (window.MaxCount).
 // A product within a billionth of a whole number is that number (0.29 x
 // 100 s is 28.999999999999996 in floating point: 29, not 28).
 func perWindow(threshold float64, interval time.Duration) int64 {

@@ -32,7 +32,8 @@ func TestRuleValidation(t *testing.T) {
 		{Rule{Resource: "api", Metric: Concurrency, Behavior: Throttle}, "Behavior must be Reject for a Concurrency rule, got Throttle"},
 		{Rule{Resource: "api", StatInterval: 1500 * time.Microsecond}, "StatInterval must be a positive whole number of milliseconds, got 1.5ms"},
 		{Rule{Resource: "api", StatInterval: -time.Second}, "StatInterval must be a positive whole number of milliseconds, got -1s"},
-		{Rule{Resource: "api", StatInterval: 2 * time.Hour}, "StatInterval must be at most 1h, got 2h0m0s"},
+		{Rule{Resource: "api", StatInterval: 25 * time.Hour}, "StatInterval must be at most 24h, got 25h0m0s"},
+		{Rule{Resource: "api", Threshold: 1e12, StatInterval: 24 * time.Hour}, "Threshold admits 8.64e+16 per StatInterval of 24h0m0s, more than a window counts (9007199254740991), got 1e+12"},
 		{Rule{Resource: "api", Behavior: Throttle, MaxQueueing: -ms}, "MaxQueueing must be in [0, 1h], got -1ms"},
 		{Rule{Resource: "api", Behavior: WarmUp, Threshold: 10}, "WarmUpPeriod must be > 0 for WarmUp, got 0s"},
 		{Rule{Resource: "api", Behavior: WarmUp, Threshold: 10, WarmUpPeriod: time.Second, ColdFactor: 0.5}, "ColdFactor must be > 1 and at most 1e6, got 0.5"},
@@ -670,4 +671,47 @@ func TestAllowRacingANewConcurrencyRuleLeavesNothing(t *testing.T) {
 	en.Exit(nil)
 	s, _ := e.Snapshot("r")
 	assert.Zero(t, s.Inflight)
+}
+
+// A day is the longest window: its rules count in the buckets of any
+// other (the engine's sample count of 6 h; a PerKey rule's 4 of 6 h; a
+// span-exact rule's 11 of 2.4 h), on a fake clock.
+func TestDayWindowsAdmitTheirThresholdPerDay(t *testing.T) {
+	const day = 24 * time.Hour
+	perDay := 5.0 / day.Seconds()
+	for _, tc := range []struct {
+		name  string
+		rule  Rule
+		opts  []EntryOption
+		reset time.Duration // at 23 h: until the bucket of the five leaves
+	}{
+		{"window", Rule{Resource: "api", Threshold: perDay, StatInterval: day}, nil, time.Hour},
+		{"span-exact", Rule{Resource: "api", Threshold: perDay, StatInterval: day, SpanExact: true}, nil, 5*time.Hour + 48*time.Minute},
+		{"per key", Rule{Resource: "api", Threshold: perDay, StatInterval: day, PerKey: true}, []EntryOption{WithKey("ann")}, time.Hour},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := stattest.NewClock(0)
+			e, _ := newEngine(t, clock)
+			load(t, e, tc.rule)
+			for i := range 5 {
+				clock.Set(time.Duration(i) * time.Hour)
+				require.True(t, try(e, "api", tc.opts...), "hour %d", i)
+			}
+			clock.Set(23 * time.Hour)
+			assert.False(t, try(e, "api", tc.opts...), "the sixth within the day")
+			left, ok := e.Left("api", tc.opts...)
+			require.True(t, ok)
+			assert.Zero(t, left.Remaining)
+			assert.Equal(t, tc.reset, left.Reset, "what the day holds leaves with its last bucket")
+			if tc.rule.PerKey {
+				assert.True(t, try(e, "api", WithKey("bob")), "another key has its own day")
+			}
+			// Once their buckets left the window, the next five.
+			clock.Set(23*time.Hour + tc.reset)
+			for i := range 5 {
+				require.True(t, try(e, "api", tc.opts...), "the next day, request %d", i)
+			}
+			assert.False(t, try(e, "api", tc.opts...))
+		})
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/leapflow/leapflow/internal/names"
+	"github.com/leapflow/leapflow/internal/window"
 	"github.com/leapflow/leapflow/stat"
 )
 
@@ -29,7 +30,7 @@ type Rule struct {
 	// to write it); Throttle and GCRA rules take any rate.
 	Threshold float64
 	// StatInterval is the window a QPS rule counts in (default 1 s; a
-	// positive whole number of milliseconds). Rules on 1 s share the
+	// positive whole number of milliseconds, at most 24 h). Rules on 1 s share the
 	// resource's second window.
 	StatInterval time.Duration
 	// Behavior is what happens over the threshold (default Reject). Only
@@ -193,8 +194,9 @@ const maxBurst = 1 << 30
 const maxGCRARefill = 30 * 24 * time.Hour
 
 // maxThreshold is the largest Threshold a rule accepts: a trillion a second
-// (or in flight) is beyond any real limit, and an hour-long window of it
-// (3.6e15) fits what a bucket counts (window.MaxCount, about 9e15).
+// (or in flight) is beyond any real limit. A window's count must also fit
+// what a bucket counts (window.MaxCount, about 9e15): an hour of it does
+// (3.6e15), a day holds at most about 1e11 a second (validate).
 const maxThreshold = 1e12
 
 // minPacedRate is the smallest non-zero Threshold of a throttling rule: one
@@ -204,6 +206,11 @@ const minPacedRate = 1e-3
 
 // defaultStatInterval is the window of a QPS rule with no StatInterval.
 const defaultStatInterval = time.Second
+
+// maxStatInterval is the longest window: a day (a day's limit, per key
+// too). A window of a day has the buckets of any other (the engine's
+// sample count; a PerKey rule's 4, of 6 h each).
+const maxStatInterval = 24 * time.Hour
 
 // defaultColdFactor is the cold factor of a warm-up rule with none.
 const defaultColdFactor = 3.0
@@ -311,8 +318,10 @@ func (r *Rule) validate(i int) error {
 		return bad("Behavior", r.Behavior, "must be Reject, WarmUp, Throttle, WarmUpThrottle or GCRA")
 	case r.Metric == QPS && (r.StatInterval < time.Millisecond || r.StatInterval%time.Millisecond != 0):
 		return bad("StatInterval", r.StatInterval, "must be a positive whole number of milliseconds")
-	case r.StatInterval > time.Hour:
-		return bad("StatInterval", r.StatInterval, "must be at most 1h")
+	case r.StatInterval > maxStatInterval:
+		return bad("StatInterval", r.StatInterval, "must be at most 24h")
+	case r.Metric == QPS && r.Threshold*r.StatInterval.Seconds() > window.MaxCount:
+		return bad("Threshold", r.Threshold, fmt.Sprintf("admits %g per StatInterval of %v, more than a window counts (%d)", r.Threshold*r.StatInterval.Seconds(), r.StatInterval, int64(window.MaxCount)))
 	case r.MaxQueueing < 0 || r.MaxQueueing > time.Hour:
 		return bad("MaxQueueing", r.MaxQueueing, "must be in [0, 1h]")
 	case r.Fallback > FallbackClosed:

@@ -51,7 +51,7 @@ func (e *Engine) window(n *stats.Node, interval time.Duration) *window.Window {
 	}
 	w, err := n.Window(interval, e.buckets(interval))
 	if err != nil {
-		panic(err) // a validated interval (whole ms, at most 1h) cannot fail
+		panic(err) // a validated interval (whole ms, at most 24h) cannot fail
 	}
 	return w
 }

@@ -102,6 +102,44 @@ func TestDecision(t *testing.T) {
 	assert.LessOrEqual(t, ttl, 3*time.Second)
 }
 
+// A day is flow's longest window: on Redis its buckets are a day over the
+// source's bucket count, its keys live a day, and a PerKey rule of a day
+// holds each key to its threshold through an engine.
+func TestADayWindowHoldsItsThreshold(t *testing.T) {
+	const day = 24 * time.Hour
+	srv := redistest.Start(t)
+	s := newSource(t, srv.Client(), WithBuckets(4))
+	r := req("daily", 5/day.Seconds(), day, 1)
+	for i := range 5 {
+		d, err := s.takeFor(r, 0)
+		require.NoError(t, err)
+		require.True(t, d.Allowed, "request %d", i)
+	}
+	d, err := s.takeFor(r, 0)
+	require.NoError(t, err)
+	assert.False(t, d.Allowed)
+	assert.Equal(t, 6*time.Hour, d.BucketLen)
+	assert.Greater(t, d.RetryAfter, day-6*time.Hour, "until the bucket of the five leaves the day")
+	assert.LessOrEqual(t, d.RetryAfter, day)
+	ttl, err := srv.Client().PTTL(context.Background(), keysFor("leapflow", "daily", "v2/86400000ms/4").window).Result()
+	require.NoError(t, err)
+	assert.Greater(t, ttl, 23*time.Hour)
+
+	eng, err := flow.New(flow.WithTokenSource(newSource(t, srv.Client())))
+	require.NoError(t, err)
+	require.NoError(t, eng.LoadRules([]flow.Rule{{ID: "per-key-daily", Resource: "api", Threshold: 3 / day.Seconds(), StatInterval: day, Global: true, PerKey: true}}))
+	admitted := func(key string) (n int) {
+		for range 5 {
+			if _, err := eng.Allow("api", flow.WithKey(key)); err == nil {
+				n++
+			}
+		}
+		return n
+	}
+	assert.Equal(t, 3, admitted("ann"))
+	assert.Equal(t, 3, admitted("bob"))
+}
+
 func TestWindowSlidesAndServerTimeBackwards(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client()
