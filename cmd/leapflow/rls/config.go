@@ -317,12 +317,6 @@ func (c *Config) add(parent *node, ds []fileDescriptor, depth int, perKey bool, 
 				if rpu := *rl.RequestsPerUnit; rpu < 0 || rpu > maxRequestsPerUnit {
 					return fail("rate_limit.requests_per_unit %d: must be in [0, %d]", rpu, int64(maxRequestsPerUnit))
 				}
-				if rpu := *rl.RequestsPerUnit; u == Day && rpu > 0 && (n.perKey || rpu < minDayLimit || rpu > maxBurst) {
-					// flow's windows span at most an hour; a day is a GCRA
-					// bucket (see Config.Rules), which flow keeps neither
-					// per key nor for a rate under one per 1000 s.
-					return fail("rate_limit: %d per day: a day limit must be in [%d, %d] and not per distinct value (write it per hour otherwise)", rpu, minDayLimit, maxBurst)
-				}
 				n.limit = &Limit{Name: rl.Name, Unit: u, RequestsPerUnit: *rl.RequestsPerUnit}
 				c.limits = append(c.limits, n)
 			}

@@ -2,35 +2,24 @@ package rls
 
 import (
 	"fmt"
-	"time"
 
 	"github.com/leapflow/leapflow/flow"
 	"github.com/leapflow/leapflow/stat"
-)
-
-// The day limits flow can hold: a day limit is a GCRA bucket of
-// requests_per_unit tokens refilling at requests_per_unit per 24 h, and
-// flow's GCRA buckets hold at most 2^30 tokens and refill at least one
-// per 1000 s.
-const (
-	maxBurst    = 1 << 30
-	minDayLimit = 87
 )
 
 // Rules returns the flow rules that enforce c: one per limit, on a
 // resource named after the limit's descriptor path (the domain, then each
 // entry as key=value, or key alone for a wildcard, joined by '/').
 //
-//   - second, minute and hour limits are window rules (Reject) of that
-//     StatInterval and requests_per_unit per window: sliding windows, so no
-//     window of the unit admits more than the limit (span-exact with
-//     Options.SpanExact where flow allows it);
-//   - a day limit is a GCRA rule of requests_per_unit per 24 h with a
-//     bucket of requests_per_unit: steady, it admits the limit per day, and
-//     in any span of length L at most requests_per_unit x (1 + L/24h) (flow
-//     counts windows of at most an hour; a GCRA bucket needs no window). A
-//     day limit is from 87 (flow's slowest GCRA rate, one per 1000 s) to
-//     2^30, and not per distinct value (flow has no per-key GCRA);
+//   - each limit is a window rule (Reject) of StatInterval its unit (a
+//     second, a minute, an hour or a day) admitting requests_per_unit per
+//     window: a sliding window of the engine's buckets (4 by default; a
+//     day's are 6 h), so no window of whole buckets admits more than the
+//     limit, and no span of the unit more than twice it (envoyproxy/
+//     ratelimit's fixed windows admit twice the limit across a boundary
+//     too); with Options.SpanExact, no span of the unit admits more than
+//     the limit (not for limits per value, which flow does not keep
+//     span-exact);
 //   - a limit under a wildcard (an entry key without a value, one limit
 //     per distinct value) is PerKey: the request's values at the
 //     wildcards are its key;
@@ -48,18 +37,9 @@ func (c *Config) Rules(o Options) ([]flow.Rule, error) {
 		}
 		l := n.limit
 		r := flow.Rule{ID: l.Name, Resource: n.path, PerKey: n.perKey, DryRun: n.shadow}
-		switch {
-		case l.Unit == Day && l.RequestsPerUnit > 0:
-			r.Behavior = flow.GCRA
-			r.Threshold = float64(l.RequestsPerUnit) / (24 * time.Hour).Seconds()
-			r.Burst = int(l.RequestsPerUnit)
-		case l.Unit == Day:
-			r.StatInterval = time.Hour // 0 per day: refuses everything
-		default:
-			r.StatInterval = l.Unit.Duration()
-			r.Threshold = float64(l.RequestsPerUnit) / l.Unit.Duration().Seconds()
-			r.SpanExact = o.SpanExact && !n.perKey
-		}
+		r.StatInterval = l.Unit.Duration()
+		r.Threshold = float64(l.RequestsPerUnit) / l.Unit.Duration().Seconds()
+		r.SpanExact = o.SpanExact && !n.perKey
 		if n.perKey && o.MaxKeys > 0 {
 			r.MaxKeys = o.MaxKeys
 		}

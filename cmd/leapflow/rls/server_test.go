@@ -182,7 +182,7 @@ func TestHourLimitsSlideOnTheClock(t *testing.T) {
 	assert.Equal(t, ok, ask(t, c, 0, d).OverallCode)
 }
 
-func TestDayLimitsAdmitTheLimitThenOnePerItsShare(t *testing.T) {
+func TestDayLimitsSlideOverTheDay(t *testing.T) {
 	clock := stattest.NewClock(time.Hour)
 	_, c := newServer(t, clock, edgeConfig, Options{})
 	d := desc("plan", "free")
@@ -191,16 +191,24 @@ func TestDayLimitsAdmitTheLimitThenOnePerItsShare(t *testing.T) {
 	assert.Equal(t, rlsv3.RateLimitResponse_RateLimit_DAY, resp.Statuses[0].CurrentLimit.GetUnit())
 	assert.Equal(t, uint32(100), resp.Statuses[0].CurrentLimit.GetRequestsPerUnit())
 	assert.Equal(t, uint32(1), resp.Statuses[0].LimitRemaining)
+	assert.Equal(t, 23*time.Hour, resp.Statuses[0].DurationUntilReset.AsDuration(), "at 1 h: their bucket, [0, 6 h), leaves the window at 24 h")
 	assert.Equal(t, []rlsv3.RateLimitResponse_Code{ok, over}, overall(t, c, 2, d))
-	// 100 per day: one more each 24h/100, no sooner.
-	clock.Advance(24*time.Hour/100 - time.Second)
+	// Still the same day 23 hours on; a day after their bucket, all of it.
+	clock.Advance(22 * time.Hour)
 	assert.Equal(t, over, ask(t, c, 0, d).OverallCode)
-	clock.Advance(time.Second)
-	assert.Equal(t, []rlsv3.RateLimitResponse_Code{ok, over}, overall(t, c, 2, d))
-	// A day on, the whole bucket.
-	clock.Advance(24 * time.Hour)
+	clock.Advance(2 * time.Hour)
 	assert.Equal(t, ok, ask(t, c, 100, d).OverallCode)
 	assert.Equal(t, over, ask(t, c, 0, d).OverallCode)
+}
+
+func TestDayLimitsPerValue(t *testing.T) {
+	clock := stattest.NewClock(0)
+	_, c := newServer(t, clock, "domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: day, requests_per_unit: 3}\n", Options{})
+	for _, k := range []string{"k1", "k2"} {
+		assert.Equal(t, []rlsv3.RateLimitResponse_Code{ok, ok, ok, over}, overall(t, c, 4, desc("api_key", k)), k)
+	}
+	clock.Advance(24 * time.Hour)
+	assert.Equal(t, []rlsv3.RateLimitResponse_Code{ok, ok, ok, over}, overall(t, c, 4, desc("api_key", "k1")))
 }
 
 func TestHitsAddendCountsItsHitsAndAnExplicitZeroOnlyReads(t *testing.T) {
@@ -364,8 +372,7 @@ func TestConfigErrorsNameTheDescriptorAndField(t *testing.T) {
 		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: week, requests_per_unit: 1}\n", `d/k: rate_limit.unit "week"`},
 		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second}\n", "requests_per_unit: required"},
 		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: -1}\n", "requests_per_unit -1"},
-		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 900}\n", "900 per day"},
-		{"domain: d\ndescriptors:\n  - key: k\n    value: v\n    rate_limit: {unit: day, requests_per_unit: 86}\n", "86 per day"},
+		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 4294967296}\n", "requests_per_unit 4294967296"},
 		{"domain: d\ndescriptors:\n  - key: k\n    value: a*\n", "prefix wildcards"},
 		{"domain: d\ndescriptors:\n  - key: k\n    value: a\n  - key: k\n    value: a\n", "configured twice"},
 		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, replaces: [x]}\n", "replaces"},
