@@ -60,14 +60,14 @@ func (e *Engine) enter(rr *resourceRules, node *stats.Node, opts []EntryOption) 
 		}
 		if ok && len(rr.globals) > 0 {
 			// Then the Global rules, last as in take.
-			return e.globalsAfterKey(rr, p, max(now, kh.b*kr.t.BucketLen()), &q, kh)
+			return e.globalsAfterKey(rr, p, max(now, kh.start()), &q, kh)
 		}
 		node = e.count(node, p, now, ev, n)
 		if !ok {
 			return blocked(kr.blockError(&q), seen, rm)
 		}
 		// A now behind the key's newest bucket was counted in it.
-		return e.admitted(node, p, max(now, kh.b*kr.t.BucketLen()), n, false, nil, nil), nil
+		return e.admitted(node, p, max(now, kh.start()), n, false, nil, nil), nil
 	}
 	return e.check(rr, p, now, &q)
 }

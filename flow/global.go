@@ -277,7 +277,7 @@ func (e *Engine) global(node *stats.Node, g *globalRule, h *held, i, p int, now 
 			if !ok {
 				return g.localBlockError(q), false
 			}
-			h.gkeys[i] = keyHeld{st: st, b: b, life: life}
+			h.gkeys[i] = keyHeld{st: st, b: b, t: t, life: life}
 			return nil, false
 		}
 	}

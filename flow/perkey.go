@@ -39,6 +39,10 @@ type keySpec struct {
 type keyHeld struct {
 	st *keytable.State
 	b  int64 // Window: the bucket counted in; Pace: the cost
+	// t is a Window rule's table counted in, whose bucket length b is in:
+	// the rule's, or the one a reload of another window moved the keys
+	// to (see keytable.Table.Successor).
+	t *keytable.Table
 	// slot is a Pace rule's slot on the key's timeline (see
 	// pace.GiveBack).
 	slot int64
@@ -46,6 +50,12 @@ type keyHeld struct {
 	// reused for other keys, and gives back only in its own life).
 	life keytable.Life
 }
+
+// start is when a Window hold's bucket starts.
+func (h *keyHeld) start() int64 { return h.b * h.t.BucketLen() }
+
+// holds reports whether a Window hold's bucket holds instant t.
+func (h *keyHeld) holds(t int64) bool { return t/h.t.BucketLen() == h.b }
 
 // maxKeyRules bounds a resource's PerKey QPS rules (held on the stack
 // during Entry); it has at most one PerKey Concurrency rule.
@@ -122,6 +132,10 @@ func (e *Engine) keyTable(c *compiling) *keytable.Table {
 	r, rr := c.r, c.rr
 	cfg := keyTableConfig(r, e.now)
 	var was *Rule // the rule the kept table was made for; nil: none
+	listed := make([]string, len(r.Keys))
+	for i, kl := range r.Keys {
+		listed[i] = kl.Key
+	}
 	t := keep(c, c.old.tables, c.next.tables, func(t *keytable.Table, old *Rule) (*keytable.Table, bool) {
 		if t.Kind() != cfg.Kind {
 			return nil, false
@@ -129,8 +143,8 @@ func (e *Engine) keyTable(c *compiling) *keytable.Table {
 		was = old
 		if t.Kind() == keytable.Pace {
 			before, after := keyThresholds(was), keyThresholds(r)
-			listed := func(key string) float64 { return slower(before(key), after(key)) }
-			t.RescaleTimelines(c.now, slower(was.Threshold, r.Threshold), listed)
+			keyRate := func(key string) float64 { return slower(before(key), after(key)) }
+			t.RescaleTimelines(c.now, slower(was.Threshold, r.Threshold), keyRate)
 		}
 		switch {
 		case t.Kind() == keytable.Window && t.BucketLen() != cfg.Window/keytable.Buckets:
@@ -144,7 +158,7 @@ func (e *Engine) keyTable(c *compiling) *keytable.Table {
 			}
 			rule := keytable.Limits{Was: perWindow(was.Threshold*tableShare(was), was.StatInterval),
 				Now: perWindow(r.Threshold*tableShare(r), r.StatInterval)}
-			nt.Rewindow(t, rule, limits)
+			nt.Rewindow(t, rule, limits, listed)
 			return nt, true
 		case t.Capacity() != keytable.CapacityFor(r.MaxKeys):
 			nt := newKeyTable(cfg, rr) // counting before Migrate: it evicts too
@@ -154,10 +168,6 @@ func (e *Engine) keyTable(c *compiling) *keytable.Table {
 		countKeys(t, rr) // the resource's node may be new
 		return t, true
 	}, func() *keytable.Table { return newKeyTable(cfg, rr) })
-	listed := make([]string, len(r.Keys))
-	for i, kl := range r.Keys {
-		listed[i] = kl.Key
-	}
 	t.KeepSpecific(listed)
 	if t.Kind() == keytable.Pace {
 		t.SetPaceLife(slowestSlot(r))
@@ -368,7 +378,7 @@ func (kr *keyRule) admitQueue(q *request, now int64, held *keyHeld, maxQueue int
 			retry, reset := t.RoomIn(st, now, q.n, limit)
 			return 0, float64(s), room{retry, reset}, false
 		}
-		*held = keyHeld{st: st, b: b, life: life}
+		*held = keyHeld{st: st, b: b, t: t, life: life}
 		return 0, 0, room{}, true
 	}
 }
@@ -437,7 +447,7 @@ func (rr *resourceRules) takeKeyed(h *held, now, wait int64, q *request, rf *ref
 			return now, wait, false
 		}
 		if kr.t.Kind() == keytable.Window {
-			now = max(now, h.keys[i].b*kr.t.BucketLen())
+			now = max(now, h.keys[i].start())
 		}
 		wait = max(wait, d)
 	}
@@ -458,7 +468,7 @@ func (rr *resourceRules) releaseKeyed(h *held, n int64) {
 // instant t.
 func (h *held) keyedHold(rr *resourceRules, t int64) bool {
 	for i := range rr.keyed {
-		if kr := &rr.keyed[i]; kr.t.Kind() == keytable.Window && h.keys[i].st != nil && t/kr.t.BucketLen() != h.keys[i].b {
+		if kr := &rr.keyed[i]; kr.t.Kind() == keytable.Window && h.keys[i].st != nil && !h.keys[i].holds(t) {
 			return false
 		}
 	}
@@ -473,7 +483,7 @@ func (rr *resourceRules) alignKeyed(h *held, t int64, q *request, rf *refusal) b
 	for i := range rr.keyed {
 		kr := &rr.keyed[i]
 		if kr.t.Kind() == keytable.Window {
-			if h.keys[i].st != nil && t/kr.t.BucketLen() != h.keys[i].b {
+			if h.keys[i].st != nil && !h.keys[i].holds(t) {
 				*rf = refusal{kr.blockError(q), 0, unknownRoom, i}
 				return false
 			}

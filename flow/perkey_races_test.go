@@ -637,6 +637,98 @@ func TestRequestsOfTheReplacedRuleSetCountInTheNewWindow(t *testing.T) {
 	}
 }
 
+// A request of the replaced rule set that counted in the new table of
+// another window starts in the new table's bucket, not an instant scaled
+// by the old buckets' length: its Entry starts at the clock, and a second
+// PerKey rule counts it now (a start hours ahead would shut the key out
+// of that rule until the clock got there), on the one-rule path and the
+// general one, for a shorter window and a longer.
+func TestRequestsOfTheReplacedRuleSetStartAtTheirAdmission(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		from, to time.Duration
+		second   bool // a second PerKey rule: the general path
+		// keys of the old rule set's requests: after a longer window, k's
+		// unseen past is charged its old limit, which refuses them
+		keys []string
+	}{
+		{"shorter", 3 * time.Second, time.Second, false, []string{"k", "new"}},
+		{"shorter, two rules", 3 * time.Second, time.Second, true, []string{"k", "new"}},
+		{"longer", time.Second, 3 * time.Second, false, []string{"new"}},
+		{"longer, two rules", time.Second, 3 * time.Second, true, []string{"new"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			clock := stattest.NewClock(time.Hour)
+			e, _ := newEngine(t, clock)
+			rules := func(interval time.Duration) []Rule {
+				// 10 a second: a longer window charges what the old one
+				// knew not at 10 a second, below its limit.
+				rs := []Rule{{ID: "a", Resource: "api", PerKey: true, Threshold: 10, StatInterval: interval}}
+				if c.second {
+					rs = append(rs, Rule{ID: "b", Resource: "api", PerKey: true, Threshold: 5})
+				}
+				return rs
+			}
+			load(t, e, rules(c.from)...)
+			require.True(t, try(e, "api", WithKey("k")))
+			old := e.rules.Load().byResource["api"]
+			load(t, e, rules(c.to)...)
+			for _, key := range c.keys {
+				en, err := e.enter(old, old.node, []EntryOption{WithKey(key)})
+				require.NoError(t, err, "key %s: within every limit", key)
+				assert.Equal(t, clock.Now(), en.Start(), "key %s: admitted now", key)
+				en.Exit(nil)
+			}
+			// One a second, each within every limit, from the new rule set.
+			n := 0
+			for range 10 {
+				clock.Advance(time.Second)
+				if try(e, "api", WithKey("new")) {
+					n++
+				}
+			}
+			assert.Equal(t, 10, n, "one a second under limits of 5 and 10 a second")
+		})
+	}
+}
+
+// A request of a rule set two reloads back, one of MaxKeys and then one
+// of the window, counts in the newest table and returns, with or without
+// a key, for a PerKey rule and a Global one's local fallback.
+func TestRequestsOfARuleSetTwoReloadsBackCountInTheNewest(t *testing.T) {
+	for _, global := range []bool{false, true} {
+		t.Run(fmt.Sprintf("global=%v", global), func(t *testing.T) {
+			src := &fakeSource{}
+			src.err.Store(errors.New("down")) // the local fallback decides
+			e, _ := newEngine(t, stattest.NewClock(time.Hour), WithTokenSource(src))
+			rule := Rule{ID: "a", Resource: "api", Threshold: 3, PerKey: true, MaxKeys: 64, StatInterval: time.Second}
+			if global {
+				rule.Global, rule.LocalShare, rule.Threshold = true, 0.5, 6
+			}
+			load(t, e, rule)
+			require.True(t, try(e, "api", WithKey("k")))
+			old := e.rules.Load().byResource["api"]
+			rule.MaxKeys = 128
+			load(t, e, rule)
+			rule.StatInterval = 500 * time.Millisecond // shorter: nothing charged
+			rule.Threshold *= 2
+			load(t, e, rule)
+			for _, opts := range [][]EntryOption{{WithKey("k")}, {WithKey("fresh")}, nil} {
+				var err error
+				returned := returnsWithin(5*time.Second, func() {
+					var en Entry
+					if en, err = e.enter(old, old.node, opts); err == nil {
+						en.Exit(nil)
+					}
+				})
+				require.True(t, returned, "%d options: the request returns", len(opts))
+				assert.NoError(t, err, "%d options: within its limit", len(opts))
+			}
+			assert.Equal(t, 1, admitted(e, "api", "k", 5), "k: 2 of 3 in this window")
+		})
+	}
+}
+
 // Reloads that alternate a PerKey rule's StatInterval, its Keys and its
 // MaxKeys under traffic never admit a key past its limit at one instant,
 // whichever rule set admitted it: the requests of a replaced rule set

@@ -538,3 +538,27 @@ func TestAPerKeyWindowOfANewLengthErrsStrict(t *testing.T) {
 	assert.Zero(t, at(1900*ms, 20), "the charge (bucket [0, 500 ms)) is in the window")
 	assert.Equal(t, 10, at(2000*ms, 20), "it left: the 10 of 1.2 s remain")
 }
+
+// A key a reload lists anew along with a longer window is charged its
+// own limit's worth of what the old window knew not, not the rule's: a
+// key that had 10 a second under the rule for 4 s, listed at 10 a second
+// over a 4 s window while the rule drops to 1.25, gets nothing more
+// within those 4 s (the rule's 5 would have let it take 25 more).
+func TestAKeyListedWithANewWindowIsChargedItsOwnLimit(t *testing.T) {
+	clock := stattest.NewClock(time.Hour)
+	e, _ := newEngine(t, clock)
+	r := Rule{ID: "a", Resource: "api", PerKey: true, Threshold: 10}
+	load(t, e, r)
+	n := 0
+	for s := range 4 {
+		if s > 0 {
+			clock.Advance(time.Second)
+		}
+		n += admitted(e, "api", "k", 20)
+	}
+	require.Equal(t, 40, n)
+	r.StatInterval, r.Threshold, r.Keys = 4*time.Second, 1.25, []KeyLimit{{"k", 10}} // the rule 5, k 40 per 4 s
+	load(t, e, r)
+	assert.Zero(t, admitted(e, "api", "k", 100), "k: 40 within the last 4 s")
+	assert.Equal(t, 5, admitted(e, "api", "other", 100), "a key the rule alone limits")
+}

@@ -374,7 +374,8 @@ type Limits struct{ Was, Now int64 }
 // up to its newest), the key is charged what old may have admitted there
 // unseen, Was per old window of it (at most Now), in the bucket holding
 // that part's last instant: it errs strict. limits gives a listed key's
-// limits, rule those of the others.
+// limits (one old lists, or one of listed, the keys the new rule set
+// lists), rule those of the others.
 //
 // The requests of the old rule set, which run on until the new one is in
 // force, count in t from then on: each state of old is ended before its
@@ -382,7 +383,7 @@ type Limits struct{ Was, Now int64 }
 // or takes its count back), and old's lookups lead nowhere but to
 // Successor, which waits until t holds every key, then names t and the
 // stricter of a key's two limits there.
-func (t *Table) Rewindow(old *Table, rule Limits, limits func(key string) Limits) {
+func (t *Table) Rewindow(old *Table, rule Limits, limits func(key string) Limits, listed []string) {
 	now := max(t.now(), 0)
 	unlockOld := old.lockAll()
 	defer unlockOld()
@@ -421,10 +422,25 @@ func (t *Table) Rewindow(old *Table, rule Limits, limits func(key string) Limits
 		t.list(k, state(st, limits(k)))
 	}
 	old.specMu.Unlock()
+	// A key listed anew is in the sets (or among the ghosts), under its
+	// own limits from now on.
+	var own map[ID]Limits
+	var ownGhost map[uint64]Limits
+	if len(listed) > 0 {
+		own, ownGhost = make(map[ID]Limits, len(listed)), make(map[uint64]Limits, len(listed))
+		for _, k := range listed {
+			id := ID{old.hash(k), old.check(k)}
+			own[id], ownGhost[id.h] = limits(k), limits(k)
+		}
+	}
 	for i := range old.sets {
 		for j := range old.sets[i].ways {
 			if st := old.sets[i].ways[j].st.Load(); st != nil {
-				t.insert(state(st, rule))
+				lim, ok := own[st.id()]
+				if !ok {
+					lim = rule
+				}
+				t.insert(state(st, lim))
 			}
 		}
 	}
@@ -433,7 +449,11 @@ func (t *Table) Rewindow(old *Table, rule Limits, limits func(key string) Limits
 		ng := t.memory()
 		forgot := 0
 		g.each(func(h uint64, x *ghost) bool {
-			y := ghostOf(conv(x.carryAt(x.headNear(ob)), rule))
+			lim, ok := ownGhost[h]
+			if !ok {
+				lim = rule
+			}
+			y := ghostOf(conv(x.carryAt(x.headNear(ob)), lim))
 			if y.n != ([Buckets]uint32{}) && ng.put(Window, h, y, now/t.bucketLen, 0) {
 				forgot++
 			}
@@ -462,11 +482,15 @@ var moved = func() *State {
 }()
 
 // Successor is the table a request counts in once t's keys went to a
-// table of another window (see Rewindow), following later moves, and
+// table of another window (see Rewindow), following moves before and
+// after it, and
 // limit lowered to the key's limit there if that is stricter (hasKey
 // false: the rule's). It returns nil while t is in use: a request that
 // Admit reported gone then looks its key up again in t.
 func (t *Table) Successor(key string, hasKey bool, limit int64) (*Table, int64) {
+	// The table t's lookups go to: t's keys may have moved to a table of
+	// another MaxKeys (Migrate) before that one's moved to another window.
+	t = t.current()
 	s := t.rewound.Load()
 	if s == nil {
 		return nil, limit

@@ -227,7 +227,7 @@ func TestRewindowKeepsCountsOverTheNewSpan(t *testing.T) {
 	require.True(t, admit(old, st, 4, 10))
 	now = 900 * ms
 	next := New(Config{Kind: Window, MaxKeys: 64, Window: 2000 * ms, Now: func() int64 { return now }})
-	next.Rewindow(old, Limits{10, 10}, nil)
+	next.Rewindow(old, Limits{10, 10}, nil, nil)
 	ns, _ := next.Get("k")
 	assert.NotSame(t, st, ns)
 	assert.False(t, admit(next, ns, 4, 10), "7 of 10 held: [0, 250 ms) in bucket 0, [500, 750) in bucket 1 (500 ms each)")
@@ -258,7 +258,7 @@ func TestRewindowToALongerWindowChargesWhatItCannotKnow(t *testing.T) {
 		require.True(t, admit(old, fmt.Sprint("g", i), 2, 5))
 	}
 	now = 10_200
-	next.Rewindow(old, Limits{Was: 5, Now: 10}, nil)
+	next.Rewindow(old, Limits{Was: 5, Now: 10}, nil, nil)
 	// Buckets of 500: the window at 10,200 is [8500, 10500); the old one
 	// knew k from 9250: 5 charged at bucket 18, its 4 at bucket 20.
 	assert.True(t, admit(next, "k", 1, 10))
@@ -431,7 +431,7 @@ func TestRewindowedRequestsCountInTheSuccessor(t *testing.T) {
 	require.True(t, admitThrough(old, "k", true, now, 2, 4))
 	require.True(t, admitThrough(old, "", false, now, 2, 4))
 	next := newWindowTable(64, &now) // a window of 1000: nothing charged
-	next.Rewindow(old, Limits{Was: 4, Now: 3}, nil)
+	next.Rewindow(old, Limits{Was: 4, Now: 3}, nil, nil)
 
 	for _, key := range []string{"k", "new"} {
 		nt, lim := old.Successor(key, true, 4)
@@ -452,6 +452,43 @@ func TestRewindowedRequestsCountInTheSuccessor(t *testing.T) {
 	assert.Equal(t, int64(2), lim, "the old limit where stricter")
 	nt, _ := next.Successor("k", true, 3)
 	assert.Nil(t, nt, "a table in use has none")
+}
+
+// A request of a rule set two reloads back (one of MaxKeys, which moves
+// the keys to a table of another size, then one of the window) counts in
+// the newest table, with or without a key, under its limit there: its
+// lookups lead through both moves and end.
+func TestRequestsFollowAMigrationThenARewindow(t *testing.T) {
+	for _, hasKey := range []bool{true, false} {
+		var now int64 = 10_000
+		first := newWindowTable(8, &now)
+		require.True(t, admitThrough(first, "k", hasKey, now, 2, 3))
+		sized := newWindowTable(16, &now)
+		sized.Migrate(first)
+		last := New(Config{Kind: Window, MaxKeys: 16, Window: testBucket * Buckets / 2, Now: func() int64 { return now }}) // shorter: nothing charged
+		last.Rewindow(sized, Limits{Was: 3, Now: 3}, nil, nil)
+
+		nt, lim := first.Successor("k", hasKey, 3)
+		assert.Same(t, last, nt, "hasKey %v", hasKey)
+		assert.Equal(t, int64(3), lim)
+		// Bounded: a lookup that never settles would loop forever.
+		tbl, limit, settled, ok := first, int64(3), false, false
+		for range 8 {
+			st, l := tbl.Lookup("k", hasKey)
+			var gone bool
+			if _, _, ok, gone = tbl.Admit(st, l, now, 1, limit); !gone {
+				settled = true
+				break
+			}
+			if next, lm := tbl.Successor("k", hasKey, limit); next != nil {
+				tbl, limit = next, lm
+			}
+		}
+		require.True(t, settled, "hasKey %v: the request found a table to count in", hasKey)
+		assert.True(t, ok, "hasKey %v: 2 moved + 1 of 3", hasKey)
+		assert.Same(t, last, tbl)
+		assert.False(t, admitThrough(last, "k", hasKey, now, 1, 3), "hasKey %v: the newest rule set sees all 3", hasKey)
+	}
 }
 
 // Requests of the replaced rule set, running while a reload of another
@@ -488,7 +525,7 @@ func TestRewindowUnderTrafficNeverAdmitsOverTheLimit(t *testing.T) {
 		for !started.Load() {
 			runtime.Gosched()
 		}
-		next.Rewindow(old, Limits{Was: limit, Now: limit}, nil)
+		next.Rewindow(old, Limits{Was: limit, Now: limit}, nil, nil)
 		inForce.Store(true)
 		wg.Wait()
 		for k := range admitted {
