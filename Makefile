@@ -11,7 +11,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # failure. vet and test run with GOWORK=off: each module is built from its
 # own go.mod (its replace directives point at its neighbours in this tree),
 # as its users build it.
-MODULES := . global grpcflow promflow chiflow ginflow echoflow fiberflow dashboard cmd/leapflow bench examples
+MODULES := . global grpcflow promflow otelflow etcdflow chiflow ginflow echoflow fiberflow dashboard cmd/leapflow bench examples
 
 # test is the one command CI runs (.ci/run): it installs what the tests
 # need, runs the static checks, then every test of every module with the
@@ -24,11 +24,13 @@ test: deps vet fmt-check tidy-check
 
 # deps installs from Debian's packages what the tests need when missing:
 # redis-server (and redis-cli), whose real servers the global package's
-# tests start, and chromium, the headless browser the dashboard's page is
-# tested in. Those tests fail without them.
+# tests start, etcd-server, the etcd etcdflow's tests start, and chromium,
+# the headless browser the dashboard's page is tested in. Those tests fail
+# without them.
 deps:
 	@missing=""; \
 	if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then missing="redis-server redis-tools"; fi; \
+	if ! command -v etcd >/dev/null 2>&1; then missing="$$missing etcd-server"; fi; \
 	if ! command -v chromium >/dev/null 2>&1; then missing="$$missing chromium"; fi; \
 	if [ -n "$$missing" ]; then \
 		echo "installing from Debian's packages:$$missing"; \
@@ -36,6 +38,7 @@ deps:
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends $$missing; \
 	fi
 	@redis-server --version
+	@etcd --version | head -1
 	@chromium --version 2>/dev/null || command -v chromium
 
 vet:

@@ -18,8 +18,9 @@ import (
 	"github.com/leapflow/leapflow/flow"
 )
 
-// Source is where an engine's rules come from: a file here; etcd, Consul or
-// a Kubernetes ConfigMap could be others. Run calls update with the rules
+// Source is where an engine's rules come from: a file or a Kubernetes
+// ConfigMap's mounted file here, etcd in module etcdflow; docs/sources.md
+// shows how to write others (Consul, Nacos, Apollo). Run calls update with the rules
 // the source holds, at once and then each time they change (or with the
 // error that kept it from reading them), until ctx ends. One source owns
 // an engine's rule set: each update replaces every rule, so two sources on

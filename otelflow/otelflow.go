@@ -1,0 +1,369 @@
+// Package otelflow exports a leapflow engine's statistics through the
+// OpenTelemetry metrics API:
+//
+//	exp, err := otelflow.New(eng, otel.Meter("leapflow"))
+//	...
+//	defer exp.Close()
+//
+// Counters come from the engine's completed seconds (flow.Feed), summed
+// since the exporter was made: each second counted once and whole, a
+// second or two after it ends, and the feed's Close delivers the seconds
+// not delivered yet (the last one too). A collection reads those totals
+// under a lock of the exporter's own, never the engine's hot path; gauges
+// are read from the engine when collected. The core packages import
+// nothing of OpenTelemetry: this package is a module of its own.
+//
+// The instruments have promflow's names in OpenTelemetry's form (dots, a
+// unit instead of a suffix), so that an OpenTelemetry Prometheus exporter
+// shows promflow's names, and promflow's label names as attributes
+// (resource, rule, metric, to):
+//   - leapflow.requests.passed, .blocked, .occupied, .completed, .failed
+//     (counters, {request}): as promflow's leapflow_requests_*_total;
+//   - leapflow.request.duration (a counter, s): the sum of the completed
+//     requests' response times (promflow's summary _sum; its _count is
+//     leapflow.requests.completed). The engine keeps sums per bucket, no
+//     histogram;
+//   - leapflow.requests.inflight (an up-down counter, {request}): admitted
+//     and not exited, now;
+//   - leapflow.fallback.decisions, leapflow.key.evictions,
+//     leapflow.keys.forgotten (counters);
+//   - leapflow.rule.threshold{rule, metric} (a gauge),
+//     leapflow.rule.would_block{rule} (a counter), leapflow.rule.unreached
+//     {rule} (a gauge, 1);
+//   - leapflow.breaker.state{rule} (a gauge: 0 closed, 1 open, 2
+//     half-open), leapflow.breaker.transitions{rule, to} (a counter);
+//   - leapflow.system.cpu_usage (a gauge, 1), leapflow.system.bbr_limit
+//     and leapflow.system.shedding (gauges);
+//   - with WithReloads: leapflow.rule.reloads (a counter) and
+//     leapflow.rule.reload_failed (a gauge, 1 while the latest update
+//     failed).
+//
+// A resource the engine's registry lets go leaves the collection, and
+// starts again from zero if it comes back.
+package otelflow
+
+import (
+	"context"
+	"errors"
+	"sort"
+	"strings"
+	"sync"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/leapflow/leapflow/flow"
+	"github.com/leapflow/leapflow/internal/breakers"
+	"github.com/leapflow/leapflow/stat"
+)
+
+// Reloader is what a rule source reports (rulefile.Sync has it).
+type Reloader interface {
+	Reloads() int64
+	LastError() error
+}
+
+// Option configures an Exporter.
+type Option func(*Exporter)
+
+// WithReloads exports a rule source's reload count and whether its latest
+// update failed.
+func WithReloads(r Reloader) Option { return func(x *Exporter) { x.reloader = r } }
+
+// totals are a resource's sums over its delivered seconds.
+type totals struct {
+	pass, block, occupied, success, exception int64
+	rt                                        float64 // seconds
+}
+
+// Exporter observes one engine's statistics for a meter.
+type Exporter struct {
+	eng      *flow.Engine
+	reloader Reloader
+	cancel   func()
+	reg      metric.Registration
+
+	mu     sync.Mutex
+	totals map[string]*totals
+
+	passed, blocked, occupied, completed, failed metric.Int64ObservableCounter
+	duration                                     metric.Float64ObservableCounter
+	inflight                                     metric.Int64ObservableUpDownCounter
+	fallbacks, evictions, forgotten              metric.Int64ObservableCounter
+	threshold                                    metric.Float64ObservableGauge
+	wouldBlock                                   metric.Int64ObservableCounter
+	unreached                                    metric.Int64ObservableGauge
+	breakerState                                 metric.Int64ObservableGauge
+	transitions                                  metric.Int64ObservableCounter
+	cpu                                          metric.Float64ObservableGauge
+	bbrLimit, shedding                           metric.Int64ObservableGauge
+	reloads                                      metric.Int64ObservableCounter
+	reloadFailed                                 metric.Int64ObservableGauge
+}
+
+// New makes the instruments on meter and observes eng's statistics for
+// them. It subscribes to the engine's feed and starts it (flow.Feed.Start):
+// close the feed (eng.Feed().Close()) when the engine is done with, which
+// delivers its last seconds, then collect once more.
+func New(eng *flow.Engine, meter metric.Meter, opts ...Option) (*Exporter, error) {
+	x := &Exporter{eng: eng, totals: map[string]*totals{}}
+	for _, o := range opts {
+		if o != nil {
+			o(x)
+		}
+	}
+	var errs []error
+	counter := func(name, unit, desc string) metric.Int64ObservableCounter {
+		c, err := meter.Int64ObservableCounter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		errs = append(errs, err)
+		return c
+	}
+	gauge := func(name, unit, desc string) metric.Int64ObservableGauge {
+		g, err := meter.Int64ObservableGauge(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		errs = append(errs, err)
+		return g
+	}
+	fgauge := func(name, unit, desc string) metric.Float64ObservableGauge {
+		g, err := meter.Float64ObservableGauge(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		errs = append(errs, err)
+		return g
+	}
+	x.passed = counter("leapflow.requests.passed", "{request}", "Requests admitted.")
+	x.blocked = counter("leapflow.requests.blocked", "{request}", "Requests blocked by a rule.")
+	x.occupied = counter("leapflow.requests.occupied", "{request}", "Requests admitted against a future window (priority borrowing), also counted as passed.")
+	x.completed = counter("leapflow.requests.completed", "{request}", "Admitted requests that exited.")
+	x.failed = counter("leapflow.requests.failed", "{request}", "Admitted requests that exited with an error, also counted as completed.")
+	var err error
+	x.duration, err = meter.Float64ObservableCounter("leapflow.request.duration", metric.WithUnit("s"),
+		metric.WithDescription("The sum of the completed requests' response times."))
+	errs = append(errs, err)
+	x.inflight, err = meter.Int64ObservableUpDownCounter("leapflow.requests.inflight", metric.WithUnit("{request}"),
+		metric.WithDescription("Requests admitted and not exited."))
+	errs = append(errs, err)
+	x.fallbacks = counter("leapflow.fallback.decisions", "{request}", "Requests a global rule decided by its fallback because its token source failed.")
+	x.evictions = counter("leapflow.key.evictions", "{key}", "Keys a per-key rule evicted from its table while their window held admissions.")
+	x.forgotten = counter("leapflow.keys.forgotten", "{key}", "Evicted keys a per-key rule forgot while their window held admissions: seen again, they start afresh.")
+	x.threshold = fgauge("leapflow.rule.threshold", "1", "A rule's threshold: requests per second (metric qps) or in flight (metric concurrency).")
+	x.wouldBlock = counter("leapflow.rule.would_block", "{request}", "Requests a dry-run rule would have blocked (it blocks nothing).")
+	x.unreached = gauge("leapflow.rule.unreached", "1", "1 for a rule that cannot take effect as named: its resource saw no request while requests went to a catch-all resource (flow.Engine.Unreached).")
+	x.breakerState = gauge("leapflow.breaker.state", "1", "A circuit breaker's state: 0 closed, 1 open, 2 half-open.")
+	x.transitions = counter("leapflow.breaker.transitions", "{transition}", "A circuit breaker's changes of state, by the state it went into, since its rule was loaded.")
+	x.cpu = fgauge("leapflow.system.cpu_usage", "1", "The CPU usage a resource's system rules last read, in [0, 1].")
+	x.bbrLimit = gauge("leapflow.system.bbr_limit", "{request}", "The BBR estimate of how many requests may be in flight on a resource with system rules.")
+	x.shedding = gauge("leapflow.system.shedding", "1", "1 while a resource's SystemBBR rule checks requests, else 0.")
+	observed := []metric.Observable{x.passed, x.blocked, x.occupied, x.completed, x.failed, x.duration, x.inflight,
+		x.fallbacks, x.evictions, x.forgotten, x.threshold, x.wouldBlock, x.unreached, x.breakerState, x.transitions,
+		x.cpu, x.bbrLimit, x.shedding}
+	if x.reloader != nil {
+		x.reloads = counter("leapflow.rule.reloads", "{reload}", "Rule sets a rule source applied.")
+		x.reloadFailed = gauge("leapflow.rule.reload_failed", "1", "1 while the rule source's latest update failed (the rules in force stay), else 0.")
+		observed = append(observed, x.reloads, x.reloadFailed)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	if x.reg, err = meter.RegisterCallback(x.observe, observed...); err != nil {
+		return nil, err
+	}
+	feed := eng.Feed()
+	x.cancel = feed.Subscribe(x.add)
+	feed.Start()
+	return x, nil
+}
+
+// Close stops observing: the callback is unregistered and the feed
+// subscription cancelled (the feed goes on).
+func (x *Exporter) Close() error {
+	x.cancel()
+	return x.reg.Unregister()
+}
+
+// add sums a delivery into the totals.
+func (x *Exporter) add(batch []stat.Second) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for i := range batch {
+		s := &batch[i]
+		t := x.totals[s.Resource]
+		if t == nil {
+			t = &totals{}
+			x.totals[s.Resource] = t
+		}
+		t.pass += s.Pass
+		t.block += s.Block
+		t.occupied += s.Occupied
+		t.success += s.Success
+		t.exception += s.Exception
+		t.rt += s.RT.Seconds()
+	}
+}
+
+// res is the attribute set of a resource.
+func res(name string) metric.MeasurementOption {
+	return metric.WithAttributes(attribute.String("resource", valid(name)))
+}
+
+// valid is a name as an attribute value: invalid UTF-8 becomes U+FFFD, so
+// that one such name cannot fail an exporter.
+func valid(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }
+
+// observe is the callback: the totals, then what is read from the engine.
+func (x *Exporter) observe(_ context.Context, o metric.Observer) error {
+	if r := x.reloader; r != nil {
+		o.ObserveInt64(x.reloads, r.Reloads())
+		failed := int64(0)
+		if r.LastError() != nil {
+			failed = 1
+		}
+		o.ObserveInt64(x.reloadFailed, failed)
+	}
+	type row struct {
+		name string
+		t    totals
+	}
+	x.mu.Lock()
+	rows := make([]row, 0, len(x.totals))
+	for name, t := range x.totals {
+		rows = append(rows, row{name, *t})
+	}
+	x.mu.Unlock()
+	sort.Slice(rows, func(i, j int) bool { return rows[i].name < rows[j].name })
+	seen := make(map[string]bool, len(rows))
+	for _, r := range rows {
+		snap, ok := x.eng.Snapshot(r.name)
+		if !ok {
+			// The registry let the resource go: so does the collection.
+			x.mu.Lock()
+			delete(x.totals, r.name)
+			x.mu.Unlock()
+			continue
+		}
+		seen[r.name] = true
+		a := res(r.name)
+		o.ObserveInt64(x.passed, r.t.pass, a)
+		o.ObserveInt64(x.blocked, r.t.block, a)
+		o.ObserveInt64(x.occupied, r.t.occupied, a)
+		o.ObserveInt64(x.completed, r.t.success, a)
+		o.ObserveInt64(x.failed, r.t.exception, a)
+		o.ObserveFloat64(x.duration, r.t.rt, a)
+		x.live(o, snap)
+	}
+	x.rules(o, seen)
+	for _, b := range x.breakers() {
+		o.ObserveInt64(x.breakerState, int64(b.state), metric.WithAttributes(
+			attribute.String("resource", valid(b.resource)), attribute.String("rule", valid(b.rule))))
+		for i, n := range b.into {
+			o.ObserveInt64(x.transitions, n, metric.WithAttributes(attribute.String("resource", valid(b.resource)),
+				attribute.String("rule", valid(b.rule)), attribute.String("to", toState[i])))
+		}
+	}
+	for _, s := range x.eng.Systems() {
+		shedding := int64(0)
+		if s.Shedding {
+			shedding = 1
+		}
+		a := res(s.Resource)
+		o.ObserveFloat64(x.cpu, s.CPU, a)
+		o.ObserveInt64(x.bbrLimit, s.Limit, a)
+		o.ObserveInt64(x.shedding, shedding, a)
+	}
+	return nil
+}
+
+// live observes what is read from the engine at collection time.
+func (x *Exporter) live(o metric.Observer, snap stat.Snapshot) {
+	a := res(snap.Resource)
+	o.ObserveInt64(x.inflight, snap.Inflight, a)
+	o.ObserveInt64(x.fallbacks, snap.Fallbacks, a)
+	o.ObserveInt64(x.evictions, snap.KeyEvictions, a)
+	o.ObserveInt64(x.forgotten, snap.KeysForgotten, a)
+}
+
+// rules observes each rule's threshold (rules without IDs on one resource
+// share a name: the strictest), what each dry-run rule would have blocked
+// (summed by name) and the rules that cannot take effect as named; a
+// resource with rules and no delivered second yet is observed live too.
+func (x *Exporter) rules(o metric.Observer, seen map[string]bool) {
+	type ruleKey struct{ resource, name, metric string }
+	thresholds := map[ruleKey]float64{}
+	blocked := map[ruleKey]int64{}
+	var keys []ruleKey
+	for _, d := range x.eng.DryRuns() {
+		k := ruleKey{d.Rule.Resource, d.Rule.Name(), "dry"}
+		if _, dup := blocked[k]; !dup {
+			keys = append(keys, k)
+		}
+		blocked[k] += d.WouldBlock
+	}
+	for _, rule := range x.eng.Rules() {
+		if rule.DryRun || rule.Breaker != flow.NotBreaker || rule.System != flow.NotSystem {
+			continue // a breaker's threshold is a share or a count of failures, a system rule's a CPU usage
+		}
+		k := ruleKey{rule.Resource, rule.Name(), "qps"}
+		if rule.Metric == flow.Concurrency {
+			k.metric = "concurrency"
+		}
+		if v, dup := thresholds[k]; !dup || rule.Threshold < v {
+			if !dup {
+				keys = append(keys, k)
+			}
+			thresholds[k] = rule.Threshold
+		}
+	}
+	for _, k := range keys {
+		rule := metric.WithAttributes(attribute.String("resource", valid(k.resource)), attribute.String("rule", valid(k.name)))
+		if k.metric == "dry" {
+			o.ObserveInt64(x.wouldBlock, blocked[k], rule)
+			continue
+		}
+		o.ObserveFloat64(x.threshold, thresholds[k], metric.WithAttributes(attribute.String("resource", valid(k.resource)),
+			attribute.String("rule", valid(k.name)), attribute.String("metric", k.metric)))
+		if !seen[k.resource] {
+			seen[k.resource] = true
+			if snap, ok := x.eng.Snapshot(k.resource); ok {
+				x.live(o, snap)
+			}
+		}
+	}
+	sent := map[[2]string]bool{}
+	for _, r := range x.eng.Unreached() {
+		k := [2]string{r.Resource, r.Name()}
+		if !sent[k] {
+			sent[k] = true
+			o.ObserveInt64(x.unreached, 1, metric.WithAttributes(attribute.String("resource", valid(k[0])), attribute.String("rule", valid(k[1]))))
+		}
+	}
+}
+
+// toState names the states a breaker goes into, by flow.BreakerState.
+var toState = [3]string{flow.BreakerClosed: "closed", flow.BreakerOpen: "open", flow.BreakerHalfOpen: "half_open"}
+
+// breakerSum is the breakers of one (resource, name): the state that
+// refuses most, and the transitions summed.
+type breakerSum struct {
+	resource, rule string
+	state          flow.BreakerState
+	into           [3]int64
+}
+
+// breakers sums the engine's breakers by (resource, name).
+func (x *Exporter) breakers() []*breakerSum {
+	var out []*breakerSum
+	by := map[[2]string]*breakerSum{}
+	for _, b := range x.eng.Breakers() {
+		k := [2]string{b.Rule.Resource, b.Rule.Name()}
+		s := by[k]
+		if s == nil {
+			s = &breakerSum{resource: k[0], rule: k[1], state: b.State}
+			by[k] = s
+			out = append(out, s)
+		}
+		if breakers.Worse(b.State, s.state) {
+			s.state = b.State
+		}
+		for i, n := range b.Transitions {
+			s.into[i] += n
+		}
+	}
+	return out
+}
