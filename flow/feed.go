@@ -92,6 +92,27 @@ func (f *Feed) Subscribe(fn func([]stat.Second)) (cancel func()) {
 	}
 }
 
+// SubscribeRecent is Subscribe for a subscriber made late: fn's first
+// call, made before SubscribeRecent returns, holds the completed seconds
+// the engine still keeps (a minute of each resource, in order of time)
+// that the feed delivered before, or that came before the feed was made;
+// its later calls are the deliveries from then on. No second comes twice
+// or goes missing between the two. Counts that reached a second after it
+// was delivered are in it here (the engine's minute holds them where they
+// belong), not in a later second.
+func (f *Feed) SubscribeRecent(fn func([]stat.Second)) (cancel func()) {
+	f.deliver.Lock()
+	defer f.deliver.Unlock()
+	var batch []stat.Second
+	f.eng.registry.Recent(func(s stat.Second) {
+		s.Time = f.origin.Add(time.Duration(s.Start)).Truncate(time.Second)
+		batch = append(batch, s)
+	})
+	slices.SortStableFunc(batch, func(a, b stat.Second) int { return cmp.Compare(a.Start, b.Start) })
+	fn(batch)
+	return f.Subscribe(fn)
+}
+
 // Poll delivers what completed by now on the engine clock (engines on a
 // fake clock are polled by hand; Start polls every second).
 func (f *Feed) Poll() { f.poll(false) }

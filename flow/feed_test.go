@@ -373,3 +373,66 @@ func TestFeedLosesNothingFromItsFirstSecond(t *testing.T) {
 	f.Close()
 	assert.Equal(t, want, totals)
 }
+
+// A subscriber made late (SubscribeRecent) starts with the last minute the
+// engine keeps, seconds from before the feed was made too, then gets the
+// deliveries: with them, every second of the last minute once, as a
+// subscriber from the start got it.
+func TestARecentSubscriberGetsTheLastMinuteOnce(t *testing.T) {
+	clock := stattest.NewClock(10 * time.Second)
+	e, _ := newEngine(t, clock)
+	load(t, e, Rule{Resource: "api", Threshold: 1000})
+	want := map[int64]int64{} // second -> passes
+	traffic := func(from, to int) {
+		for sec := from; sec < to; sec++ {
+			clock.Set(time.Duration(sec)*time.Second + 300*time.Millisecond)
+			for range sec % 7 {
+				require.True(t, try(e, "api"))
+				want[int64(sec)*int64(time.Second)]++
+			}
+			if e.feed != nil {
+				e.Feed().Poll()
+			}
+		}
+	}
+	traffic(10, 40) // before any feed
+	f := e.Feed()
+	early := map[int64]int64{}
+	f.SubscribeRecent(func(b []stat.Second) {
+		for _, s := range b {
+			early[s.Start] += s.Pass
+		}
+	})
+	for sec := int64(0); sec < 40; sec++ {
+		if sec < 39 { // the second the feed was made in comes later, whole
+			assert.Equal(t, want[sec*int64(time.Second)], early[sec*int64(time.Second)], "second %d, before the feed", sec)
+		}
+	}
+	traffic(40, 130)
+	got := map[int64]int64{}
+	var firstCall []stat.Second
+	calls := 0
+	f.SubscribeRecent(func(b []stat.Second) {
+		if calls == 0 {
+			firstCall = append(firstCall, b...)
+		}
+		calls++
+		for _, s := range b {
+			got[s.Start] += s.Pass
+		}
+	})
+	require.Equal(t, 1, calls, "the recent seconds, before SubscribeRecent returns")
+	require.NotEmpty(t, firstCall)
+	assert.GreaterOrEqual(t, firstCall[0].Start, int64(68*time.Second), "a minute back at most")
+	for i := 1; i < len(firstCall); i++ {
+		assert.Less(t, firstCall[i-1].Start, firstCall[i].Start, "in order, each second once")
+	}
+	assert.False(t, firstCall[len(firstCall)-1].Time.IsZero(), "wall times")
+	traffic(130, 140)
+	clock.Set(142 * time.Second)
+	f.Poll()
+	for sec := firstCall[0].Start; sec < int64(140*time.Second); sec += int64(time.Second) {
+		assert.Equal(t, want[sec], got[sec], "second %v: the late subscriber's", time.Duration(sec))
+		assert.Equal(t, want[sec], early[sec], "second %v: the first subscriber's", time.Duration(sec))
+	}
+}

@@ -262,6 +262,19 @@ func (r *Registry) Seconds(now int64, partial bool, fn func(stat.Second)) {
 	})
 }
 
+// Recent hands fn, for every node, the seconds of the last minute that
+// Seconds handed out already (or, on a node whose feed started with the
+// latest call, that came before it), from the node's minute window: with
+// what Seconds hands out from then on, every second of the last minute
+// once. One caller at a time, and not during Seconds (flow.Feed holds its
+// delivery lock).
+func (r *Registry) Recent(fn func(stat.Second)) {
+	r.nodes.Range(func(_, v any) bool {
+		v.(*Node).recent(fn)
+		return true
+	})
+}
+
 // Range calls fn for each node until fn returns false.
 func (r *Registry) Range(fn func(n *Node) bool) {
 	r.nodes.Range(func(_, v any) bool { return fn(v.(*Node)) })

@@ -169,6 +169,25 @@ func (n *Node) deliverLocked(now int64, partial bool, fn func(stat.Second)) {
 	f.fed = max(f.fed, hi)
 }
 
+// recent hands fn each second the node's minute window holds from before
+// where its feed stands (every second before it was delivered, or, for a
+// feed that started this second, what came before): the last minute a
+// subscriber made now would otherwise not see. A node whose feed did not
+// start yet hands out nothing (it is new since the last delivery).
+func (n *Node) recent(fn func(stat.Second)) {
+	n.feedMu.Lock()
+	defer n.feedMu.Unlock()
+	f := &n.feed
+	if !f.started {
+		return
+	}
+	for s := f.fed - minute; s < f.fed; s += second {
+		if s >= 0 {
+			n.emit(s, n.minute.CountsRange(s, s+second), 0, false, fn)
+		}
+	}
+}
+
 // absorb moves late's counts into c as far as c stays at or above zero;
 // what c cannot take stays in late.
 func absorb(c, late *window.Counts) {
