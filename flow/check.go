@@ -29,7 +29,8 @@ func (e *Engine) enter(rr *resourceRules, node *stats.Node, opts []EntryOption) 
 	if rr != nil && rr.single != nil && q.wait == 0 {
 		return e.enterSingle(rr, n)
 	}
-	p, now := e.pinNow()
+	p, d, now := e.pinDrawNow()
+	q.draw = d
 	if rr == nil {
 		node = e.count(node, p, now, metric.Pass, n)
 		return e.admitted(node, p, now, n, false, nil, nil), nil
@@ -448,7 +449,7 @@ func (e *Engine) take(rr *resourceRules, h *held, p int, now int64, q *request) 
 		}
 	}
 	if ok && rr.keyConc.t != nil {
-		ok, stage = rr.takeKeyConcurrency(h, q, &rf), stageKeyConcurrency
+		ok, stage = rr.takeKeyConcurrency(h, now, q, &rf), stageKeyConcurrency
 	}
 	if ok && rr.concLimit >= 0 {
 		ok, stage = rr.takeConcurrency(h, now, q.n, &rf), stageConcurrency

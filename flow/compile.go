@@ -9,6 +9,7 @@ import (
 
 	"github.com/leapflow/leapflow/internal/breaker"
 	"github.com/leapflow/leapflow/internal/gcra"
+	"github.com/leapflow/leapflow/internal/hotkeys"
 	"github.com/leapflow/leapflow/internal/keytable"
 	"github.com/leapflow/leapflow/internal/names"
 	"github.com/leapflow/leapflow/internal/pace"
@@ -36,6 +37,7 @@ type ruleSet struct {
 	pacers  map[ruleKey]kept[*pace.Pacer]
 	locals  map[ruleKey]kept[*globalLocal]
 	tables  map[ruleKey]kept[*keytable.Table]
+	hot     map[ruleKey]kept[*hotkeys.Sketch] // PerKey rules' sampled keys
 	shadows map[ruleKey]kept[*shadow]
 	gcras   map[ruleKey]kept[*gcra.Cell]
 	// breakers are the circuit breakers, kept while their rule is
@@ -248,6 +250,7 @@ func compile(e *Engine, norm []Rule, nodes map[string]*stats.Node, bounds []Boun
 		pacers:     map[ruleKey]kept[*pace.Pacer]{},
 		locals:     map[ruleKey]kept[*globalLocal]{},
 		tables:     map[ruleKey]kept[*keytable.Table]{},
+		hot:        map[ruleKey]kept[*hotkeys.Sketch]{},
 		shadows:    map[ruleKey]kept[*shadow]{},
 		gcras:      map[ruleKey]kept[*gcra.Cell]{},
 		breakers:   map[ruleKey]kept[*breaker.Breaker]{},

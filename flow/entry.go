@@ -54,6 +54,9 @@ type request struct {
 	// noQueue says no rule may make it wait (Allow): a Throttle rule
 	// admits it only if its slot is now.
 	noQueue bool
+	// draw is a cheap random number drawn with the clock read (0: none),
+	// for sampling (see keyRule.sample).
+	draw uint32
 }
 
 // WithCount makes the request count as n (a batch), 1 <= n <= 2^30: it
@@ -700,6 +703,12 @@ func (e *Engine) readOptions(q *request, opts []EntryOption) error {
 // the clock says every read must (see clocks.Coarse; any other clock is
 // read every time). enterSingle spells it out: a call would not inline.
 func (e *Engine) pinNow() (int, int64) {
+	p, _, now := e.pinDrawNow()
+	return p, now
+}
+
+// pinDrawNow is pinNow and its draw, for a request to sample with.
+func (e *Engine) pinDrawNow() (int, uint32, int64) {
 	p, r := cpu.PinRand()
 	var now int64
 	if s := e.steady; s != nil {
@@ -707,7 +716,7 @@ func (e *Engine) pinNow() (int, int64) {
 	} else if now = e.cached.Load(); r&e.refreshMask == 0 || e.behind.Load() {
 		now = e.pins.Refresh(e.coarse, now)
 	}
-	return p, now
+	return p, r, now
 }
 
 // WithKey names the caller a request comes from (a user ID, an API key, a

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/leapflow/leapflow/internal/callerkey"
+	"github.com/leapflow/leapflow/internal/hotkeys"
 	"github.com/leapflow/leapflow/internal/keytable"
 	"github.com/leapflow/leapflow/internal/names"
 	"github.com/leapflow/leapflow/internal/pace"
@@ -21,6 +22,18 @@ type keyRule struct {
 	// spec holds the keys listed in the rule's Keys; nil when none.
 	spec map[string]keySpec
 	be   *BlockError
+	// hot holds a sample of the rule's requests by key (see sample).
+	hot *hotkeys.Sketch
+}
+
+// sample adds one request in hotkeys.Every to the rule's sketch of its
+// busiest keys, chosen by bits of the draw the request made with its
+// clock read (not those the clock's refresh reads): a compare is all the
+// others cost.
+func (kr *keyRule) sample(q *request, refused bool, now int64) {
+	if q.draw>>16&(hotkeys.Every-1) == hotkeys.Every-1 && q.hasKey {
+		kr.hot.Add(q.key, refused, now)
+	}
 }
 
 // keySpec is a listed key: its state, kept apart from the table (never
@@ -66,6 +79,7 @@ func addKeyed(c *compiling) {
 	r, rr := c.r, c.rr
 	t := c.e.keyTable(c)
 	kr := keyRule{t: t, be: newBlockError(r, ReasonFlow)}
+	kr.hot = keep(c, c.old.hot, c.next.hot, func(h *hotkeys.Sketch, _ *Rule) (*hotkeys.Sketch, bool) { return h, true }, hotkeys.New)
 	kr.limit, kr.rate = keyLimit(t.Kind(), r, r.Threshold)
 	switch t.Kind() {
 	case keytable.Conc:
@@ -351,6 +365,7 @@ func (kr *keyRule) admitQueue(q *request, now int64, held *keyHeld, maxQueue int
 		if t.Kind() == keytable.Pace {
 			ph, d, ok := pace.Reserve(st.Timeline(), maxQueue, now, q.n, rate)
 			if !ok {
+				kr.sample(q, true, now)
 				return 0, rate, paceRoom(d, maxQueue), false
 			}
 			if !st.Alive(life) {
@@ -361,6 +376,7 @@ func (kr *keyRule) admitQueue(q *request, now int64, held *keyHeld, maxQueue int
 				continue
 			}
 			*held = keyHeld{st: st, b: ph.Cost, slot: ph.Slot, life: life}
+			kr.sample(q, false, now)
 			return d, 0, room{}, true
 		}
 		b, s, ok, dead := t.Admit(st, life, now, q.n, limit)
@@ -375,10 +391,12 @@ func (kr *keyRule) admitQueue(q *request, now int64, held *keyHeld, maxQueue int
 			continue
 		}
 		if !ok {
+			kr.sample(q, true, now)
 			retry, reset := t.RoomIn(st, now, q.n, limit)
 			return 0, float64(s), room{retry, reset}, false
 		}
 		*held = keyHeld{st: st, b: b, t: t, life: life}
+		kr.sample(q, false, now)
 		return 0, 0, room{}, true
 	}
 }
@@ -426,8 +444,9 @@ func validatePerKeyKind(r *Rule, i int) error {
 
 // takeKeyConcurrency counts the request in flight under its key of the
 // PerKey Concurrency rule.
-func (rr *resourceRules) takeKeyConcurrency(h *held, q *request, rf *refusal) bool {
+func (rr *resourceRules) takeKeyConcurrency(h *held, now int64, q *request, rf *refusal) bool {
 	st, seen, ok := rr.keyConc.acquire(q)
+	rr.keyConc.sample(q, !ok, now)
 	if !ok {
 		*rf = refusal{rr.keyConc.blockError(q), float64(seen), unknownRoom, 0}
 		return false
@@ -567,3 +586,76 @@ const (
 	// maxKeyLimits bounds a rule's Keys.
 	maxKeyLimits = 10_000
 )
+
+// KeyStats is what a PerKey rule (not Global) holds of its keys, as
+// Engine.KeyStats reads it.
+type KeyStats struct {
+	Rule Rule
+	// Tracked is how many keys its table holds now, of at most Capacity
+	// (MaxKeys rounded up to a whole set; listed keys are kept apart).
+	Tracked, Capacity int
+	// Evictions and Forgotten are the resource's (its PerKey rules add
+	// to them alike): keys evicted while their window held admissions,
+	// and those forgotten while it mattered (stat.Snapshot's
+	// KeyEvictions and KeysForgotten).
+	Evictions, Forgotten int64
+	// Passed and Refused are the keys with the most admissions and
+	// refusals by the rule over the last minute, at most ten each, most
+	// first. They are estimates from a sample of one request in 256 (the
+	// request path pays for the draw, and a sampled request for the
+	// sketch): a key with few requests may be missing, and counts are
+	// multiples of 256.
+	Passed, Refused []KeyCount
+}
+
+// KeyCount is a key and its estimated count.
+type KeyCount struct {
+	Key   string
+	Count int64
+}
+
+// topKeys is how many keys of each outcome KeyStats reports.
+const topKeys = 10
+
+// KeyStats returns each PerKey rule's keys (Global ones excepted), in
+// the order of the rules in force. It reads off the request path: the
+// sampled keys under their sketch's lock, the counts from the table.
+func (e *Engine) KeyStats() []KeyStats {
+	set := e.ruleSet()
+	if len(set.hot) == 0 {
+		return nil
+	}
+	of := make(map[*Rule]*hotkeys.Sketch, len(set.hot))
+	tables := make(map[*Rule]*keytable.Table, len(set.tables))
+	for _, k := range set.hot {
+		of[k.r] = k.v
+	}
+	for _, k := range set.tables {
+		tables[k.r] = k.v
+	}
+	now := e.now()
+	var out []KeyStats
+	for i := range set.rules {
+		r := &set.rules[i]
+		h, t := of[r], tables[r]
+		if h == nil || t == nil {
+			continue
+		}
+		ks := KeyStats{Rule: *r, Tracked: int(t.Len()), Capacity: t.Capacity()}
+		if snap, ok := e.Snapshot(r.Resource); ok {
+			ks.Evictions, ks.Forgotten = snap.KeyEvictions, snap.KeysForgotten
+		}
+		passed, refused := h.Top(now, topKeys)
+		ks.Passed, ks.Refused = keyCounts(passed), keyCounts(refused)
+		out = append(out, ks)
+	}
+	return out
+}
+
+func keyCounts(cs []hotkeys.Count) []KeyCount {
+	out := make([]KeyCount, len(cs))
+	for i, c := range cs {
+		out[i] = KeyCount(c)
+	}
+	return out
+}

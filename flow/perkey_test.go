@@ -667,3 +667,41 @@ func TestACancelAfterItsKeyLeftGivesNothingToTheNextKey(t *testing.T) {
 		})
 	}
 }
+
+// KeyStats shows a PerKey rule's busiest keys over the last minute, by
+// admissions and by refusals, the keys it tracks and its evictions; a
+// reload that keeps the rule keeps what it sampled, and a minute later
+// the keys are gone from it.
+func TestKeyStatsShowTheBusiestKeys(t *testing.T) {
+	clock := stattest.NewClock(time.Hour)
+	e, _ := newEngine(t, clock)
+	r := Rule{ID: "per-user", Resource: "api", PerKey: true, Threshold: 50, MaxKeys: 64}
+	load(t, e, r, Rule{ID: "plain", Resource: "other", Threshold: 5})
+	for sec := range 10 {
+		clock.Set(time.Hour + time.Duration(sec)*time.Second)
+		admitted(e, "api", "attacker", 2000) // 50 admitted, 1950 refused a second
+		for u := range 40 {
+			admitted(e, "api", fmt.Sprint("user-", u), 1+u%3)
+		}
+	}
+	stats := e.KeyStats()
+	require.Len(t, stats, 1, "one PerKey rule")
+	ks := stats[0]
+	assert.Equal(t, "per-user", ks.Rule.ID)
+	assert.Equal(t, 41, ks.Tracked)
+	assert.Equal(t, 64, ks.Capacity)
+	require.NotEmpty(t, ks.Refused)
+	assert.Equal(t, "attacker", ks.Refused[0].Key)
+	assert.InDelta(t, 19500, ks.Refused[0].Count, 19500*0.3, "an estimate from one request in 64")
+	require.NotEmpty(t, ks.Passed)
+	assert.Equal(t, "attacker", ks.Passed[0].Key, "500 admitted, more than any user")
+	assert.LessOrEqual(t, len(ks.Passed), 10)
+
+	r.Threshold = 40
+	load(t, e, r, Rule{ID: "plain", Resource: "other", Threshold: 5})
+	assert.Equal(t, "attacker", e.KeyStats()[0].Refused[0].Key, "kept across a reload")
+	clock.Advance(2 * time.Minute)
+	ks = e.KeyStats()[0]
+	assert.Empty(t, ks.Passed, "a minute later")
+	assert.Empty(t, ks.Refused)
+}

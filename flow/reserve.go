@@ -74,7 +74,8 @@ func (e *Engine) Reserve(resource string, opts ...EntryOption) (*Reservation, er
 		return &Reservation{st: &reservedState{q: q}, e: e, name: resource, start: e.now()}, nil
 	}
 	st := &reservedState{q: q}
-	p, now := e.pinNow()
+	p, d, now := e.pinDrawNow()
+	st.q.draw = d
 	start, wait, _, err := e.take(rr, &st.h, p, now, &st.q)
 	if err != nil {
 		return nil, err
