@@ -1,8 +1,11 @@
 // Package dashboard serves a live, read-only page of an engine: a table of
 // its resources with pass, block, success and exception per second, mean
-// and minimum response time, requests in flight and the rules in force,
-// and a chart of the last minutes of a selected resource, updated every
-// second over Server-Sent Events.
+// and minimum response time, requests in flight, the rules in force, a
+// sparkline of pass and block over the last minute, and the state of
+// their circuit breakers and system rules; charts of a selected
+// resource's last minutes (traffic, and response times) on a time axis;
+// each per-key rule's busiest keys; and the rule source's reloads. It is
+// updated every second over Server-Sent Events.
 //
 //	http.Handle("/leapflow/", http.StripPrefix("/leapflow", dashboard.New(eng, dashboard.WithToken(secret))))
 //
@@ -11,20 +14,27 @@
 // completed seconds (flow.Feed): each row shows a resource's latest
 // completed second, a second or two behind the clock. The table holds the
 // resources with rules and those that counted anything in the last minute,
-// at most MaxRows of them, busiest first; the chart's history is kept in
-// memory for the last HistorySeconds (bounded by MaxHistoryPoints in all),
-// and can be seeded from a metric log at start (HistoryFile).
+// at most MaxRows of them, busiest first; the page filters and pages it.
+// The charts' history is kept in memory for the last HistorySeconds
+// (bounded by MaxHistoryPoints in all), starting with the minute the
+// engine already holds (flow.Feed.SubscribeRecent), and can be seeded
+// from a metric log at start (HistoryFile).
+//
+// The event stream sends the whole table once, then each second only the
+// rows that changed (a resource with a new second, or whose state
+// changed) and those that left; a viewer too slow to take a change gets
+// the whole table again instead.
 //
 // Mount it on an internal port, or set Token (callers send
 // "Authorization: Bearer <token>" or ?token=<token>; a page opened with
 // ?token= gets it as a same-site, HTTP-only cookie for its own requests)
 // or BasicAuth; credentials are compared in constant time (their SHA-256
-// digests, so not even their length shows). Resource names are shown as
-// text, never as markup, and the page's Content-Security-Policy allows no
-// script but its own.
+// digests, so not even their length shows). Resource names and keys are
+// shown as text, never as markup, and the page's Content-Security-Policy
+// allows no script but its own.
 //
 // Limits: at most MaxStreams event streams at once (default 64; 503
-// beyond), each fed the latest tick only, so a viewer that reads slowly
+// beyond), each fed the latest change only, so a viewer that reads slowly
 // or not at all holds neither the engine, nor the feed, nor the other
 // viewers (a stream no one reads is ended after 10 s); a request with a
 // body is refused (413), one whose URL passes 2 KiB (414) or whose header
@@ -34,6 +44,7 @@
 package dashboard
 
 import (
+	"bytes"
 	"cmp"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -43,6 +54,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net/http"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -71,7 +83,19 @@ type config struct {
 	maxRows                          int
 	historySeconds, maxHistoryPoints int
 	historyFile                      string
+	reloader                         Reloader
 }
+
+// Reloader is what a rule source reports (rulefile.Sync has it).
+type Reloader interface {
+	Reloads() int64
+	LastError() error
+}
+
+// WithReloads shows a rule source's reloads: how many, when the last was
+// seen, and the latest error while the rules in force are older than the
+// source.
+func WithReloads(r Reloader) Option { return func(c *config) { c.reloader = r } }
 
 // WithToken asks every request for token: "Authorization: Bearer <token>"
 // or ?token=<token>.
@@ -87,7 +111,7 @@ func WithBasicAuth(user, password string) Option {
 // least 1): one more is answered 503.
 func WithMaxStreams(n int) Option { return func(c *config) { c.maxStreams = n } }
 
-// WithMaxRows bounds the table (default 500; at least 1).
+// WithMaxRows bounds the table (default 2,000; at least 1).
 func WithMaxRows(n int) Option { return func(c *config) { c.maxRows = n } }
 
 // WithHistorySeconds sets how far back the chart goes (default 300; at
@@ -104,7 +128,7 @@ func WithHistoryFile(path string) Option { return func(c *config) { c.historyFil
 
 // newConfig applies opts over the defaults and validates the result.
 func newConfig(opts []Option) (config, error) {
-	c := config{maxRows: 500, historySeconds: 300, maxHistoryPoints: 200_000, maxStreams: 64}
+	c := config{maxRows: 2000, historySeconds: 300, maxHistoryPoints: 200_000, maxStreams: 64}
 	for _, o := range opts {
 		o(&c)
 	}
@@ -152,12 +176,32 @@ type Row struct {
 	// until its next probe may go.
 	Breaker        string `json:"breaker,omitempty"`
 	BreakerRetryMS int64  `json:"breakerRetryMs,omitempty"`
+	// BreakerSince is when the breaker last changed state (Unix ms; 0
+	// before the dashboard's first delivered second, which maps engine
+	// time to wall time).
+	BreakerSince int64 `json:"breakerSince,omitempty"`
 	// System is set on a resource with system rules (Rule.System): the
 	// CPU usage they read, the BBR estimate of how many requests may be
 	// in flight, and whether a SystemBBR rule sheds. The page shows a
 	// badge.
 	System *System `json:"system,omitempty"`
+	// Spark is, in a whole table, the resource's pass and block per
+	// second over the 60 s that end with the tick's SparkEnd, oldest
+	// first.
+	Spark *Spark `json:"spark,omitempty"`
+	// New is, in a change, the seconds of the resource this delivery
+	// brought.
+	New []Point `json:"new,omitempty"`
 }
+
+// Spark is a minute of passes and blocks, one count a second.
+type Spark struct {
+	Pass  []int64 `json:"pass"`
+	Block []int64 `json:"block"`
+}
+
+// sparkSeconds is how many seconds a sparkline covers.
+const sparkSeconds = 60
 
 // System is what a resource's system rules read (flow.SystemStatus).
 type System struct {
@@ -167,10 +211,49 @@ type System struct {
 	Refusing bool    `json:"refusing"`
 }
 
-// Tick is what the page gets every second.
+// Tick is what the page gets: the whole table (Full, from /api/tick and
+// first on a stream), or each second what changed since the last.
 type Tick struct {
 	Time int64 `json:"t"`
+	Full bool  `json:"full"`
+	// SparkEnd is the start of the newest second delivered (Unix ms):
+	// where sparklines end.
+	SparkEnd int64 `json:"sparkEnd"`
+	// Rows are every row (Full), or those that changed.
 	Rows []Row `json:"rows"`
+	// Gone are the resources that left the table since the last tick.
+	Gone []string `json:"gone,omitempty"`
+	// Keys are the per-key rules' busiest keys (flow.Engine.KeyStats); in
+	// a change, only when they changed.
+	Keys []KeyRule `json:"keys,omitempty"`
+	// Reload is the rule source's state (WithReloads); in a change, only
+	// when it changed.
+	Reload *Reload `json:"reload,omitempty"`
+}
+
+// KeyRule is a per-key rule's keys (see flow.KeyStats).
+type KeyRule struct {
+	Resource  string     `json:"resource"`
+	Rule      string     `json:"rule"`
+	Tracked   int        `json:"tracked"`
+	Capacity  int        `json:"capacity"`
+	Evictions int64      `json:"evictions"`
+	Passed    []KeyCount `json:"passed"`
+	Refused   []KeyCount `json:"refused"`
+}
+
+// KeyCount is a key and its estimated count over the last minute.
+type KeyCount struct {
+	Key   string `json:"key"`
+	Count int64  `json:"count"`
+}
+
+// Reload is what the rule source reports.
+type Reload struct {
+	Count int64 `json:"count"`
+	// At is when the dashboard saw Count change (Unix ms; 0 before).
+	At    int64  `json:"at,omitempty"`
+	Error string `json:"error,omitempty"`
 }
 
 type server struct {
@@ -185,7 +268,20 @@ type server struct {
 	// history holds the recent deliveries, oldest first.
 	history [][]histPoint
 	points  int
-	tick    []byte // the latest tick, JSON
+	// rows are the rows of the latest tick (without Spark or New), to
+	// tell what the next one changes; keys and reload likewise.
+	rows   map[string]Row
+	keys   []byte
+	reload Reload
+	// sparkEnd is the newest second delivered (Unix ms); offsetMS maps
+	// engine time (ms) to Unix ms, once a second was delivered.
+	sparkEnd, offsetMS int64
+	hasOffset          bool
+	// full is the whole table as of the latest tick, JSON, made when
+	// asked for (nil: not made yet).
+	full []byte
+	// clients are the open streams: each takes the latest change, or a
+	// nil, which asks for the whole table.
 	clients map[chan []byte]struct{}
 	// refusedStreams counts streams refused at MaxStreams (tests).
 	refusedStreams atomic.Int64
@@ -204,7 +300,7 @@ func New(eng *flow.Engine, options ...Option) (http.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &server{eng: eng, opts: opts, latest: map[string]Point{}, clients: map[chan []byte]struct{}{}}
+	s := &server{eng: eng, opts: opts, latest: map[string]Point{}, rows: map[string]Row{}, clients: map[chan []byte]struct{}{}}
 	if opts.historyFile != "" {
 		if err := s.seed(opts.historyFile); err != nil {
 			return nil, err
@@ -219,9 +315,8 @@ func New(eng *flow.Engine, options ...Option) (http.Handler, error) {
 	s.mux.HandleFunc("GET /api/tick", s.serveTick)
 	s.mux.HandleFunc("GET /api/events", s.serveEvents)
 	s.mux.HandleFunc("GET /api/history", s.serveHistory)
-	s.tick = s.buildTick(time.Now().UnixMilli())
 	feed := eng.Feed()
-	feed.Subscribe(s.add)
+	feed.SubscribeRecent(s.add) // the minute the engine holds, then each delivery
 	feed.Start()
 	return s, nil
 }
@@ -269,9 +364,10 @@ func (s *server) keep(batch []histPoint) {
 	}
 }
 
-// add takes a delivery from the feed and tells the pages.
+// add takes a delivery from the feed and tells the pages what changed.
 func (s *server) add(batch []stat.Second) {
 	pts := make([]histPoint, 0, len(batch))
+	fresh := map[string][]Point{}
 	for _, sec := range batch {
 		p := Point{Time: sec.Time.UnixMilli(), Pass: sec.Pass, Block: sec.Block, Success: sec.Success,
 			Exception: sec.Exception, MinRT: ms(sec.MinRT)}
@@ -279,33 +375,186 @@ func (s *server) add(batch []stat.Second) {
 			p.AvgRT = ms(sec.RT) / float64(sec.Success)
 		}
 		pts = append(pts, histPoint{sec.Resource, p})
+		fresh[sec.Resource] = append(fresh[sec.Resource], p)
 	}
 	s.mu.Lock()
 	for _, p := range pts {
-		s.latest[p.resource] = p.Point
+		if cur, ok := s.latest[p.resource]; !ok || p.Time >= cur.Time {
+			s.latest[p.resource] = p.Point
+		}
+		s.sparkEnd = max(s.sparkEnd, p.Time)
+	}
+	if len(batch) > 0 {
+		s.offsetMS, s.hasOffset = batch[0].Time.UnixMilli()-batch[0].Start/1e6, true
 	}
 	if len(pts) > 0 {
 		s.keep(pts)
 	}
 	s.mu.Unlock()
-	msg := s.buildTick(time.Now().UnixMilli())
+	msg := s.change(time.Now().UnixMilli(), fresh)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.tick = msg
 	for c := range s.clients {
-		select { // only the latest matters: replace what the client did not take
+		select { // a change the client did not take: it needs the whole table
 		case <-c:
+			c <- nil
 		default:
+			c <- msg
 		}
-		c <- msg
 	}
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// buildTick makes the table: resources with rules or a second in the last
+// change makes the rows anew and returns the tick of what changed since
+// the last (JSON); the whole table is made again when asked for.
+func (s *server) change(now int64, fresh map[string][]Point) []byte {
+	rows := s.buildRows(now)
+	keys := s.keyRules()
+	keysJSON, _ := json.Marshal(keys)
+	reload := s.readReload(now)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	tick := Tick{Time: now, SparkEnd: s.sparkEnd, Rows: []Row{}}
+	seen := make(map[string]bool, len(rows))
+	for _, r := range rows {
+		seen[r.Resource] = true
+		prev, ok := s.rows[r.Resource]
+		if ok && sameRow(prev, r) && len(fresh[r.Resource]) == 0 {
+			continue
+		}
+		s.rows[r.Resource] = r
+		r.New = fresh[r.Resource]
+		tick.Rows = append(tick.Rows, r)
+	}
+	for res := range s.rows {
+		if !seen[res] {
+			delete(s.rows, res)
+			tick.Gone = append(tick.Gone, res)
+		}
+	}
+	slices.Sort(tick.Gone)
+	if !bytes.Equal(keysJSON, s.keys) {
+		s.keys, tick.Keys = keysJSON, keys
+	}
+	if reload != s.reload {
+		s.reload = reload
+		tick.Reload = &reload
+	}
+	s.full = nil
+	b, _ := json.Marshal(tick)
+	return b
+}
+
+// sameRow reports whether a row shows the same as before.
+func sameRow(a, b Row) bool {
+	if (a.System == nil) != (b.System == nil) || a.System != nil && *a.System != *b.System {
+		return false
+	}
+	a.System, b.System = nil, nil
+	a.Spark, b.Spark, a.New, b.New = nil, nil, nil, nil
+	return reflect.DeepEqual(a, b)
+}
+
+// wholeTable returns the whole table as of the latest tick, JSON, made
+// once per tick. Called with mu held.
+func (s *server) wholeTable() []byte {
+	if s.full != nil {
+		return s.full
+	}
+	tick := Tick{Time: time.Now().UnixMilli(), Full: true, SparkEnd: s.sparkEnd, Rows: make([]Row, 0, len(s.rows))}
+	sparks := s.sparks()
+	for _, r := range s.rows {
+		r.Spark = sparks[r.Resource]
+		if r.Spark == nil {
+			r.Spark = &Spark{Pass: make([]int64, sparkSeconds), Block: make([]int64, sparkSeconds)}
+		}
+		tick.Rows = append(tick.Rows, r)
+	}
+	slices.SortFunc(tick.Rows, busiestFirst)
+	_ = json.Unmarshal(s.keys, &tick.Keys)
+	if s.opts.reloader != nil {
+		r := s.reload
+		tick.Reload = &r
+	}
+	s.full, _ = json.Marshal(tick)
+	return s.full
+}
+
+// sparks is each resource's minute up to sparkEnd, from the history.
+// Called with mu held.
+func (s *server) sparks() map[string]*Spark {
+	out := map[string]*Spark{}
+	lo := s.sparkEnd - (sparkSeconds-1)*1000
+	for i := len(s.history) - 1; i >= 0; i-- {
+		batch := s.history[i]
+		if len(batch) > 0 && batch[len(batch)-1].Time < lo {
+			break // older deliveries are older still
+		}
+		for _, p := range batch {
+			if p.Time < lo || p.Time > s.sparkEnd {
+				continue
+			}
+			sp := out[p.resource]
+			if sp == nil {
+				sp = &Spark{Pass: make([]int64, sparkSeconds), Block: make([]int64, sparkSeconds)}
+				out[p.resource] = sp
+			}
+			j := (p.Time - lo) / 1000
+			sp.Pass[j] += p.Pass
+			sp.Block[j] += p.Block
+		}
+	}
+	return out
+}
+
+// busiestFirst orders rows by pass and block, then by name.
+func busiestFirst(a, b Row) int {
+	if c := cmp.Compare(b.Pass+b.Block, a.Pass+a.Block); c != 0 {
+		return c
+	}
+	return strings.Compare(a.Resource, b.Resource)
+}
+
+// keyRules reads the per-key rules' keys.
+func (s *server) keyRules() []KeyRule {
+	var out []KeyRule
+	for _, ks := range s.eng.KeyStats() {
+		kr := KeyRule{Resource: ks.Rule.Resource, Rule: ks.Rule.Name(), Tracked: ks.Tracked, Capacity: ks.Capacity,
+			Evictions: ks.Evictions, Passed: []KeyCount{}, Refused: []KeyCount{}}
+		for _, c := range ks.Passed {
+			kr.Passed = append(kr.Passed, KeyCount(c))
+		}
+		for _, c := range ks.Refused {
+			kr.Refused = append(kr.Refused, KeyCount(c))
+		}
+		out = append(out, kr)
+	}
+	return out
+}
+
+// readReload reads the rule source's state: At moves when Count does.
+func (s *server) readReload(now int64) Reload {
+	r := s.opts.reloader
+	if r == nil {
+		return Reload{}
+	}
+	s.mu.Lock()
+	out := s.reload
+	s.mu.Unlock()
+	if n := r.Reloads(); n != out.Count {
+		out.Count, out.At = n, now
+	}
+	out.Error = ""
+	if err := r.LastError(); err != nil {
+		out.Error = err.Error()
+	}
+	return out
+}
+
+// buildRows makes the table: resources with rules or a second in the last
 // minute, busiest first, at most MaxRows.
-func (s *server) buildTick(now int64) []byte {
+func (s *server) buildRows(now int64) []Row {
 	rules := map[string][]string{}
 	for _, r := range s.eng.Rules() {
 		if !r.DryRun {
@@ -331,6 +580,7 @@ func (s *server) buildTick(now int64) []byte {
 		systems[st.Resource] = &System{CPU: st.CPU, Limit: st.Limit, Shedding: st.Shedding, Refusing: st.Refusing}
 	}
 	s.mu.Lock()
+	offset, hasOffset := s.offsetMS, s.hasOffset
 	rows := make([]Row, 0, len(s.latest)+len(rules))
 	for res, p := range s.latest {
 		if now-p.Time > 60_000 && rules[res] == nil {
@@ -350,12 +600,7 @@ func (s *server) buildTick(now int64) []byte {
 		}
 	}
 	s.mu.Unlock()
-	slices.SortFunc(rows, func(a, b Row) int {
-		if c := cmp.Compare(b.Pass+b.Block, a.Pass+a.Block); c != 0 {
-			return c
-		}
-		return strings.Compare(a.Resource, b.Resource)
-	})
+	slices.SortFunc(rows, busiestFirst)
 	rows = rows[:min(len(rows), s.opts.maxRows)]
 	for i := range rows {
 		rows[i].Rules = strings.Join(rules[rows[i].Resource], "; ")
@@ -363,14 +608,16 @@ func (s *server) buildTick(now int64) []byte {
 		if b, ok := brk[rows[i].Resource]; ok {
 			rows[i].Breaker = breakerWords[b.State]
 			rows[i].BreakerRetryMS = b.RetryAfter.Milliseconds()
+			if hasOffset {
+				rows[i].BreakerSince = b.Since.Milliseconds() + offset
+			}
 		}
 		rows[i].System = systems[rows[i].Resource]
 		if snap, ok := s.eng.Snapshot(rows[i].Resource); ok {
 			rows[i].Inflight = snap.Inflight
 		}
 	}
-	b, _ := json.Marshal(Tick{Time: now, Rows: rows})
-	return b
+	return rows
 }
 
 // breakerWords names a breaker's state on the page.
@@ -460,13 +707,14 @@ func same(got, want string) bool {
 
 func (s *server) serveTick(w http.ResponseWriter, _ *http.Request) {
 	s.mu.Lock()
-	msg := s.tick
+	msg := s.wholeTable()
 	s.mu.Unlock()
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(msg)
 }
 
-// serveEvents streams a tick every second until the client goes away.
+// serveEvents streams the whole table, then each second's change, until
+// the client goes away.
 func (s *server) serveEvents(w http.ResponseWriter, r *http.Request) {
 	rc := http.NewResponseController(w)
 	h := w.Header()
@@ -481,7 +729,7 @@ func (s *server) serveEvents(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "too many event streams", http.StatusServiceUnavailable)
 		return
 	}
-	c <- s.tick
+	c <- nil // the whole table first
 	s.clients[c] = struct{}{}
 	s.mu.Unlock()
 	defer func() {
@@ -494,6 +742,11 @@ func (s *server) serveEvents(w http.ResponseWriter, r *http.Request) {
 		case <-r.Context().Done():
 			return
 		case msg := <-c:
+			if msg == nil {
+				s.mu.Lock()
+				msg = s.wholeTable()
+				s.mu.Unlock()
+			}
 			// A client that stops reading without closing must not hold
 			// the stream for ever.
 			_ = rc.SetWriteDeadline(time.Now().Add(10 * time.Second))

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/leapflow/leapflow/flow"
+	"github.com/leapflow/leapflow/stat"
 	"github.com/leapflow/leapflow/stat/stattest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -407,4 +408,77 @@ func TestTickShowsSystemState(t *testing.T) {
 		}
 	}
 	assert.True(t, found, body)
+}
+
+// After a second in which one resource of fifty had traffic, the event
+// stream's message carries that resource only, with its new second; the
+// stream began with the whole table, sparklines included; a viewer that
+// did not take a change is sent the whole table instead.
+func TestAChangeCarriesOnlyWhatChanged(t *testing.T) {
+	clock := stattest.NewClock(time.Second)
+	var rules []flow.Rule
+	for i := range 50 {
+		rules = append(rules, flow.Rule{Resource: fmt.Sprintf("r-%02d", i), Threshold: 100})
+	}
+	eng, err := flow.New(flow.WithClock(clock))
+	require.NoError(t, err)
+	require.NoError(t, eng.LoadRules(rules))
+	t.Cleanup(eng.Feed().Close)
+	h, err := New(eng)
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	resp, err := http.Get(srv.URL + "/api/events")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	ticks := events(bufio.NewReader(resp.Body))
+	next := func() Tick {
+		t.Helper()
+		select {
+		case msg := <-ticks:
+			var tick Tick
+			require.NoError(t, json.Unmarshal([]byte(msg), &tick))
+			return tick
+		case <-time.After(10 * time.Second):
+			t.Fatal("no tick")
+		}
+		return Tick{}
+	}
+	first := next()
+	require.True(t, first.Full)
+	require.Len(t, first.Rows, 50)
+	require.NotNil(t, first.Rows[0].Spark)
+	assert.Len(t, first.Rows[0].Spark.Pass, 60)
+
+	clock.Set(2*time.Second + 100*time.Millisecond)
+	for range 3 {
+		en, err := eng.Entry("r-07")
+		require.NoError(t, err)
+		en.Exit(nil)
+	}
+	clock.Set(4 * time.Second)
+	eng.Feed().Poll()
+	var change Tick
+	for change = next(); len(change.Rows) == 0; change = next() { // the feed's own ticks may come between
+	}
+	assert.False(t, change.Full)
+	require.Len(t, change.Rows, 1, "the resource with traffic only")
+	assert.Equal(t, "r-07", change.Rows[0].Resource)
+	assert.Equal(t, int64(3), change.Rows[0].Pass)
+	require.Len(t, change.Rows[0].New, 1)
+	assert.Equal(t, int64(3), change.Rows[0].New[0].Pass)
+	assert.Nil(t, change.Rows[0].Spark)
+
+	// A viewer that did not take a change: the whole table next.
+	s := h.(*server)
+	c := make(chan []byte, 1)
+	s.mu.Lock()
+	s.clients[c] = struct{}{}
+	s.mu.Unlock()
+	s.add([]stat.Second{{Resource: "r-01", Start: int64(5 * time.Second), Time: time.Now(), Pass: 1}})
+	s.add([]stat.Second{{Resource: "r-02", Start: int64(6 * time.Second), Time: time.Now(), Pass: 1}})
+	assert.Nil(t, <-c, "the whole table, not a change it cannot follow")
+	s.mu.Lock()
+	delete(s.clients, c)
+	s.mu.Unlock()
 }
