@@ -103,6 +103,17 @@ func (s *Server) Stop() {
 	s.cmd = nil
 }
 
+// Wipe replaces the member by a new one on its ports, with no data: a
+// store restored from nothing, its revisions starting again.
+func (s *Server) Wipe() {
+	s.t.Helper()
+	s.Stop()
+	if err := os.RemoveAll(s.dir); err != nil {
+		s.t.Fatal(err)
+	}
+	s.launch()
+}
+
 // Restart starts the member again on its ports, with its data.
 func (s *Server) Restart() {
 	s.t.Helper()
