@@ -14,32 +14,43 @@
 // nothing of OpenTelemetry: this package is a module of its own.
 //
 // The instruments have promflow's names in OpenTelemetry's form (dots, a
-// unit instead of a suffix), so that an OpenTelemetry Prometheus exporter
-// shows promflow's names, and promflow's label names as attributes
-// (resource, rule, metric, to):
+// unit instead of a suffix), and promflow's label names as attributes
+// (resource, rule, metric, to): an OpenTelemetry Prometheus exporter shows
+// promflow's names, but for the response times, a counter there
+// (leapflow_request_duration_seconds_total) where promflow has a summary
+// (its _sum, and leapflow_requests_completed_total for its _count):
 //   - leapflow.requests.passed, .blocked, .occupied, .completed, .failed
-//     (counters, {request}): as promflow's leapflow_requests_*_total;
+//     (counters, {request});
 //   - leapflow.request.duration (a counter, s): the sum of the completed
-//     requests' response times (promflow's summary _sum; its _count is
-//     leapflow.requests.completed). The engine keeps sums per bucket, no
+//     requests' response times. The engine keeps sums per bucket, no
 //     histogram;
 //   - leapflow.requests.inflight (an up-down counter, {request}): admitted
 //     and not exited, now;
 //   - leapflow.fallback.decisions, leapflow.key.evictions,
 //     leapflow.keys.forgotten (counters);
-//   - leapflow.rule.threshold{rule, metric} (a gauge),
-//     leapflow.rule.would_block{rule} (a counter), leapflow.rule.unreached
-//     {rule} (a gauge, 1);
+//   - leapflow.rule.threshold{rule, metric} (a gauge: requests a second,
+//     or in flight), leapflow.rule.would_block{rule} (a counter),
+//     leapflow.rule.unreached{rule} (a gauge, 1);
 //   - leapflow.breaker.state{rule} (a gauge: 0 closed, 1 open, 2
 //     half-open), leapflow.breaker.transitions{rule, to} (a counter);
-//   - leapflow.system.cpu_usage (a gauge, 1), leapflow.system.bbr_limit
-//     and leapflow.system.shedding (gauges);
+//   - leapflow.system.cpu_usage (a gauge, in [0, 1]),
+//     leapflow.system.bbr_limit and leapflow.system.shedding (gauges);
 //   - with WithReloads: leapflow.rule.reloads (a counter) and
 //     leapflow.rule.reload_failed (a gauge, 1 while the latest update
 //     failed).
 //
-// A resource the engine's registry lets go leaves the collection, and
-// starts again from zero if it comes back.
+// Counters never go back: what the engine counts since a rule was loaded
+// or a resource registered (transitions, fallbacks, evictions, dry-run
+// refusals) starts again at zero after a reload or a return, and the
+// exporter adds what it had counted before; a resource the engine's
+// registry lets go leaves the collection, and its counters go on from
+// where they were if it comes back within about 60 collections (an hour
+// at a minute's interval), from zero after.
+//
+// The OpenTelemetry SDK keeps at most 2,000 series an instrument by
+// default and folds the rest into one overflow series: an engine with
+// more resources (its cap is 10,000) needs a MeterProvider made with
+// sdkmetric.WithCardinalityLimit.
 package otelflow
 
 import (
@@ -74,6 +85,7 @@ func WithReloads(r Reloader) Option { return func(x *Exporter) { x.reloader = r 
 type totals struct {
 	pass, block, occupied, success, exception int64
 	rt                                        float64 // seconds
+	goneAt                                    int64   // the collection that found the resource gone (0: live)
 }
 
 // Exporter observes one engine's statistics for a meter.
@@ -85,6 +97,11 @@ type Exporter struct {
 
 	mu     sync.Mutex
 	totals map[string]*totals
+	// series keep the counters read from the engine monotonic, and
+	// collections counts the callback's runs (see mono).
+	observing   sync.Mutex
+	series      map[string]*mono
+	collections int64
 
 	passed, blocked, occupied, completed, failed metric.Int64ObservableCounter
 	duration                                     metric.Float64ObservableCounter
@@ -106,7 +123,7 @@ type Exporter struct {
 // close the feed (eng.Feed().Close()) when the engine is done with, which
 // delivers its last seconds, then collect once more.
 func New(eng *flow.Engine, meter metric.Meter, opts ...Option) (*Exporter, error) {
-	x := &Exporter{eng: eng, totals: map[string]*totals{}}
+	x := &Exporter{eng: eng, totals: map[string]*totals{}, series: map[string]*mono{}}
 	for _, o := range opts {
 		if o != nil {
 			o(x)
@@ -143,20 +160,20 @@ func New(eng *flow.Engine, meter metric.Meter, opts ...Option) (*Exporter, error
 	x.fallbacks = counter("leapflow.fallback.decisions", "{request}", "Requests a global rule decided by its fallback because its token source failed.")
 	x.evictions = counter("leapflow.key.evictions", "{key}", "Keys a per-key rule evicted from its table while their window held admissions.")
 	x.forgotten = counter("leapflow.keys.forgotten", "{key}", "Evicted keys a per-key rule forgot while their window held admissions: seen again, they start afresh.")
-	x.threshold = fgauge("leapflow.rule.threshold", "1", "A rule's threshold: requests per second (metric qps) or in flight (metric concurrency).")
+	x.threshold = fgauge("leapflow.rule.threshold", "{request}", "A rule's threshold: requests per second (metric qps) or in flight (metric concurrency).")
 	x.wouldBlock = counter("leapflow.rule.would_block", "{request}", "Requests a dry-run rule would have blocked (it blocks nothing).")
-	x.unreached = gauge("leapflow.rule.unreached", "1", "1 for a rule that cannot take effect as named: its resource saw no request while requests went to a catch-all resource (flow.Engine.Unreached).")
-	x.breakerState = gauge("leapflow.breaker.state", "1", "A circuit breaker's state: 0 closed, 1 open, 2 half-open.")
+	x.unreached = gauge("leapflow.rule.unreached", "", "1 for a rule that cannot take effect as named: its resource saw no request while requests went to a catch-all resource (flow.Engine.Unreached).")
+	x.breakerState = gauge("leapflow.breaker.state", "", "A circuit breaker's state: 0 closed, 1 open, 2 half-open.")
 	x.transitions = counter("leapflow.breaker.transitions", "{transition}", "A circuit breaker's changes of state, by the state it went into, since its rule was loaded.")
-	x.cpu = fgauge("leapflow.system.cpu_usage", "1", "The CPU usage a resource's system rules last read, in [0, 1].")
+	x.cpu = fgauge("leapflow.system.cpu_usage", "", "The CPU usage a resource's system rules last read, in [0, 1].")
 	x.bbrLimit = gauge("leapflow.system.bbr_limit", "{request}", "The BBR estimate of how many requests may be in flight on a resource with system rules.")
-	x.shedding = gauge("leapflow.system.shedding", "1", "1 while a resource's SystemBBR rule checks requests, else 0.")
+	x.shedding = gauge("leapflow.system.shedding", "", "1 while a resource's SystemBBR rule checks requests, else 0.")
 	observed := []metric.Observable{x.passed, x.blocked, x.occupied, x.completed, x.failed, x.duration, x.inflight,
 		x.fallbacks, x.evictions, x.forgotten, x.threshold, x.wouldBlock, x.unreached, x.breakerState, x.transitions,
 		x.cpu, x.bbrLimit, x.shedding}
 	if x.reloader != nil {
 		x.reloads = counter("leapflow.rule.reloads", "{reload}", "Rule sets a rule source applied.")
-		x.reloadFailed = gauge("leapflow.rule.reload_failed", "1", "1 while the rule source's latest update failed (the rules in force stay), else 0.")
+		x.reloadFailed = gauge("leapflow.rule.reload_failed", "", "1 while the rule source's latest update failed (the rules in force stay), else 0.")
 		observed = append(observed, x.reloads, x.reloadFailed)
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -198,6 +215,41 @@ func (x *Exporter) add(batch []stat.Second) {
 	}
 }
 
+// mono keeps a counter read from the engine monotonic: a count the engine
+// keeps since a rule was loaded or a resource registered starts again
+// from zero after a reload or a return, and a cumulative counter must
+// not go back. Each series (instrument and attributes) reports what it
+// read plus what it had counted before each such reset. Called under
+// observe only (the SDK runs one callback at a time).
+type mono struct {
+	last, base int64
+	seen       int64 // the collection that last saw it
+}
+
+// monotonic is raw as a series that never goes back; id names the series.
+func (x *Exporter) monotonic(id string, raw int64) int64 {
+	m := x.series[id]
+	if m == nil {
+		m = &mono{}
+		x.series[id] = m
+	}
+	if raw < m.last {
+		m.base += m.last
+	}
+	m.last, m.seen = raw, x.collections
+	return m.base + raw
+}
+
+// forget drops the series no collection saw for an hour's worth of
+// collections (a minute apart, say): bounded by what was live lately.
+func (x *Exporter) forget() {
+	for id, m := range x.series {
+		if x.collections-m.seen > 60 {
+			delete(x.series, id)
+		}
+	}
+}
+
 // res is the attribute set of a resource.
 func res(name string) metric.MeasurementOption {
 	return metric.WithAttributes(attribute.String("resource", valid(name)))
@@ -209,8 +261,12 @@ func valid(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }
 
 // observe is the callback: the totals, then what is read from the engine.
 func (x *Exporter) observe(_ context.Context, o metric.Observer) error {
+	x.observing.Lock() // two readers may collect at once
+	defer x.observing.Unlock()
+	x.collections++
+	defer x.forget()
 	if r := x.reloader; r != nil {
-		o.ObserveInt64(x.reloads, r.Reloads())
+		o.ObserveInt64(x.reloads, x.monotonic("reloads", r.Reloads()))
 		failed := int64(0)
 		if r.LastError() != nil {
 			failed = 1
@@ -232,12 +288,21 @@ func (x *Exporter) observe(_ context.Context, o metric.Observer) error {
 	for _, r := range rows {
 		snap, ok := x.eng.Snapshot(r.name)
 		if !ok {
-			// The registry let the resource go: so does the collection.
+			// The registry let the resource go: so does the collection,
+			// its totals kept for an hour in case it comes back (its
+			// counters then go on from them).
 			x.mu.Lock()
-			delete(x.totals, r.name)
+			if t := x.totals[r.name]; t.goneAt == 0 {
+				t.goneAt = x.collections
+			} else if x.collections-t.goneAt > 60 {
+				delete(x.totals, r.name)
+			}
 			x.mu.Unlock()
 			continue
 		}
+		x.mu.Lock()
+		x.totals[r.name].goneAt = 0
+		x.mu.Unlock()
 		seen[r.name] = true
 		a := res(r.name)
 		o.ObserveInt64(x.passed, r.t.pass, a)
@@ -253,7 +318,7 @@ func (x *Exporter) observe(_ context.Context, o metric.Observer) error {
 		o.ObserveInt64(x.breakerState, int64(b.state), metric.WithAttributes(
 			attribute.String("resource", valid(b.resource)), attribute.String("rule", valid(b.rule))))
 		for i, n := range b.into {
-			o.ObserveInt64(x.transitions, n, metric.WithAttributes(attribute.String("resource", valid(b.resource)),
+			o.ObserveInt64(x.transitions, x.monotonic("transitions\x00"+b.resource+"\x00"+b.rule+"\x00"+toState[i], n), metric.WithAttributes(attribute.String("resource", valid(b.resource)),
 				attribute.String("rule", valid(b.rule)), attribute.String("to", toState[i])))
 		}
 	}
@@ -274,9 +339,9 @@ func (x *Exporter) observe(_ context.Context, o metric.Observer) error {
 func (x *Exporter) live(o metric.Observer, snap stat.Snapshot) {
 	a := res(snap.Resource)
 	o.ObserveInt64(x.inflight, snap.Inflight, a)
-	o.ObserveInt64(x.fallbacks, snap.Fallbacks, a)
-	o.ObserveInt64(x.evictions, snap.KeyEvictions, a)
-	o.ObserveInt64(x.forgotten, snap.KeysForgotten, a)
+	o.ObserveInt64(x.fallbacks, x.monotonic("fallbacks\x00"+snap.Resource, snap.Fallbacks), a)
+	o.ObserveInt64(x.evictions, x.monotonic("evictions\x00"+snap.Resource, snap.KeyEvictions), a)
+	o.ObserveInt64(x.forgotten, x.monotonic("forgotten\x00"+snap.Resource, snap.KeysForgotten), a)
 }
 
 // rules observes each rule's threshold (rules without IDs on one resource
@@ -313,7 +378,7 @@ func (x *Exporter) rules(o metric.Observer, seen map[string]bool) {
 	for _, k := range keys {
 		rule := metric.WithAttributes(attribute.String("resource", valid(k.resource)), attribute.String("rule", valid(k.name)))
 		if k.metric == "dry" {
-			o.ObserveInt64(x.wouldBlock, blocked[k], rule)
+			o.ObserveInt64(x.wouldBlock, x.monotonic("would_block\x00"+k.resource+"\x00"+k.name, blocked[k]), rule)
 			continue
 		}
 		o.ObserveFloat64(x.threshold, thresholds[k], metric.WithAttributes(attribute.String("resource", valid(k.resource)),

@@ -68,7 +68,12 @@ func collect(t *testing.T, r *sdkmetric.ManualReader) map[string]map[string]poin
 	}
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
-			assert.NotEmpty(t, m.Unit, m.Name)
+			if strings.HasPrefix(m.Name, "leapflow.requests.") {
+				assert.Equal(t, "{request}", m.Unit, m.Name)
+			}
+			if m.Name == "leapflow.request.duration" {
+				assert.Equal(t, "s", m.Unit)
+			}
 			pts := map[string]point{}
 			switch d := m.Data.(type) {
 			case metricdata.Sum[int64]:
@@ -266,4 +271,57 @@ func TestCloseStopsObserving(t *testing.T) {
 	require.NotEmpty(t, collect(t, r))
 	require.NoError(t, x.Close())
 	assert.Empty(t, collect(t, r))
+}
+
+// Counters never go back: a breaker's transitions and a dry-run rule's
+// refusals survive a reload that starts the engine's counts again, and a
+// resource the registry let go goes on from its totals when it returns.
+func TestCountersNeverGoBack(t *testing.T) {
+	clock := stattest.NewClock(time.Second)
+	eng, err := flow.New(flow.WithClock(clock), flow.WithMaxResources(2))
+	require.NoError(t, err)
+	t.Cleanup(eng.Feed().Close)
+	dep := flow.Rule{ID: "dep", Resource: "dep", Breaker: flow.ErrorCount, Threshold: 1, RetryTimeout: time.Second}
+	require.NoError(t, eng.LoadRules([]flow.Rule{dep}))
+	x, r := exporter(t, eng)
+	defer x.Close()
+	en, err := eng.Entry("dep")
+	require.NoError(t, err)
+	en.Exit(errors.New("down"))
+	open := func() float64 {
+		return collect(t, r)["leapflow.breaker.transitions"]["resource=dep,rule=dep,to=open"].value
+	}
+	require.Equal(t, 1.0, open())
+	dep.RetryTimeout = 2 * time.Second // a changed rule: a new breaker, its counts from zero
+	require.NoError(t, eng.LoadRules([]flow.Rule{dep}))
+	assert.Equal(t, 1.0, open(), "after the reload")
+
+	passed := func(res string) float64 { return collect(t, r)["leapflow.requests.passed"]["resource="+res].value }
+	clock.Set(2*time.Second + 100*time.Millisecond)
+	for range 5 {
+		en, err := eng.Entry("a")
+		require.NoError(t, err)
+		en.Exit(nil)
+	}
+	clock.Set(4 * time.Second)
+	eng.Feed().Poll()
+	require.Equal(t, 5.0, passed("a"))
+	// Idle a minute and more, then another: the registry (2 resources,
+	// one of them dep's) lets a go; a minute on, a comes back in b's place.
+	clock.Set(70 * time.Second)
+	en, err = eng.Entry("b")
+	require.NoError(t, err)
+	en.Exit(nil)
+	clock.Set(72 * time.Second)
+	eng.Feed().Poll()
+	got := collect(t, r)["leapflow.requests.passed"]
+	assert.NotContains(t, got, "resource=a", "gone with the registry's")
+	assert.Contains(t, got, "resource=b")
+	clock.Set(140 * time.Second)
+	en, err = eng.Entry("a")
+	require.NoError(t, err)
+	en.Exit(nil)
+	clock.Set(142 * time.Second)
+	eng.Feed().Poll()
+	assert.Equal(t, 6.0, passed("a"), "back: from its totals")
 }
