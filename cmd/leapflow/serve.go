@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -21,9 +22,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 
 	"github.com/leapflow/leapflow/cmd/leapflow/rls"
 	"github.com/leapflow/leapflow/dashboard"
@@ -73,7 +76,7 @@ func serveFlags(args []string, stderr io.Writer) (*serveConfig, int) {
 	fs.StringVar(&c.rules, "rules", "", "leapflow rule files: a file or a directory")
 	fs.StringVar(&c.redisAddr, "redis", "", "a Redis address: replicas pointing at it share every limit")
 	fs.StringVar(&c.prefix, "redis-prefix", "leapflow-rls", "the prefix of the Redis keys")
-	fs.DurationVar(&c.redisTimeout, "redis-timeout", 50*time.Millisecond, "the longest a decision waits for Redis")
+	fs.DurationVar(&c.redisTimeout, "redis-timeout", 100*time.Millisecond, "the longest a decision waits for Redis: one it has not answered by then is over the limit (a late answer is no sign Redis is down; see global.WithTimeout)")
 	fs.Float64Var(&c.localShare, "local-share", 1, "the part of each limit a replica enforces alone while Redis fails (in (0, 1])")
 	fs.BoolVar(&c.spanExact, "span-exact", false, "hold second, minute and hour limits (not per value) in every continuous span")
 	fs.BoolVar(&c.headers, "headers", false, "add RateLimit-Policy, RateLimit and Retry-After to the response headers")
@@ -96,9 +99,23 @@ func serveFlags(args []string, stderr io.Writer) (*serveConfig, int) {
 		fmt.Fprintln(stderr, "leapflow serve: -config or -rules is required")
 		return nil, 2
 	}
-	if c.localShare <= 0 || c.localShare > 1 {
-		fmt.Fprintf(stderr, "leapflow serve: -local-share %g: must be in (0, 1]\n", c.localShare)
-		return nil, 2
+	for _, bad := range []struct {
+		flag string
+		ok   bool
+		want string
+		v    any
+	}{
+		{"local-share", c.localShare > 0 && c.localShare <= 1, "in (0, 1]", c.localShare},
+		{"max-request-bytes", c.maxRecvBytes >= 1024, "at least 1024", c.maxRecvBytes},
+		{"max-keys", c.maxKeys >= 0, "0 (the default) or more", c.maxKeys},
+		{"drain", c.drain >= 0, "0 or more", c.drain},
+		{"redis-timeout", c.redisTimeout > 0, "more than 0", c.redisTimeout},
+		{"debounce", c.debounce > 0, "more than 0", c.debounce},
+	} {
+		if !bad.ok {
+			fmt.Fprintf(stderr, "leapflow serve: -%s %v: must be %s\n", bad.flag, bad.v, bad.want)
+			return nil, 2
+		}
 	}
 	return c, -1
 }
@@ -121,6 +138,12 @@ func serveCmd(args []string, stderr io.Writer) int {
 	return 0
 }
 
+// The server's bounds (see serve).
+const (
+	maxStreams = 256  // calls at once on one connection
+	maxConns   = 1024 // connections at once
+)
+
 // serve runs the service until ctx ends, then drains it. A signal on
 // reload reads the configuration again.
 func serve(ctx context.Context, c *serveConfig, reload <-chan os.Signal) error {
@@ -130,7 +153,16 @@ func serve(ctx context.Context, c *serveConfig, reload <-chan os.Signal) error {
 		if err != nil {
 			return err
 		}
-		defer src.Close()
+		defer func() {
+			// Leaving Redis may wait on it: not past a second more.
+			closed := make(chan struct{})
+			go func() { src.Close(); close(closed) }()
+			select {
+			case <-closed:
+			case <-time.After(time.Second):
+				c.logger.Warn("leaving Redis timed out")
+			}
+		}()
 		opts = append(opts, flow.WithTokenSource(src))
 	}
 	eng, err := flow.New(opts...)
@@ -162,7 +194,12 @@ func serve(ctx context.Context, c *serveConfig, reload <-chan os.Signal) error {
 	if err != nil {
 		return err
 	}
-	gs := grpc.NewServer(grpc.MaxRecvMsgSize(c.maxRecvBytes))
+	// Bounded: calls at once on a connection, and connections (beyond,
+	// new ones wait to be accepted), so that neither a client's streams
+	// nor many clients hold unbounded memory; pings no oftener than 10 s.
+	ln = netutil.LimitListener(ln, maxConns)
+	gs := grpc.NewServer(grpc.MaxRecvMsgSize(c.maxRecvBytes), grpc.MaxConcurrentStreams(maxStreams),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}))
 	rlsv3.RegisterRateLimitServiceServer(gs, srv)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
@@ -234,12 +271,15 @@ func serve(ctx context.Context, c *serveConfig, reload <-chan os.Signal) error {
 		}
 	}
 
-	// Drain: health says NOT_SERVING (load balancers stop sending), the
-	// calls in flight finish up to -drain, then the rest are cut.
+	// Drain: health says NOT_SERVING (load balancers stop sending) for a
+	// while before the listener closes (up to a second, half of -drain),
+	// the calls in flight finish up to -drain, then the rest are cut.
 	hs.Shutdown()
+	grace := min(c.drain/2, time.Second)
+	time.Sleep(grace)
 	stopped := make(chan struct{})
 	go func() { gs.GracefulStop(); close(stopped) }()
-	timer := time.NewTimer(c.drain)
+	timer := time.NewTimer(c.drain - grace)
 	defer timer.Stop()
 	select {
 	case <-stopped:
@@ -274,13 +314,18 @@ func readRules(path string) ([]flow.Rule, error) {
 
 // watch reports, debounced, changes to the configuration's files (their
 // directories are watched: editors and config maps replace files by
-// rename). The channel is nil when nothing can be watched.
+// rename). Only configuration files count (.yaml, .yml, .json, and a
+// config map's ..data swap): a log written beside them is no change. A
+// watched directory removed and made again is watched again (tried every
+// second), and that counts as a change. The channel is nil when nothing
+// can be watched.
 func watch(ctx context.Context, c *serveConfig, log *slog.Logger) <-chan struct{} {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		log.Warn("not watching the configuration; reload with SIGHUP", "err", err)
 		return nil
 	}
+	dirs := map[string]bool{} // watched directories: watching now?
 	for _, p := range []string{c.config, c.rules} {
 		if p == "" {
 			continue
@@ -289,23 +334,41 @@ func watch(ctx context.Context, c *serveConfig, log *slog.Logger) <-chan struct{
 		if st, err := os.Stat(p); err == nil && !st.IsDir() {
 			dir = filepath.Dir(p)
 		}
-		if err := w.Add(dir); err != nil {
-			log.Warn("not watching", "path", dir, "err", err)
+		dir = filepath.Clean(dir)
+		dirs[dir] = w.Add(dir) == nil
+		if !dirs[dir] {
+			log.Warn("not watching yet; trying every second", "path", dir)
 		}
 	}
 	out := make(chan struct{}, 1)
 	go func() {
 		defer w.Close()
 		var fire <-chan time.Time
+		retry := time.NewTicker(time.Second)
+		defer retry.Stop()
 		for {
 			select {
 			case <-ctx.Done():
 				return
-			case _, ok := <-w.Events:
+			case ev, ok := <-w.Events:
 				if !ok {
 					return
 				}
-				fire = time.After(c.debounce)
+				if name := filepath.Clean(ev.Name); dirs[name] && ev.Has(fsnotify.Remove|fsnotify.Rename) {
+					dirs[name] = false // the watch went with the directory
+					continue
+				}
+				if configFile(ev.Name) {
+					fire = time.After(c.debounce)
+				}
+			case <-retry.C:
+				for dir, watching := range dirs {
+					if !watching && w.Add(dir) == nil {
+						dirs[dir] = true
+						log.Info("watching again", "path", dir)
+						fire = time.After(c.debounce)
+					}
+				}
 			case err, ok := <-w.Errors:
 				if !ok {
 					return
@@ -321,4 +384,18 @@ func watch(ctx context.Context, c *serveConfig, log *slog.Logger) <-chan struct{
 		}
 	}()
 	return out
+}
+
+// configFile reports whether a change to path may change the
+// configuration: a YAML or JSON file, or a config map's ..data swap.
+func configFile(path string) bool {
+	base := filepath.Base(path)
+	if strings.HasPrefix(base, "..") {
+		return true
+	}
+	switch filepath.Ext(base) {
+	case ".yaml", ".yml", ".json":
+		return !strings.HasPrefix(base, ".")
+	}
+	return false
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -189,6 +190,61 @@ func TestServeFlagsAreChecked(t *testing.T) {
 	assert.Equal(t, 2, code)
 	assert.Contains(t, out.String(), "-local-share 2")
 	assert.Equal(t, 1, serveCmd([]string{"-config", filepath.Join(t.TempDir(), "missing.yaml"), "-addr", "127.0.0.1:0", "-admin", ""}, &out))
+	for _, c := range []struct{ args, says string }{
+		{"-local-share NaN", "-local-share NaN: must be in (0, 1]"},
+		{"-max-request-bytes 0", "-max-request-bytes 0: must be at least 1024"},
+		{"-max-keys -3", "-max-keys -3: must be 0 (the default) or more"},
+		{"-drain -1s", "-drain -1s: must be 0 or more"},
+		{"-redis-timeout 0s", "-redis-timeout 0s: must be more than 0"},
+	} {
+		out.Reset()
+		_, code = serveFlags(append([]string{"-rules", "x"}, strings.Fields(c.args)...), &out)
+		assert.Equal(t, 2, code, c.args)
+		assert.Contains(t, out.String(), c.says)
+	}
+}
+
+// Only configuration files are changes: a log written beside them
+// reloads nothing; a configuration directory removed and made again is
+// watched again, and read.
+func TestServeWatchesConfigurationFilesOnly(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "config")
+	require.NoError(t, os.Mkdir(dir, 0o755))
+	writeConfig(t, filepath.Join(dir, "edge.yaml"), 3)
+	r := start(t, nil, "-config", dir)
+	logFile := filepath.Join(dir, "serve.log")
+	// Real time against a real server: a log appended to for 300 ms.
+	require.Never(t, func() bool {
+		f, err := os.OpenFile(logFile, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+		if err == nil {
+			fmt.Fprintln(f, "a line")
+			f.Close()
+		}
+		return strings.Contains(r.log.String(), "reloaded")
+	}, 300*time.Millisecond, 20*time.Millisecond, "a log file is no change")
+
+	require.NoError(t, os.RemoveAll(dir))
+	require.NoError(t, os.Mkdir(dir, 0o755))
+	writeConfig(t, filepath.Join(dir, "edge.yaml"), 7)
+	require.Eventually(t, func() bool { return r.limitOf(t, "bob") == 7 }, 10*time.Second, 20*time.Millisecond, "the directory made again is watched")
+}
+
+// Stopping, the server answers health checks NOT_SERVING for a while
+// before it stops listening, so that a load balancer polling it sees it
+// leave.
+func TestServeSaysNotServingBeforeItStopsListening(t *testing.T) {
+	dir := t.TempDir()
+	writeConfig(t, filepath.Join(dir, "edge.yaml"), 3)
+	r := start(t, nil, "-config", dir, "-drain", "2s")
+	stopped := make(chan error, 1)
+	go func() { stopped <- r.stop() }()
+	seen := false
+	require.Eventually(t, func() bool {
+		h, err := r.health.Check(context.Background(), &healthpb.HealthCheckRequest{})
+		seen = seen || err == nil && h.Status == healthpb.HealthCheckResponse_NOT_SERVING
+		return seen
+	}, 5*time.Second, 10*time.Millisecond)
+	require.NoError(t, <-stopped)
 }
 
 // Two replicas on one Redis share a limit; with Redis killed, each goes on

@@ -22,6 +22,9 @@ const (
 	MaxConfigSize = 4 << 20
 	// MaxDescriptors is the most descriptors (tree nodes) of all domains.
 	MaxDescriptors = 100_000
+	// MaxLimits is the most rate limits of all domains: each is a
+	// resource, and an engine holds 10,000 (flow.WithMaxResources).
+	MaxLimits = 10_000
 	// MaxDepth is the deepest a descriptor tree nests (and so the most
 	// entries a request descriptor that matches a limit has).
 	MaxDepth = 16
@@ -211,9 +214,19 @@ func ParseConfig(names []string, datas map[string][]byte) (*Config, error) {
 		if len(data) > MaxConfigSize {
 			return nil, &ConfigError{File: name, Msg: fmt.Sprintf("larger than %d bytes", MaxConfigSize)}
 		}
+		// Before the parser: its cost grows with the square of a file's
+		// flow nesting ([[[...), which a small file can make deep.
+		flow := 0
 		for _, tk := range lexer.Tokenize(string(data)) {
-			if tk.Type == token.AnchorType || tk.Type == token.AliasType {
+			switch tk.Type {
+			case token.AnchorType, token.AliasType:
 				return nil, &ConfigError{File: name, Msg: fmt.Sprintf("line %d: YAML anchors and aliases are not accepted", tk.Position.Line)}
+			case token.SequenceStartType, token.MappingStartType:
+				if flow++; flow > maxFlowDepth {
+					return nil, &ConfigError{File: name, Msg: fmt.Sprintf("line %d: nested deeper than %d", tk.Position.Line, maxFlowDepth)}
+				}
+			case token.SequenceEndType, token.MappingEndType:
+				flow--
 			}
 		}
 		var fc fileConfig
@@ -242,6 +255,10 @@ func ParseConfig(names []string, datas map[string][]byte) (*Config, error) {
 // requests.
 const maxEntryLen = 256
 
+// maxFlowDepth bounds the nesting of flow collections ([...], {...}): a
+// descriptor tree of MaxDepth written in flow style, and some.
+const maxFlowDepth = 4*MaxDepth + 8
+
 func (c *Config) add(parent *node, ds []fileDescriptor, depth int, perKey bool, file string, count *int) error {
 	for i := range ds {
 		d := &ds[i]
@@ -264,6 +281,9 @@ func (c *Config) add(parent *node, ds []fileDescriptor, depth int, perKey bool, 
 			return fail("value: longer than %d bytes", maxEntryLen)
 		case d.Value != nil && strings.HasSuffix(*d.Value, "*"):
 			return fail("value %q: prefix wildcards are not supported (leave value out for a limit per distinct value)", *d.Value)
+		}
+		if d.Value != nil && *d.Value == "" {
+			d.Value = nil // as envoyproxy/ratelimit reads it: a limit per distinct value
 		}
 		n := &node{key: d.Key, wildcard: d.Value == nil, shadow: d.ShadowMode, perKey: perKey || d.Value == nil}
 		if d.Value != nil {
@@ -316,6 +336,9 @@ func (c *Config) add(parent *node, ds []fileDescriptor, depth int, perKey bool, 
 				}
 				if rpu := *rl.RequestsPerUnit; rpu < 0 || rpu > maxRequestsPerUnit {
 					return fail("rate_limit.requests_per_unit %d: must be in [0, %d]", rpu, int64(maxRequestsPerUnit))
+				}
+				if len(c.limits) == MaxLimits {
+					return fail("more than %d limits (the resources an engine holds)", MaxLimits)
 				}
 				n.limit = &Limit{Name: rl.Name, Unit: u, RequestsPerUnit: *rl.RequestsPerUnit}
 				c.limits = append(c.limits, n)

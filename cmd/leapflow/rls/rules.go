@@ -7,6 +7,10 @@ import (
 	"github.com/leapflow/leapflow/stat"
 )
 
+// maxEngineKeys is the keys an engine's PerKey rules hold in all (flow's
+// default WithMaxKeys).
+const maxEngineKeys = 1_000_000
+
 // Rules returns the flow rules that enforce c: one per limit, on a
 // resource named after the limit's descriptor path (the domain, then each
 // entry as key=value, or key alone for a wildcard, joined by '/').
@@ -31,17 +35,33 @@ import (
 // Options.LocalShare while the source fails.
 func (c *Config) Rules(o Options) ([]flow.Rule, error) {
 	rules := make([]flow.Rule, 0, len(c.limits))
+	perValue := 0
+	for _, n := range c.limits {
+		if n.perKey {
+			perValue++
+		}
+	}
 	for _, n := range c.limits {
 		if len(n.path) > stat.MaxNameLen {
 			return nil, &ConfigError{Descriptor: n.path[:64] + "...", Msg: fmt.Sprintf("the descriptor path is longer than %d bytes", stat.MaxNameLen)}
 		}
 		l := n.limit
-		r := flow.Rule{ID: l.Name, Resource: n.path, PerKey: n.perKey, DryRun: n.shadow}
+		// No ID from the limit's name: envoyproxy/ratelimit's names are
+		// labels, which limits in two domains may share, and a rule's ID
+		// names its count in Redis; the resource, the descriptor path, is
+		// the limit's own.
+		r := flow.Rule{Resource: n.path, PerKey: n.perKey, DryRun: n.shadow}
 		r.StatInterval = l.Unit.Duration()
 		r.Threshold = float64(l.RequestsPerUnit) / l.Unit.Duration().Seconds()
 		r.SpanExact = o.SpanExact && !n.perKey
-		if n.perKey && o.MaxKeys > 0 {
+		if n.perKey {
 			r.MaxKeys = o.MaxKeys
+			if r.MaxKeys == 0 {
+				// The engine's million keys (flow.WithMaxKeys) shared
+				// among the limits per value, at most flow's 100,000
+				// each.
+				r.MaxKeys = min(100_000, maxEngineKeys/max(perValue, 1))
+			}
 		}
 		if o.Global {
 			r.Global = true

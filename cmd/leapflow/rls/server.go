@@ -65,6 +65,9 @@ type Server struct {
 type loaded struct {
 	cfg *Config
 	own map[string]bool // the resources of the leapflow rules
+	// names are the configuration's limit names by resource, for the
+	// RateLimit header fields.
+	names map[string]string
 }
 
 // New returns a server deciding with eng, which it loads its rules into
@@ -105,7 +108,13 @@ func (s *Server) Load(cfg *Config, own []flow.Rule) error {
 	if err := s.eng.LoadRules(append(rules, own...)); err != nil {
 		return err
 	}
-	s.cur.Store(&loaded{cfg: cfg, own: ownSet})
+	names := make(map[string]string, len(cfg.limits))
+	for _, n := range cfg.limits {
+		if n.limit.Name != "" {
+			names[n.path] = n.limit.Name
+		}
+	}
+	s.cur.Store(&loaded{cfg: cfg, own: ownSet, names: names})
 	return nil
 }
 
@@ -211,7 +220,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		hits = 1 // a request-level 0 counts one
 	}
 	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(req.Descriptors))}
-	var head headerPick
+	head := headerPick{names: l.names}
 	for i, d := range req.Descriptors {
 		n := hits
 		if h := d.GetHitsAddend(); h != nil {
@@ -373,6 +382,7 @@ func validate(req *rlsv3.RateLimitRequest) error {
 // headerPick picks the descriptor the RateLimit fields describe: the one
 // with the least left, and the longest Retry-After among those refused.
 type headerPick struct {
+	names     map[string]string // limit names by resource
 	have      bool
 	name      string
 	quota     int64
@@ -391,10 +401,12 @@ func (h *headerPick) consider(be *flow.BlockError, remaining int64, reset time.D
 		return
 	}
 	name := be.Rule.ID
-	if name == "" {
+	if n, ok := h.names[be.Rule.Resource]; ok {
+		name = n
+	} else if name == "" {
 		name = be.Rule.Resource
 	}
-	*h = headerPick{have: true, name: name, quota: q, window: w, remaining: remaining, reset: reset, retry: h.retry}
+	*h = headerPick{names: h.names, have: true, name: name, quota: q, window: w, remaining: remaining, reset: reset, retry: h.retry}
 }
 
 func (h *headerPick) left(l flow.Left, _ *rlsv3.RateLimitResponse_DescriptorStatus) {

@@ -2,7 +2,9 @@ package rls
 
 import (
 	"context"
+	"fmt"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -402,4 +404,55 @@ func TestDeepOrHugeConfigurationsAreRefused(t *testing.T) {
 	assert.ErrorContains(t, err, "nested deeper than")
 	_, err = ParseConfig([]string{"f"}, map[string][]byte{"f": make([]byte, MaxConfigSize+1)})
 	assert.ErrorContains(t, err, "larger than")
+	// Flow nesting is refused before the parser, whose cost grows with its
+	// square: 100 KB of it would take gigabytes.
+	deep := "domain: d\ndescriptors: " + strings.Repeat("[", 50_000) + strings.Repeat("]", 50_000) + "\n"
+	_, err = ParseConfig([]string{"f"}, map[string][]byte{"f": []byte(deep)})
+	assert.ErrorContains(t, err, "line 2: nested deeper than 72")
+	var many strings.Builder
+	many.WriteString("domain: d\ndescriptors:\n")
+	for i := range MaxLimits + 1 {
+		fmt.Fprintf(&many, "  - {key: k, value: v%d, rate_limit: {unit: second, requests_per_unit: 1}}\n", i)
+	}
+	_, err = ParseConfig([]string{"f"}, map[string][]byte{"f": []byte(many.String())})
+	assert.ErrorContains(t, err, "more than 10000 limits")
+}
+
+// An empty value is a key without one, as envoyproxy/ratelimit reads it:
+// a limit per distinct value.
+func TestAnEmptyValueLimitsEachValue(t *testing.T) {
+	_, c := newServer(t, stattest.NewClock(time.Hour), "domain: edge\ndescriptors:\n  - key: remote_address\n    value: \"\"\n    rate_limit: {unit: minute, requests_per_unit: 2}\n", Options{})
+	for _, ip := range []string{"1.2.3.4", "5.6.7.8"} {
+		assert.Equal(t, []rlsv3.RateLimitResponse_Code{ok, ok, over}, overall(t, c, 3, desc("remote_address", ip)), ip)
+	}
+}
+
+// Limits keep apart whatever their names: a name is a label, which limits
+// in two domains may share (their counts, through Redis too, are their
+// descriptor paths').
+func TestLimitsSharingANameCountApart(t *testing.T) {
+	cfg, err := ParseConfig([]string{"a", "b"}, map[string][]byte{
+		"a": []byte("domain: one\ndescriptors:\n  - key: ip\n    rate_limit: {name: per-ip, unit: minute, requests_per_unit: 3}\n"),
+		"b": []byte("domain: two\ndescriptors:\n  - key: ip\n    rate_limit: {name: per-ip, unit: minute, requests_per_unit: 3}\n"),
+	})
+	require.NoError(t, err)
+	rules, err := cfg.Rules(Options{})
+	require.NoError(t, err)
+	require.Len(t, rules, 2)
+	for _, r := range rules {
+		assert.Empty(t, r.ID, "no ID from a name")
+	}
+	assert.NotEqual(t, rules[0].Resource, rules[1].Resource)
+}
+
+// Eleven limits per value load (the engine's million keys shared among
+// them), where flow's default of 100,000 each would pass its bound.
+func TestManyLimitsPerValueShareTheEnginesKeys(t *testing.T) {
+	var y strings.Builder
+	y.WriteString("domain: d\ndescriptors:\n")
+	for i := range 11 {
+		fmt.Fprintf(&y, "  - key: k%d\n    rate_limit: {unit: second, requests_per_unit: 5}\n", i)
+	}
+	_, c := newServer(t, stattest.NewClock(time.Hour), y.String(), Options{})
+	assert.Equal(t, ok, ask(t, c, 0, desc("k3", "v")).OverallCode)
 }
