@@ -225,8 +225,10 @@
   // the unit and the scale on the left, from the first point to the last.
   function chart(node, series, unit) {
     const w = 900, h = 220, left = 56, right = 10, top = 18, bottom = 26;
+    // From the first point to the last: the data fills the chart (ten
+    // seconds at least).
     const t1 = points.length ? points[points.length - 1].t : Date.now();
-    const t0 = Math.min(points.length ? points[0].t : t1, t1 - 60 * 1000);
+    const t0 = Math.min(points.length ? points[0].t : t1, t1 - 10 * 1000);
     let max = 0;
     for (const p of points) for (const [key] of series) max = Math.max(max, p[key]);
     const scale = niceMax(max);
@@ -246,6 +248,7 @@
     const step = [5, 10, 15, 30, 60, 120, 300, 600, 1800, 3600].map((s) => s * 1000).find((s) => (t1 - t0) / s <= 8) || 3600 * 1000;
     for (let t = Math.ceil(t0 / step) * step; t <= t1; t += step) {
       parts.push(svg("line", { class: "grid", x1: x(t), x2: x(t), y1: top, y2: h - bottom }));
+      if (x(t) > w - right - 26) continue; // its label would be cut at the edge
       const label = svg("text", { class: "tick x", x: x(t), y: h - 8, "text-anchor": "middle" });
       label.textContent = hms(t);
       parts.push(label);

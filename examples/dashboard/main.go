@@ -1,7 +1,9 @@
 // Command dashboard runs a demo service with simulated traffic behind
 // leapflow and serves the live dashboard: bursts on "checkout", a slow
-// "report" limited to 2 in flight, "search" failing now and then, and
-// "export", blocked by a rule of 0. It prints where the dashboard
+// "report" limited to 2 in flight, "search" failing now and then,
+// "export", blocked by a rule of 0, "api" limited per user with one
+// client far over its limit, and "payments", whose dependency fails in
+// spells that trip its circuit breaker. It prints where the dashboard
 // listens and runs until interrupted.
 //
 //	go run ./examples/dashboard [-addr 127.0.0.1:8080]
@@ -46,6 +48,8 @@ var rules = []flow.Rule{
 	{ID: "report-slots", Resource: "report", Metric: flow.Concurrency, Threshold: 2},
 	{ID: "search-qps", Resource: "search", Threshold: 200},
 	{ID: "export-off", Resource: "export", Threshold: 0},
+	{ID: "per-user", Resource: "api", PerKey: true, Threshold: 10},
+	{ID: "payments-breaker", Resource: "payments", Breaker: flow.ErrorRatio, Threshold: 0.5, MinRequests: 10, RetryTimeout: 3 * time.Second},
 }
 
 // run serves the dashboard until ctx ends (or, with shot, until the
@@ -139,6 +143,26 @@ func simulate(ctx context.Context, eng *flow.Engine, wg *sync.WaitGroup) {
 	every(100*time.Millisecond, func(int) { call("report", 700*time.Millisecond, false) })
 	every(10*time.Millisecond, func(int) { call("search", time.Duration(1+rand.IntN(4))*time.Millisecond, rand.IntN(10) == 0) })
 	every(200*time.Millisecond, func(int) { call("export", time.Millisecond, false) })
+	keyed := func(key string, rt time.Duration) {
+		if en, err := eng.Entry("api", flow.WithKey(key)); err == nil {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				select {
+				case <-time.After(rt):
+				case <-ctx.Done():
+				}
+				en.Exit(nil)
+			}()
+		}
+	}
+	every(5*time.Millisecond, func(int) { // 40 users within their 10 a second, one scraper at 200
+		keyed(fmt.Sprintf("user-%02d", rand.IntN(40)), time.Duration(2+rand.IntN(6))*time.Millisecond)
+		keyed("scraper-7f3a", time.Millisecond)
+	})
+	every(25*time.Millisecond, func(i int) { // the dependency fails for 4 s in every 15
+		call("payments", time.Duration(8+rand.IntN(8))*time.Millisecond, i%600 >= 400 && i%600 < 560)
+	})
 }
 
 // screenshot opens the dashboard in headless Chromium, selects the
@@ -149,7 +173,7 @@ func screenshot(ctx context.Context, url, path string, out io.Writer) error {
 		return fmt.Errorf("the screenshot needs Debian's package chromium: %w", err)
 	}
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chromium), chromedp.NoSandbox,
-		chromedp.WindowSize(1280, 820))
+		chromedp.WindowSize(1400, 900))
 	actx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
 	defer cancelAlloc()
 	bctx, cancel := chromedp.NewContext(actx)
@@ -158,10 +182,10 @@ func screenshot(ctx context.Context, url, path string, out io.Writer) error {
 		return err
 	}
 	time.Sleep(4 * time.Second) // a few completed seconds
-	if _, err := chromedp.Run(bctx, chromedp.Evaluate[any](`document.querySelector('tr[data-resource="checkout"]').click()`)); err != nil {
+	if _, err := chromedp.Run(bctx, chromedp.Evaluate[any](`document.querySelector('tr[data-resource="checkout"] td.name').click()`)); err != nil {
 		return err
 	}
-	time.Sleep(8 * time.Second)                                  // the chart fills
+	time.Sleep(20 * time.Second)                                 // the sparklines and charts fill, the breaker trips
 	png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100)) // quality 100: PNG
 	if err != nil {
 		return err

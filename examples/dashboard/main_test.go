@@ -46,7 +46,7 @@ func TestRun(t *testing.T) {
 		}
 		return false
 	}, 15*time.Second, 200*time.Millisecond)
-	assert.Len(t, rows, 4)
+	assert.Len(t, rows, 6)
 	cancel()
 	require.NoError(t, <-done)
 	pw.Close()
