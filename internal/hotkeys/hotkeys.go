@@ -8,10 +8,11 @@
 // Each outcome (admitted, refused) keeps a summary of at most Capacity
 // keys per ten seconds, six of them, in the manner of space-saving: a key
 // new to a full summary replaces the smallest of a few of its keys
-// (candidates, read from a random place: a full scan would cost every
+// (candidates, from a place that rotates: a full scan would cost every
 // request a share of it) and inherits its count, so a key kept is never
 // undercounted, and a heavy key, larger than most, is rarely the one
-// replaced. Estimates are sampled counts times Every.
+// replaced. Adding allocates nothing. Estimates are sampled counts times
+// Every.
 package hotkeys
 
 import (
@@ -44,28 +45,45 @@ type Count struct {
 }
 
 // summary is a space-saving summary: at most Capacity keys and their
-// counts.
-type summary map[string]int64
+// counts, in arrays (adding never allocates: the keys are the callers'
+// strings).
+type summary struct {
+	n      int
+	keys   [Capacity]string
+	counts [Capacity]int64
+	next   int // where the next eviction looks first (it rotates)
+}
 
-// add counts one sample of key, evicting the smallest key when full; the
-// newcomer inherits its count (the space-saving bound).
-func (s summary) add(key string) {
-	if _, ok := s[key]; ok || len(s) < Capacity {
-		s[key]++
+// add counts one sample of key; a key new to a full summary replaces the
+// smallest of candidates keys and inherits its count (the space-saving
+// bound).
+func (s *summary) add(key string) {
+	for i := range s.n {
+		if s.keys[i] == key {
+			s.counts[i]++
+			return
+		}
+	}
+	if s.n < Capacity {
+		s.keys[s.n], s.counts[s.n] = key, 1
+		s.n++
 		return
 	}
-	var low string
-	lowN, seen := int64(-1), 0
-	for k, n := range s { // from a random place (Go's map order)
-		if lowN < 0 || n < lowN {
-			low, lowN = k, n
-		}
-		if seen++; seen == candidates {
-			break
+	low := s.next
+	for j := 1; j < candidates; j++ {
+		if i := (s.next + j) % Capacity; s.counts[i] < s.counts[low] {
+			low = i
 		}
 	}
-	delete(s, low)
-	s[key] = lowN + 1
+	s.next = (s.next + candidates) % Capacity
+	s.keys[low] = key
+	s.counts[low]++
+}
+
+// reset empties the summary (and lets go of its keys).
+func (s *summary) reset() {
+	clear(s.keys[:s.n])
+	s.n, s.next = 0, 0
 }
 
 // slot is ten seconds of samples.
@@ -85,7 +103,7 @@ type Sketch struct {
 func New() *Sketch {
 	s := &Sketch{}
 	for i := range s.slots {
-		s.slots[i] = slot{start: -1, pass: summary{}, refuse: summary{}}
+		s.slots[i].start = -1
 	}
 	return s
 }
@@ -101,8 +119,8 @@ func (s *Sketch) Add(key string, refused bool, now int64) {
 	sl := &s.slots[start/slotLen%slots]
 	if sl.start != start {
 		sl.start = start
-		clear(sl.pass)
-		clear(sl.refuse)
+		sl.pass.reset()
+		sl.refuse.reset()
 	}
 	if refused {
 		sl.refuse.add(key)
@@ -122,11 +140,11 @@ func (s *Sketch) Top(now int64, n int) (passed, refused []Count) {
 		if sl.start < lo || sl.start > now {
 			continue
 		}
-		for k, c := range sl.pass {
-			pass[k] += c
+		for i := range sl.pass.n {
+			pass[sl.pass.keys[i]] += sl.pass.counts[i]
 		}
-		for k, c := range sl.refuse {
-			refuse[k] += c
+		for i := range sl.refuse.n {
+			refuse[sl.refuse.keys[i]] += sl.refuse.counts[i]
 		}
 	}
 	s.mu.Unlock()

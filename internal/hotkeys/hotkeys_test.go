@@ -90,3 +90,19 @@ func TestSamplesFromManyGoroutines(t *testing.T) {
 	assert.LessOrEqual(t, n, int64(4*2000))
 	assert.Positive(t, n)
 }
+
+// Adding a sample allocates nothing, new keys through a full summary
+// included (it runs on the request path of one request in Every).
+func TestAddingAllocatesNothing(t *testing.T) {
+	s := New()
+	keys := make([]string, 1000)
+	for i := range keys {
+		keys[i] = fmt.Sprint("key-", i)
+	}
+	i := 0
+	allocs := testing.AllocsPerRun(10_000, func() {
+		s.Add(keys[i%len(keys)], i%3 == 0, int64(i)*sec/100)
+		i++
+	})
+	assert.Zero(t, allocs)
+}
