@@ -436,3 +436,87 @@ func TestARecentSubscriberGetsTheLastMinuteOnce(t *testing.T) {
 		assert.Equal(t, want[sec], early[sec], "second %v: the first subscriber's", time.Duration(sec))
 	}
 }
+
+// The second before the feed is made, its last bucket still in the
+// second window, reaches a SubscribeRecent subscriber whole; and a pass
+// taken back after its second was delivered is counted once by a
+// subscriber made between the two (its second shows it, the next delivery
+// does not take it again).
+func TestARecentSubscriberCountsEachPassOnce(t *testing.T) {
+	clock := stattest.NewClock(10 * time.Second)
+	e, _ := newEngine(t, clock)
+	load(t, e, Rule{Resource: "api", Threshold: 1000})
+	clock.Set(38*time.Second + 300*time.Millisecond)
+	admit := func(n int) {
+		for range n {
+			require.True(t, try(e, "api"))
+		}
+	}
+	admit(3)
+	clock.Set(38*time.Second + 900*time.Millisecond)
+	admit(5) // its bucket still in the second window when the feed is made
+	clock.Set(39*time.Second + 300*time.Millisecond)
+	got := map[int64]int64{}
+	e.Feed().SubscribeRecent(func(b []stat.Second) {
+		for _, s := range b {
+			got[s.Start/int64(time.Second)] += s.Pass
+		}
+	})
+	admit(1)
+	clock.Set(42 * time.Second)
+	e.Feed().Poll()
+	assert.Equal(t, map[int64]int64{38: 8, 39: 1}, got)
+
+	// A request queued at 41.9 s for a pass borrowed from second 42 gives
+	// up after second 42 was delivered: the pass is taken back late.
+	clock2 := stattest.NewClock(10 * time.Second)
+	var giveUp func()
+	e2, err := New(WithClock(clock2), WithSleep(func(ctx context.Context, d time.Duration) error {
+		if giveUp != nil {
+			g := giveUp
+			giveUp = nil
+			g()
+			return context.Canceled
+		}
+		clock2.Advance(d)
+		return ctx.Err()
+	}))
+	require.NoError(t, err)
+	load(t, e2, Rule{Resource: "api", Threshold: 1})
+	f := e2.Feed()
+	first := map[int64]int64{}
+	f.Subscribe(func(b []stat.Second) {
+		for _, s := range b {
+			first[s.Start] += s.Pass
+		}
+	})
+	f.Poll()
+	clock2.Set(11 * time.Second)
+	require.True(t, try(e2, "api"))
+	clock2.Set(11*time.Second + 900*time.Millisecond)
+	giveUp = func() {
+		clock2.Set(14 * time.Second)
+		f.Poll() // delivers 11, and 12 with the borrowed pass
+	}
+	_, err = e2.Entry("api", WithWait(500*time.Millisecond))
+	require.Error(t, err, "it gave up")
+	late := map[int64]int64{}
+	f.SubscribeRecent(func(b []stat.Second) {
+		for _, s := range b {
+			late[s.Start] += s.Pass
+		}
+	})
+	clock2.Set(15*time.Second + 300*time.Millisecond)
+	require.True(t, try(e2, "api"))
+	clock2.Set(18 * time.Second)
+	f.Poll()
+	sum := func(m map[int64]int64) (n int64) {
+		for _, v := range m {
+			n += v
+		}
+		return n
+	}
+	snap, _ := e2.Snapshot("api")
+	assert.Equal(t, snap.MinutePass, sum(late), "the late subscriber's minute is the engine's")
+	assert.Equal(t, sum(first), sum(late), "and the first subscriber's")
+}

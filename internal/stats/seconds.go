@@ -169,23 +169,53 @@ func (n *Node) deliverLocked(now int64, partial bool, fn func(stat.Second)) {
 	f.fed = max(f.fed, hi)
 }
 
-// recent hands fn each second the node's minute window holds from before
-// where its feed stands (every second before it was delivered, or, for a
-// feed that started this second, what came before): the last minute a
-// subscriber made now would otherwise not see. A node whose feed did not
-// start yet hands out nothing (it is new since the last delivery).
+// recent hands fn each second of the last minute before where the node's
+// feed stands (every second before it was delivered, or, for a feed that
+// started this second, what came before): the minute window's seconds,
+// with the buckets of them the second window still holds (read under its
+// rotation lock, so that no bucket is between the two). Counts that
+// reached a delivered second late are in its second here, and wait in
+// late for the next delivery too: they are taken off the newest second
+// handed out here, so that a subscriber counts each once. A node whose
+// feed did not start yet hands out nothing (it is new since the last
+// delivery).
 func (n *Node) recent(fn func(stat.Second)) {
-	n.feedMu.Lock()
-	defer n.feedMu.Unlock()
-	f := &n.feed
-	if !f.started {
-		return
-	}
-	for s := f.fed - minute; s < f.fed; s += second {
-		if s >= 0 {
-			n.emit(s, n.minute.CountsRange(s, s+second), 0, false, fn)
+	n.second.Locked(func() {
+		n.feedMu.Lock()
+		defer n.feedMu.Unlock()
+		f := &n.feed
+		if !f.started {
+			return
 		}
-	}
+		lo := f.fed - minute
+		var secs [minute / second]window.Counts
+		for i := range secs {
+			secs[i].MinRT = -1
+		}
+		add := func(start int64, c window.Counts) {
+			if i := (start - start%second - lo) / second; start >= lo && i < int64(len(secs)) {
+				secs[i].Add(c)
+			}
+		}
+		n.minute.CountsEach(lo, f.fed, add)
+		n.second.CountsEach(lo, f.fed, add)
+		late := f.late
+		for i := len(secs) - 1; i >= 0; i-- {
+			if !secs[i].Zero() {
+				for _, p := range [...][2]*int64{{&secs[i].Pass, &late.Pass}, {&secs[i].Block, &late.Block},
+					{&secs[i].Success, &late.Success}, {&secs[i].Exception, &late.Exception}, {&secs[i].RT, &late.RT},
+					{&secs[i].Occupied, &late.Occupied}} {
+					*p[0] = max(*p[0]-*p[1], 0)
+				}
+				break
+			}
+		}
+		for i, c := range secs {
+			if s := lo + int64(i)*second; s >= 0 {
+				n.emit(s, c, 0, false, fn)
+			}
+		}
+	})
 }
 
 // absorb moves late's counts into c as far as c stays at or above zero;

@@ -51,16 +51,22 @@ func (b *bucket) active() bool {
 // concurrency.
 func (w *Window) CountsRange(lo, hi int64) Counts {
 	c := Counts{MinRT: -1}
+	w.CountsEach(lo, hi, func(_ int64, o Counts) { c.Add(o) })
+	return c
+}
+
+// CountsEach calls fn with what each bucket whose start is in [lo, hi)
+// holds, and its start (in no particular order).
+func (w *Window) CountsEach(lo, hi int64, fn func(start int64, c Counts)) {
 	for b := range w.arr.Buckets(lo, hi) {
 		v := &b.Value
-		o := Counts{Pass: v.get(Pass), Block: v.get(Block), Success: v.get(Success), Exception: v.get(Exception),
+		c := Counts{Pass: v.get(Pass), Block: v.get(Block), Success: v.get(Success), Exception: v.get(Exception),
 			RT: v.get(RT), Occupied: v.get(OccupiedPass), MinRT: -1, MaxConcurrency: v.maxConcurrency()}
 		if rt, ok := v.lowestRT(); ok {
-			o.MinRT = rt
+			c.MinRT = rt
 		}
-		c.Add(o)
+		fn(b.Start(), c)
 	}
-	return c
 }
 
 // RecordConcurrency records c requests in flight at now: the bucket keeps
