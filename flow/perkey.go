@@ -31,6 +31,7 @@ type keyRule struct {
 // clock read (not those the clock's refresh reads): a compare is all the
 // others cost.
 func (kr *keyRule) sample(q *request, refused bool, now int64) {
+	// A draw of 0 (none made, or a second admission) samples nothing.
 	if q.draw>>16&(hotkeys.Every-1) == hotkeys.Every-1 && q.hasKey {
 		kr.hot.Add(q.key, refused, now)
 	}
@@ -355,7 +356,9 @@ func (kr *keyRule) admit(q *request, now int64, held *keyHeld) (wait int64, seen
 // admitAt is admit of a PerKey Throttle rule's slot at instant t itself,
 // with no queue past it (see Engine.align).
 func (kr *keyRule) admitAt(q *request, t int64, held *keyHeld) (wait int64, seen float64, rm room, ok bool) {
-	return kr.admitQueue(q, t, held, 0)
+	again := *q
+	again.draw = 0 // sampled once, when first admitted (see sample)
+	return kr.admitQueue(&again, t, held, 0)
 }
 
 func (kr *keyRule) admitQueue(q *request, now int64, held *keyHeld, maxQueue int64) (wait int64, seen float64, rm room, ok bool) {

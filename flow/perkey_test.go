@@ -669,17 +669,18 @@ func TestACancelAfterItsKeyLeftGivesNothingToTheNextKey(t *testing.T) {
 }
 
 // KeyStats shows a PerKey rule's busiest keys over the last minute, by
-// admissions and by refusals, the keys it tracks and its evictions; a
+// admissions and by refusals (sampled: the attacker's counts are large
+// enough that its rank is certain), the keys it tracks and its evictions; a
 // reload that keeps the rule keeps what it sampled, and a minute later
 // the keys are gone from it.
 func TestKeyStatsShowTheBusiestKeys(t *testing.T) {
 	clock := stattest.NewClock(time.Hour)
 	e, _ := newEngine(t, clock)
-	r := Rule{ID: "per-user", Resource: "api", PerKey: true, Threshold: 50, MaxKeys: 64}
+	r := Rule{ID: "per-user", Resource: "api", PerKey: true, Threshold: 500, MaxKeys: 64}
 	load(t, e, r, Rule{ID: "plain", Resource: "other", Threshold: 5})
 	for sec := range 10 {
 		clock.Set(time.Hour + time.Duration(sec)*time.Second)
-		admitted(e, "api", "attacker", 2000) // 50 admitted, 1950 refused a second
+		admitted(e, "api", "attacker", 2500) // 500 admitted, 2000 refused a second
 		for u := range 40 {
 			admitted(e, "api", fmt.Sprint("user-", u), 1+u%3)
 		}
@@ -692,16 +693,46 @@ func TestKeyStatsShowTheBusiestKeys(t *testing.T) {
 	assert.Equal(t, 64, ks.Capacity)
 	require.NotEmpty(t, ks.Refused)
 	assert.Equal(t, "attacker", ks.Refused[0].Key)
-	assert.InDelta(t, 19500, ks.Refused[0].Count, 19500*0.3, "an estimate from one request in 64")
+	assert.InDelta(t, 20000, ks.Refused[0].Count, 20000*0.3, "an estimate from one request in 256")
 	require.NotEmpty(t, ks.Passed)
-	assert.Equal(t, "attacker", ks.Passed[0].Key, "500 admitted, more than any user")
+	assert.Equal(t, "attacker", ks.Passed[0].Key, "5,000 admitted, far more than any user")
 	assert.LessOrEqual(t, len(ks.Passed), 10)
 
-	r.Threshold = 40
+	r.Threshold = 400
 	load(t, e, r, Rule{ID: "plain", Resource: "other", Threshold: 5})
 	assert.Equal(t, "attacker", e.KeyStats()[0].Refused[0].Key, "kept across a reload")
 	clock.Advance(2 * time.Minute)
 	ks = e.KeyStats()[0]
 	assert.Empty(t, ks.Passed, "a minute later")
 	assert.Empty(t, ks.Refused)
+}
+
+// A request is sampled once however many times its rules take it: a
+// PerKey Throttle rule beside other paced rules takes a waiting request's
+// slot again when the rules align it, and the estimate stays the count.
+func TestKeyStatsSampleARequestOnce(t *testing.T) {
+	clock := stattest.NewClock(time.Hour)
+	e, err := New(WithClock(clock), WithSleep(func(context.Context, time.Duration) error { return nil }))
+	require.NoError(t, err)
+	load(t, e,
+		Rule{Resource: "r", PerKey: true, Behavior: Throttle, Threshold: 1e6, MaxQueueing: time.Hour, MaxKeys: 64},
+		Rule{Resource: "r", Behavior: Throttle, Threshold: 1e6, MaxQueueing: time.Hour},
+		Rule{Resource: "r", Behavior: Throttle, Threshold: 5e5, MaxQueueing: time.Hour},
+	)
+	const n = 256 * 500
+	admitted := 0
+	for i := range n {
+		if i%1000 == 0 {
+			clock.Advance(time.Millisecond)
+		}
+		if en, err := e.Entry("r", WithKey("k"), WithWait(time.Hour)); err == nil {
+			admitted++
+			en.Exit(nil)
+		}
+	}
+	require.Equal(t, n, admitted)
+	ks := e.KeyStats()
+	require.Len(t, ks, 1)
+	require.Len(t, ks[0].Passed, 1)
+	assert.InDelta(t, 1, float64(ks[0].Passed[0].Count)/n, 0.25, "an estimate of the admissions, not of twice as many")
 }

@@ -17,7 +17,10 @@ package hotkeys
 
 import (
 	"cmp"
+	"encoding/binary"
+	"hash/maphash"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -31,7 +34,44 @@ const Every = 256
 const candidates = 8
 
 // Capacity is how many keys a summary keeps.
-const Capacity = 64
+const Capacity = 32
+
+// keyLen is the bytes of a key a summary keeps, in place: nothing of the
+// caller's string is kept (it may be a buffer the caller reuses), and
+// adding allocates nothing. A longer key keeps its first keyLen-8 bytes
+// and 8 bytes of its hash, and shows as those bytes and "…".
+const keyLen = 48
+
+// stored is a key as a summary keeps it.
+type stored struct {
+	n    uint8 // bytes of b in use
+	long bool  // b ends with a hash of the rest
+	b    [keyLen]byte
+}
+
+// seed hashes the long keys.
+var seed = maphash.MakeSeed()
+
+// store is key as a summary keeps it.
+func store(key string) stored {
+	var k stored
+	if len(key) <= keyLen {
+		k.n = uint8(copy(k.b[:], key))
+		return k
+	}
+	copy(k.b[:keyLen-8], key)
+	binary.LittleEndian.PutUint64(k.b[keyLen-8:], maphash.String(seed, key))
+	k.n, k.long = keyLen, true
+	return k
+}
+
+// String is the key as shown.
+func (k *stored) String() string {
+	if k.long {
+		return strings.ToValidUTF8(string(k.b[:keyLen-8]), "") + "…"
+	}
+	return string(k.b[:k.n])
+}
 
 const (
 	slotLen = int64(10 * time.Second)
@@ -45,11 +85,10 @@ type Count struct {
 }
 
 // summary is a space-saving summary: at most Capacity keys and their
-// counts, in arrays (adding never allocates: the keys are the callers'
-// strings).
+// counts, in place.
 type summary struct {
 	n      int
-	keys   [Capacity]string
+	keys   [Capacity]stored
 	counts [Capacity]int64
 	next   int // where the next eviction looks first (it rotates)
 }
@@ -57,15 +96,15 @@ type summary struct {
 // add counts one sample of key; a key new to a full summary replaces the
 // smallest of candidates keys and inherits its count (the space-saving
 // bound).
-func (s *summary) add(key string) {
+func (s *summary) add(key *stored) {
 	for i := range s.n {
-		if s.keys[i] == key {
+		if s.keys[i] == *key {
 			s.counts[i]++
 			return
 		}
 	}
 	if s.n < Capacity {
-		s.keys[s.n], s.counts[s.n] = key, 1
+		s.keys[s.n], s.counts[s.n] = *key, 1
 		s.n++
 		return
 	}
@@ -76,15 +115,12 @@ func (s *summary) add(key string) {
 		}
 	}
 	s.next = (s.next + candidates) % Capacity
-	s.keys[low] = key
+	s.keys[low] = *key
 	s.counts[low]++
 }
 
-// reset empties the summary (and lets go of its keys).
-func (s *summary) reset() {
-	clear(s.keys[:s.n])
-	s.n, s.next = 0, 0
-}
+// reset empties the summary.
+func (s *summary) reset() { s.n, s.next = 0, 0 }
 
 // slot is ten seconds of samples.
 type slot struct {
@@ -122,17 +158,18 @@ func (s *Sketch) Add(key string, refused bool, now int64) {
 		sl.pass.reset()
 		sl.refuse.reset()
 	}
+	k := store(key)
 	if refused {
-		sl.refuse.add(key)
+		sl.refuse.add(&k)
 	} else {
-		sl.pass.add(key)
+		sl.pass.add(&k)
 	}
 }
 
 // Top returns the n keys of each outcome with the largest estimated
 // counts over the minute up to now, largest first (ties by key).
 func (s *Sketch) Top(now int64, n int) (passed, refused []Count) {
-	pass, refuse := map[string]int64{}, map[string]int64{}
+	pass, refuse := map[stored]int64{}, map[stored]int64{}
 	s.mu.Lock()
 	lo := max(now, 0)/slotLen*slotLen - (slots-1)*slotLen
 	for i := range s.slots {
@@ -151,10 +188,10 @@ func (s *Sketch) Top(now int64, n int) (passed, refused []Count) {
 	return top(pass, n), top(refuse, n)
 }
 
-func top(m map[string]int64, n int) []Count {
+func top(m map[stored]int64, n int) []Count {
 	out := make([]Count, 0, len(m))
 	for k, c := range m {
-		out = append(out, Count{k, c * Every})
+		out = append(out, Count{k.String(), c * Every})
 	}
 	slices.SortFunc(out, func(a, b Count) int {
 		if c := cmp.Compare(b.Count, a.Count); c != 0 {

@@ -2,9 +2,11 @@ package hotkeys
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -105,4 +107,24 @@ func TestAddingAllocatesNothing(t *testing.T) {
 		i++
 	})
 	assert.Zero(t, allocs)
+}
+
+// A summary keeps no byte of the caller's string: a key in a buffer the
+// caller then overwrites is reported as it was. A key longer than keyLen
+// shows its start, and two such keys alike there stay apart.
+func TestKeysAreCopied(t *testing.T) {
+	s := New()
+	buf := []byte("user-001")
+	s.Add(unsafe.String(&buf[0], len(buf)), false, sec)
+	copy(buf, "XXXXXXXX")
+	long1, long2 := strings.Repeat("a", 60)+"1", strings.Repeat("a", 60)+"2"
+	for range 3 {
+		s.Add(long1, true, sec)
+	}
+	s.Add(long2, true, sec)
+	passed, refused := s.Top(sec, 10)
+	assert.Equal(t, []Count{{"user-001", Every}}, passed)
+	require.Len(t, refused, 2)
+	assert.Equal(t, Count{strings.Repeat("a", keyLen-8) + "…", 3 * Every}, refused[0])
+	assert.Equal(t, int64(Every), refused[1].Count)
 }
