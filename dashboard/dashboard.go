@@ -223,9 +223,10 @@ type Tick struct {
 	Rows []Row `json:"rows"`
 	// Gone are the resources that left the table since the last tick.
 	Gone []string `json:"gone,omitempty"`
-	// Keys are the per-key rules' busiest keys (flow.Engine.KeyStats); in
-	// a change, only when they changed.
-	Keys []KeyRule `json:"keys,omitempty"`
+	// Keys are the per-key rules' busiest keys (flow.Engine.KeyStats), at
+	// most maxKeyRules rules, those refusing most first; in a change, only
+	// when they changed (nil: unchanged; empty: none now).
+	Keys *[]KeyRule `json:"keys,omitempty"`
 	// Reload is the rule source's state (WithReloads); in a change, only
 	// when it changed.
 	Reload *Reload `json:"reload,omitempty"`
@@ -273,6 +274,9 @@ type server struct {
 	rows   map[string]Row
 	keys   []byte
 	reload Reload
+	// seededTo is the newest second a history file seeded (Unix ms): the
+	// feed's seconds up to it are not kept again.
+	seededTo int64
 	// sparkEnd is the newest second delivered (Unix ms); offsetMS maps
 	// engine time (ms) to Unix ms, once a second was delivered.
 	sparkEnd, offsetMS int64
@@ -337,6 +341,7 @@ func (s *server) seed(path string) error {
 		at = l.Time
 		batch = append(batch, histPoint{l.Resource, Point{Time: l.Time.UnixMilli(), Pass: l.Pass, Block: l.Block,
 			Success: l.Success, Exception: l.Exception, AvgRT: float64(l.AvgRT) / 1e6}})
+		s.seededTo = max(s.seededTo, l.Time.UnixMilli())
 		return nil
 	})
 	if len(batch) > 0 {
@@ -352,7 +357,7 @@ func (s *server) seed(path string) error {
 // bounds. Called with mu held, or before serving.
 func (s *server) keep(batch []histPoint) {
 	if len(batch) > s.opts.maxHistoryPoints {
-		batch = batch[:s.opts.maxHistoryPoints] // one delivery larger than the whole bound
+		batch = batch[len(batch)-s.opts.maxHistoryPoints:] // one second larger than the whole bound
 	}
 	s.history = append(s.history, batch)
 	s.points += len(batch)
@@ -387,8 +392,17 @@ func (s *server) add(batch []stat.Second) {
 	if len(batch) > 0 {
 		s.offsetMS, s.hasOffset = batch[0].Time.UnixMilli()-batch[0].Start/1e6, true
 	}
-	if len(pts) > 0 {
-		s.keep(pts)
+	// A delivery holds a second or a few (a late subscriber's first, the
+	// minute): kept a second at a time, and none a history file seeded.
+	for lo := 0; lo < len(pts); {
+		hi := lo + 1
+		for hi < len(pts) && pts[hi].Time == pts[lo].Time {
+			hi++
+		}
+		if pts[lo].Time > s.seededTo {
+			s.keep(pts[lo:hi:hi])
+		}
+		lo = hi
 	}
 	s.mu.Unlock()
 	msg := s.change(time.Now().UnixMilli(), fresh)
@@ -435,7 +449,7 @@ func (s *server) change(now int64, fresh map[string][]Point) []byte {
 	}
 	slices.Sort(tick.Gone)
 	if !bytes.Equal(keysJSON, s.keys) {
-		s.keys, tick.Keys = keysJSON, keys
+		s.keys, tick.Keys = keysJSON, &keys
 	}
 	if reload != s.reload {
 		s.reload = reload
@@ -472,7 +486,9 @@ func (s *server) wholeTable() []byte {
 		tick.Rows = append(tick.Rows, r)
 	}
 	slices.SortFunc(tick.Rows, busiestFirst)
-	_ = json.Unmarshal(s.keys, &tick.Keys)
+	keys := []KeyRule{}
+	_ = json.Unmarshal(s.keys, &keys)
+	tick.Keys = &keys
 	if s.opts.reloader != nil {
 		r := s.reload
 		tick.Reload = &r
@@ -516,9 +532,13 @@ func busiestFirst(a, b Row) int {
 	return strings.Compare(a.Resource, b.Resource)
 }
 
-// keyRules reads the per-key rules' keys.
+// maxKeyRules bounds the per-key rules the page shows.
+const maxKeyRules = 50
+
+// keyRules reads the per-key rules' keys: at most maxKeyRules rules,
+// those refusing most first.
 func (s *server) keyRules() []KeyRule {
-	var out []KeyRule
+	out := []KeyRule{}
 	for _, ks := range s.eng.KeyStats() {
 		kr := KeyRule{Resource: ks.Rule.Resource, Rule: ks.Rule.Name(), Tracked: ks.Tracked, Capacity: ks.Capacity,
 			Evictions: ks.Evictions, Passed: []KeyCount{}, Refused: []KeyCount{}}
@@ -530,7 +550,14 @@ func (s *server) keyRules() []KeyRule {
 		}
 		out = append(out, kr)
 	}
-	return out
+	refused := func(k KeyRule) (n int64) {
+		for _, c := range k.Refused {
+			n += c.Count
+		}
+		return n
+	}
+	slices.SortStableFunc(out, func(a, b KeyRule) int { return cmp.Compare(refused(b), refused(a)) })
+	return out[:min(len(out), maxKeyRules)]
 }
 
 // readReload reads the rule source's state: At moves when Count does.

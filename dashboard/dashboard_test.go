@@ -286,6 +286,14 @@ func TestHistoryFromAMetricLog(t *testing.T) {
 	assert.Equal(t, int64(1), pts[0].Pass)
 	assert.Equal(t, int64(2), pts[1].Pass)
 	assert.InDelta(t, 5.0, pts[0].AvgRT, 1e-9)
+	// The feed's seconds a history file seeded (an engine that writes the
+	// log it is seeded from) are not kept twice.
+	h.(*server).add([]stat.Second{{Resource: "api", Time: now.Add(-2 * time.Second), Pass: 2}, {Resource: "api", Time: now, Pass: 7}})
+	_, body = get(t, srv.URL+"/api/history?resource=api")
+	pts = nil
+	require.NoError(t, json.Unmarshal([]byte(body), &pts))
+	require.Len(t, pts, 3, "the seeded seconds once, and the new one")
+	assert.Equal(t, int64(7), pts[2].Pass)
 
 	_, err = New(eng, WithHistoryFile(filepath.Join(t.TempDir(), "none", "m.log")))
 	assert.ErrorContains(t, err, "HistoryFile")
@@ -481,4 +489,45 @@ func TestAChangeCarriesOnlyWhatChanged(t *testing.T) {
 	s.mu.Lock()
 	delete(s.clients, c)
 	s.mu.Unlock()
+}
+
+// A delivery larger than MaxHistoryPoints (a late subscriber's minute of
+// many resources) keeps its newest seconds, not its oldest.
+func TestAMinuteOverTheBoundKeepsItsNewestSeconds(t *testing.T) {
+	eng := engine(t, stattest.NewClock(0))
+	h, err := New(eng, WithMaxHistoryPoints(100))
+	require.NoError(t, err)
+	s := h.(*server)
+	base := time.Now().Truncate(time.Second).Add(-time.Minute)
+	var batch []stat.Second
+	for sec := range 60 {
+		for r := range 10 {
+			batch = append(batch, stat.Second{Resource: fmt.Sprint("r", r), Time: base.Add(time.Duration(sec) * time.Second), Pass: int64(sec + 1)})
+		}
+	}
+	s.add(batch)
+	s.mu.Lock()
+	points, newest := s.points, s.history[len(s.history)-1][0].Time
+	s.mu.Unlock()
+	assert.LessOrEqual(t, points, 100)
+	assert.Equal(t, base.Add(59*time.Second).UnixMilli(), newest, "the newest second kept")
+}
+
+// The keys panel empties when the last per-key rule goes: a change then
+// carries an empty list (nil, omitted, says unchanged).
+func TestKeysEmptyWhenTheLastPerKeyRuleGoes(t *testing.T) {
+	clock := stattest.NewClock(time.Second)
+	eng := engine(t, clock, flow.Rule{ID: "per-user", Resource: "api", PerKey: true, Threshold: 5})
+	h, err := New(eng)
+	require.NoError(t, err)
+	s := h.(*server)
+	var tick Tick
+	require.NoError(t, json.Unmarshal(s.change(time.Now().UnixMilli(), nil), &tick))
+	assert.Nil(t, tick.Keys, "unchanged since New")
+	require.NoError(t, eng.LoadRules([]flow.Rule{{Resource: "api", Threshold: 5}}))
+	msg := s.change(time.Now().UnixMilli(), nil)
+	assert.Contains(t, string(msg), `"keys":[]`)
+	require.NoError(t, json.Unmarshal(msg, &tick))
+	require.NotNil(t, tick.Keys)
+	assert.Empty(t, *tick.Keys)
 }

@@ -69,16 +69,15 @@
         }
         delete r.new;
       }
-      for (const g of tick.gone || []) {
-        rows.delete(g);
-        seconds.delete(g);
-      }
+      // A row gone keeps its seconds: it may come back (pruned by time).
+      for (const g of tick.gone || []) rows.delete(g);
       if (tick.keys) renderKeys(tick.keys);
     }
     if (tick.reload) renderReload(tick.reload);
     sparkEnd = Math.max(sparkEnd, tick.sparkEnd || 0);
-    for (const m of seconds.values()) {
+    for (const [res, m] of seconds) {
       for (const t of m.keys()) if (t <= sparkEnd - sparkSeconds * 1000) m.delete(t);
+      if (m.size === 0 && !rows.has(res)) seconds.delete(res);
     }
     $("clock").textContent = hms(tick.t);
     render();
@@ -211,19 +210,21 @@
 
   function select(resource) {
     selected = resource;
+    points = []; // a change's seconds of it, until its history comes
     $("chart-title").textContent = resource;
     $("chart-panel").hidden = false;
     for (const tr of body.children) tr.className = tr.dataset.resource === resource ? "selected" : "";
     fetch(api("history", { resource })).then((r) => r.json()).then((ps) => {
       if (selected !== resource) return;
-      points = ps;
+      const last = ps.length ? ps[ps.length - 1].t : 0;
+      points = ps.concat(points.filter((p) => p.t > last));
       draw();
     });
   }
 
   // chart draws series of points on a time axis: wall-clock labels below,
   // the unit and the scale on the left, from the first point to the last.
-  function chart(node, series, unit) {
+  function chart(node, series, unit, zeroFill) {
     const w = 900, h = 220, left = 56, right = 10, top = 18, bottom = 26;
     // From the first point to the last: the data fills the chart (ten
     // seconds at least).
@@ -253,9 +254,26 @@
       label.textContent = hms(t);
       parts.push(label);
     }
+    // Counts: a second with no traffic is not delivered, and is 0. Times:
+    // it has none, and its line breaks there.
+    const byTime = new Map(points.map((p) => [p.t, p]));
     for (const [key, cls] of series) {
-      const pts = points.map((p) => `${x(p.t).toFixed(1)},${y(p[key]).toFixed(1)}`);
-      parts.push(svg("polyline", { class: cls, "data-series": key, "data-points": String(pts.length), points: pts.join(" ") }));
+      let run = [];
+      const flush = () => {
+        if (run.length) parts.push(svg("polyline", { class: cls, "data-series": key, "data-points": String(run.length), points: run.join(" ") }));
+        run = [];
+      };
+      for (let t = points.length ? points[0].t : t1; t <= t1; t += 1000) {
+        const p = byTime.get(t);
+        if (!p && zeroFill) {
+          run.push(`${x(t).toFixed(1)},${y(0).toFixed(1)}`);
+        } else if (!p) {
+          flush();
+        } else {
+          run.push(`${x(t).toFixed(1)},${y(p[key]).toFixed(1)}`);
+        }
+      }
+      flush();
     }
     node.replaceChildren(...parts);
   }
@@ -272,8 +290,8 @@
   function draw() {
     const horizon = points.length ? points[points.length - 1].t - 300 * 1000 : 0;
     points = points.filter((p) => p.t > horizon);
-    chart($("traffic-chart"), [["pass", "series-pass"], ["block", "series-block"], ["exception", "series-exception"]], "requests/s");
-    chart($("rt-chart"), [["avgRT", "series-avgrt"], ["minRT", "series-minrt"]], "ms");
+    chart($("traffic-chart"), [["pass", "series-pass"], ["block", "series-block"], ["exception", "series-exception"]], "requests/s", true);
+    chart($("rt-chart"), [["avgRT", "series-avgrt"], ["minRT", "series-minrt"]], "ms", false);
   }
 
   $("search").addEventListener("input", (e) => {
