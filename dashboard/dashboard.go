@@ -4,7 +4,8 @@
 // sparkline of pass and block over the last minute, and the state of
 // their circuit breakers and system rules; charts of a selected
 // resource's last minutes (traffic, and response times) on a time axis;
-// each per-key rule's busiest keys; and the rule source's reloads. It is
+// each per-key rule's busiest keys (at most 50 rules, refusing most first);
+// and the rule source's reloads. It is
 // updated every second over Server-Sent Events.
 //
 //	http.Handle("/leapflow/", http.StripPrefix("/leapflow", dashboard.New(eng, dashboard.WithToken(secret))))
