@@ -690,12 +690,17 @@ func parseOptions(q *request, opts []EntryOption) error {
 	return nil
 }
 
-// readOptions reads opts into q.
+// readOptions reads opts into q: one WithKey of at most
+// callerkey.MaxLen bytes (a per-key request's usual options) without a
+// call.
 func (e *Engine) readOptions(q *request, opts []EntryOption) error {
-	if err := parseOptions(q, opts); err != nil {
-		return err
+	if len(opts) == 1 {
+		if o := &opts[0]; o.hasKey && !o.hasCount && !o.hasWait && !o.noQueue && o.ctx == nil && uint(len(o.key)-1) < callerkey.MaxLen {
+			q.key, q.hasKey = o.key, true
+			return nil
+		}
 	}
-	return nil
+	return parseOptions(q, opts)
 }
 
 // pinNow returns the caller's stripe hint and the time: the clock's cached
