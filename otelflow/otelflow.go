@@ -64,7 +64,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/leapflow/leapflow/flow"
-	"github.com/leapflow/leapflow/internal/breakers"
+	"github.com/leapflow/leapflow/internal/ruleview"
 	"github.com/leapflow/leapflow/stat"
 )
 
@@ -83,9 +83,8 @@ func WithReloads(r Reloader) Option { return func(x *Exporter) { x.reloader = r 
 
 // totals are a resource's sums over its delivered seconds.
 type totals struct {
-	pass, block, occupied, success, exception int64
-	rt                                        float64 // seconds
-	goneAt                                    int64   // the collection that found the resource gone (0: live)
+	ruleview.Totals
+	goneAt int64 // the collection that found the resource gone (0: live)
 }
 
 // Exporter observes one engine's statistics for a meter.
@@ -206,12 +205,7 @@ func (x *Exporter) add(batch []stat.Second) {
 			t = &totals{}
 			x.totals[s.Resource] = t
 		}
-		t.pass += s.Pass
-		t.block += s.Block
-		t.occupied += s.Occupied
-		t.success += s.Success
-		t.exception += s.Exception
-		t.rt += s.RT.Seconds()
+		t.Add(s)
 	}
 }
 
@@ -305,21 +299,21 @@ func (x *Exporter) observe(_ context.Context, o metric.Observer) error {
 		x.mu.Unlock()
 		seen[r.name] = true
 		a := res(r.name)
-		o.ObserveInt64(x.passed, r.t.pass, a)
-		o.ObserveInt64(x.blocked, r.t.block, a)
-		o.ObserveInt64(x.occupied, r.t.occupied, a)
-		o.ObserveInt64(x.completed, r.t.success, a)
-		o.ObserveInt64(x.failed, r.t.exception, a)
-		o.ObserveFloat64(x.duration, r.t.rt, a)
+		o.ObserveInt64(x.passed, r.t.Pass, a)
+		o.ObserveInt64(x.blocked, r.t.Block, a)
+		o.ObserveInt64(x.occupied, r.t.Occupied, a)
+		o.ObserveInt64(x.completed, r.t.Success, a)
+		o.ObserveInt64(x.failed, r.t.Exception, a)
+		o.ObserveFloat64(x.duration, r.t.RT, a)
 		x.live(o, snap)
 	}
 	x.rules(o, seen)
-	for _, b := range x.breakers() {
-		o.ObserveInt64(x.breakerState, int64(b.state), metric.WithAttributes(
-			attribute.String("resource", valid(b.resource)), attribute.String("rule", valid(b.rule))))
-		for i, n := range b.into {
-			o.ObserveInt64(x.transitions, x.monotonic("transitions\x00"+b.resource+"\x00"+b.rule+"\x00"+toState[i], n), metric.WithAttributes(attribute.String("resource", valid(b.resource)),
-				attribute.String("rule", valid(b.rule)), attribute.String("to", toState[i])))
+	for _, b := range ruleview.Breakers(x.eng) {
+		o.ObserveInt64(x.breakerState, int64(b.State), metric.WithAttributes(
+			attribute.String("resource", valid(b.Resource)), attribute.String("rule", valid(b.Rule))))
+		for i, n := range b.Into {
+			o.ObserveInt64(x.transitions, x.monotonic("transitions\x00"+b.Resource+"\x00"+b.Rule+"\x00"+toState[i], n), metric.WithAttributes(attribute.String("resource", valid(b.Resource)),
+				attribute.String("rule", valid(b.Rule)), attribute.String("to", toState[i])))
 		}
 	}
 	for _, s := range x.eng.Systems() {
@@ -349,86 +343,26 @@ func (x *Exporter) live(o metric.Observer, snap stat.Snapshot) {
 // (summed by name) and the rules that cannot take effect as named; a
 // resource with rules and no delivered second yet is observed live too.
 func (x *Exporter) rules(o metric.Observer, seen map[string]bool) {
-	type ruleKey struct{ resource, name, metric string }
-	thresholds := map[ruleKey]float64{}
-	blocked := map[ruleKey]int64{}
-	var keys []ruleKey
-	for _, d := range x.eng.DryRuns() {
-		k := ruleKey{d.Rule.Resource, d.Rule.Name(), "dry"}
-		if _, dup := blocked[k]; !dup {
-			keys = append(keys, k)
-		}
-		blocked[k] += d.WouldBlock
+	series := func(s ruleview.Series, more ...attribute.KeyValue) metric.MeasurementOption {
+		return metric.WithAttributes(append([]attribute.KeyValue{attribute.String("resource", valid(s.Resource)),
+			attribute.String("rule", valid(s.Rule))}, more...)...)
 	}
-	for _, rule := range x.eng.Rules() {
-		if rule.DryRun || rule.Breaker != flow.NotBreaker || rule.System != flow.NotSystem {
-			continue // a breaker's threshold is a share or a count of failures, a system rule's a CPU usage
-		}
-		k := ruleKey{rule.Resource, rule.Name(), "qps"}
-		if rule.Metric == flow.Concurrency {
-			k.metric = "concurrency"
-		}
-		if v, dup := thresholds[k]; !dup || rule.Threshold < v {
-			if !dup {
-				keys = append(keys, k)
-			}
-			thresholds[k] = rule.Threshold
-		}
+	for _, w := range ruleview.WouldBlock(x.eng) {
+		o.ObserveInt64(x.wouldBlock, x.monotonic("would_block\x00"+w.Resource+"\x00"+w.Rule, w.N), series(w.Series))
 	}
-	for _, k := range keys {
-		rule := metric.WithAttributes(attribute.String("resource", valid(k.resource)), attribute.String("rule", valid(k.name)))
-		if k.metric == "dry" {
-			o.ObserveInt64(x.wouldBlock, x.monotonic("would_block\x00"+k.resource+"\x00"+k.name, blocked[k]), rule)
-			continue
-		}
-		o.ObserveFloat64(x.threshold, thresholds[k], metric.WithAttributes(attribute.String("resource", valid(k.resource)),
-			attribute.String("rule", valid(k.name)), attribute.String("metric", k.metric)))
-		if !seen[k.resource] {
-			seen[k.resource] = true
-			if snap, ok := x.eng.Snapshot(k.resource); ok {
+	for _, th := range ruleview.Thresholds(x.eng) {
+		o.ObserveFloat64(x.threshold, th.Value, series(th.Series, attribute.String("metric", th.Metric)))
+		if !seen[th.Resource] {
+			seen[th.Resource] = true
+			if snap, ok := x.eng.Snapshot(th.Resource); ok {
 				x.live(o, snap)
 			}
 		}
 	}
-	sent := map[[2]string]bool{}
-	for _, r := range x.eng.Unreached() {
-		k := [2]string{r.Resource, r.Name()}
-		if !sent[k] {
-			sent[k] = true
-			o.ObserveInt64(x.unreached, 1, metric.WithAttributes(attribute.String("resource", valid(k[0])), attribute.String("rule", valid(k[1]))))
-		}
+	for _, u := range ruleview.Unreached(x.eng) {
+		o.ObserveInt64(x.unreached, 1, series(u))
 	}
 }
 
 // toState names the states a breaker goes into, by flow.BreakerState.
 var toState = [3]string{flow.BreakerClosed: "closed", flow.BreakerOpen: "open", flow.BreakerHalfOpen: "half_open"}
-
-// breakerSum is the breakers of one (resource, name): the state that
-// refuses most, and the transitions summed.
-type breakerSum struct {
-	resource, rule string
-	state          flow.BreakerState
-	into           [3]int64
-}
-
-// breakers sums the engine's breakers by (resource, name).
-func (x *Exporter) breakers() []*breakerSum {
-	var out []*breakerSum
-	by := map[[2]string]*breakerSum{}
-	for _, b := range x.eng.Breakers() {
-		k := [2]string{b.Rule.Resource, b.Rule.Name()}
-		s := by[k]
-		if s == nil {
-			s = &breakerSum{resource: k[0], rule: k[1], state: b.State}
-			by[k] = s
-			out = append(out, s)
-		}
-		if breakers.Worse(b.State, s.state) {
-			s.state = b.State
-		}
-		for i, n := range b.Transitions {
-			s.into[i] += n
-		}
-	}
-	return out
-}

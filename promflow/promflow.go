@@ -50,15 +50,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/leapflow/leapflow/flow"
-	"github.com/leapflow/leapflow/internal/breakers"
+	"github.com/leapflow/leapflow/internal/ruleview"
 	"github.com/leapflow/leapflow/stat"
 )
-
-// totals are a resource's sums over its delivered seconds.
-type totals struct {
-	pass, block, occupied, success, exception int64
-	rt                                        float64 // seconds
-}
 
 // Collector is a prometheus.Collector over one engine.
 type Collector struct {
@@ -66,7 +60,7 @@ type Collector struct {
 	cancel func()
 
 	mu     sync.Mutex
-	totals map[string]*totals
+	totals map[string]*ruleview.Totals
 
 	passed, blocked, occupied, completed, failed *prometheus.Desc
 	duration, inflight, fallbacks, evictions     *prometheus.Desc
@@ -102,7 +96,7 @@ func New(eng *flow.Engine, opts ...Option) *Collector {
 	}
 	c := &Collector{
 		eng:          eng,
-		totals:       map[string]*totals{},
+		totals:       map[string]*ruleview.Totals{},
 		passed:       desc("requests_passed_total", "Requests admitted."),
 		blocked:      desc("requests_blocked_total", "Requests blocked by a rule."),
 		occupied:     desc("requests_occupied_total", "Requests admitted against a future window (priority borrowing), also counted as passed."),
@@ -149,15 +143,10 @@ func (c *Collector) add(batch []stat.Second) {
 		s := &batch[i]
 		t := c.totals[s.Resource]
 		if t == nil {
-			t = &totals{}
+			t = &ruleview.Totals{}
 			c.totals[s.Resource] = t
 		}
-		t.pass += s.Pass
-		t.block += s.Block
-		t.occupied += s.Occupied
-		t.success += s.Success
-		t.exception += s.Exception
-		t.rt += s.RT.Seconds()
+		t.Add(s)
 	}
 }
 
@@ -186,7 +175,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	type row struct {
 		name string
-		t    totals
+		t    ruleview.Totals
 	}
 	c.mu.Lock()
 	rows := make([]row, 0, len(c.totals))
@@ -209,52 +198,26 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			continue
 		}
 		seen[r.name] = true
-		counter(c.passed, r.t.pass, r.name)
-		counter(c.blocked, r.t.block, r.name)
-		counter(c.occupied, r.t.occupied, r.name)
-		counter(c.completed, r.t.success, r.name)
-		counter(c.failed, r.t.exception, r.name)
-		ch <- prometheus.MustNewConstSummary(c.duration, uint64(max(r.t.success, 0)), r.t.rt, nil, label(r.name))
+		counter(c.passed, r.t.Pass, r.name)
+		counter(c.blocked, r.t.Block, r.name)
+		counter(c.occupied, r.t.Occupied, r.name)
+		counter(c.completed, r.t.Success, r.name)
+		counter(c.failed, r.t.Exception, r.name)
+		ch <- prometheus.MustNewConstSummary(c.duration, uint64(max(r.t.Success, 0)), r.t.RT, nil, label(r.name))
 		c.live(ch, snap)
 	}
 	// Rules without IDs on one resource share a name: the strictest of
-	// each (resource, name, metric) is the one shown.
-	type ruleKey struct{ resource, name, metric string }
-	thresholds := map[ruleKey]float64{}
-	var keys []ruleKey
-	for _, d := range c.eng.DryRuns() {
-		// Dry-run rules without IDs on one resource share a name: summed.
-		k := ruleKey{d.Rule.Resource, d.Rule.Name(), "dry"}
-		if _, dup := thresholds[k]; !dup {
-			keys = append(keys, k)
-		}
-		thresholds[k] += float64(d.WouldBlock)
+	// each (resource, name, metric) is the one shown, and dry-run counts
+	// are summed.
+	for _, w := range ruleview.WouldBlock(c.eng) {
+		ch <- prometheus.MustNewConstMetric(c.wouldBlock, prometheus.CounterValue, float64(w.N), label(w.Resource), label(w.Rule))
 	}
-	for _, rule := range c.eng.Rules() {
-		if rule.DryRun || rule.Breaker != flow.NotBreaker || rule.System != flow.NotSystem {
-			continue // a breaker's threshold is a share or a count of failures, a system rule's a CPU usage
-		}
-		k := ruleKey{rule.Resource, rule.Name(), "qps"}
-		if rule.Metric == flow.Concurrency {
-			k.metric = "concurrency"
-		}
-		if v, dup := thresholds[k]; !dup || rule.Threshold < v {
-			if !dup {
-				keys = append(keys, k)
-			}
-			thresholds[k] = rule.Threshold
-		}
-	}
-	for _, k := range keys {
-		if k.metric == "dry" {
-			ch <- prometheus.MustNewConstMetric(c.wouldBlock, prometheus.CounterValue, thresholds[k], label(k.resource), label(k.name))
-			continue
-		}
-		ch <- prometheus.MustNewConstMetric(c.threshold, prometheus.GaugeValue, thresholds[k], label(k.resource), label(k.name), k.metric)
-		if rule := k; !seen[rule.resource] {
+	for _, th := range ruleview.Thresholds(c.eng) {
+		ch <- prometheus.MustNewConstMetric(c.threshold, prometheus.GaugeValue, th.Value, label(th.Resource), label(th.Rule), th.Metric)
+		if !seen[th.Resource] {
 			// A resource with rules and no delivered second yet.
-			seen[rule.resource] = true
-			if snap, ok := c.eng.Snapshot(rule.resource); ok {
+			seen[th.Resource] = true
+			if snap, ok := c.eng.Snapshot(th.Resource); ok {
 				c.live(ch, snap)
 			}
 		}
@@ -269,33 +232,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 // summed, and the state shown is the one that refuses most (open, then
 // half-open).
 func (c *Collector) breakers(ch chan<- prometheus.Metric) {
-	type sum struct {
-		state flow.BreakerState
-		into  [3]int64
-	}
-	sums := map[[2]string]*sum{}
-	var keys [][2]string
-	for _, b := range c.eng.Breakers() {
-		k := [2]string{b.Rule.Resource, b.Rule.Name()}
-		s := sums[k]
-		if s == nil {
-			s = &sum{state: b.State}
-			sums[k] = s
-			keys = append(keys, k)
-		}
-		if breakers.Worse(b.State, s.state) {
-			s.state = b.State
-		}
-		for i, n := range b.Transitions {
-			s.into[i] += n
-		}
-	}
 	to := [3]string{flow.BreakerClosed: "closed", flow.BreakerOpen: "open", flow.BreakerHalfOpen: "half_open"}
-	for _, k := range keys {
-		s := sums[k]
-		ch <- prometheus.MustNewConstMetric(c.breakerState, prometheus.GaugeValue, float64(s.state), label(k[0]), label(k[1]))
-		for i, n := range s.into {
-			ch <- prometheus.MustNewConstMetric(c.breakerTransitions, prometheus.CounterValue, float64(n), label(k[0]), label(k[1]), to[i])
+	for _, b := range ruleview.Breakers(c.eng) {
+		ch <- prometheus.MustNewConstMetric(c.breakerState, prometheus.GaugeValue, float64(b.State), label(b.Resource), label(b.Rule))
+		for i, n := range b.Into {
+			ch <- prometheus.MustNewConstMetric(c.breakerTransitions, prometheus.CounterValue, float64(n), label(b.Resource), label(b.Rule), to[i])
 		}
 	}
 }
@@ -317,13 +258,8 @@ func (c *Collector) systems(ch chan<- prometheus.Metric) {
 // unreachedRules sends a 1 for each rule that cannot take effect as
 // named (rules without IDs on one resource share a name: one each).
 func (c *Collector) unreachedRules(ch chan<- prometheus.Metric) {
-	sent := map[[2]string]bool{}
-	for _, r := range c.eng.Unreached() {
-		k := [2]string{r.Resource, r.Name()}
-		if !sent[k] {
-			sent[k] = true
-			ch <- prometheus.MustNewConstMetric(c.unreached, prometheus.GaugeValue, 1, label(k[0]), label(k[1]))
-		}
+	for _, u := range ruleview.Unreached(c.eng) {
+		ch <- prometheus.MustNewConstMetric(c.unreached, prometheus.GaugeValue, 1, label(u.Resource), label(u.Rule))
 	}
 }
 
