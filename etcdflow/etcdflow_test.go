@@ -117,17 +117,22 @@ func (r *recorder) waitApplied(t *testing.T, ids ...string) {
 	}, 20*time.Second, 5*time.Millisecond, "rules %v never applied; updates %+v", ids, r.all())
 }
 
+// errors counts the error updates containing text.
+func (r *recorder) errors(text string) int {
+	n := 0
+	for _, u := range r.all() {
+		if u.err != nil && strings.Contains(u.err.Error(), text) {
+			n++
+		}
+	}
+	return n
+}
+
 // waitError waits for an error update containing text.
 func (r *recorder) waitError(t *testing.T, text string) {
 	t.Helper()
-	require.Eventually(t, func() bool {
-		for _, u := range r.all() {
-			if u.err != nil && strings.Contains(u.err.Error(), text) {
-				return true
-			}
-		}
-		return false
-	}, 20*time.Second, 5*time.Millisecond, "no error with %q; updates %+v", text, r.all())
+	require.Eventually(t, func() bool { return r.errors(text) > 0 },
+		20*time.Second, 5*time.Millisecond, "no error with %q; updates %+v", text, r.all())
 }
 
 // revisionsIncrease checks that the updates' revisions never go back.
@@ -237,13 +242,7 @@ func TestAPrefixAppliesATransactionWhole(t *testing.T) {
 		clientv3.OpDelete("/p/e"), clientv3.OpDelete("/p/f")).Commit()
 	require.NoError(t, err)
 	r.waitApplied(t, "a2", "b2")
-	tooMany := 0
-	for _, u := range r.all() {
-		if u.err != nil && strings.Contains(u.err.Error(), "more than 3 keys") {
-			tooMany++
-		}
-	}
-	assert.Equal(t, 1, tooMany, "reported once while it lasts, not once a key")
+	assert.Equal(t, 1, r.errors("more than 3 keys"), "reported once while it lasts, not once a key")
 }
 
 // A restarted etcd loses no update: the rules in force stay while it is
@@ -362,12 +361,6 @@ func TestAnUnreachableStoreIsReportedThenCleared(t *testing.T) {
 		us := r.all()
 		return us[len(us)-1].err == nil
 	}, 20*time.Second, 5*time.Millisecond, "cleared: %+v", r.all())
-	errs := 0
-	for _, u := range r.all() {
-		if u.err != nil {
-			errs++
-		}
-	}
-	assert.Equal(t, 1, errs, "reported once while it lasted")
+	assert.Equal(t, 1, r.errors(""), "reported once while it lasted")
 	assert.Equal(t, [][]string{{"a"}, {"a"}}, r.applied(), "the same rules, passed again to clear the error")
 }
