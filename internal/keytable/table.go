@@ -1,7 +1,6 @@
 package keytable
 
 import (
-	"hash/maphash"
 	"sync"
 
 	"go.uber.org/atomic"
@@ -53,7 +52,7 @@ type Table struct {
 	kind      Kind
 	bucketLen int64 // Window
 	sets      []set
-	seeds     [2]maphash.Seed
+	seeds     [2]seed
 	noKey     *State
 	now       func() int64
 	evicted   atomic.Pointer[func()] // counts an active key's eviction
@@ -122,7 +121,7 @@ type paddedMutex struct {
 
 // New makes a table.
 func New(cfg Config) *Table {
-	t := &Table{kind: cfg.Kind, now: cfg.Now, seeds: [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()},
+	t := &Table{kind: cfg.Kind, now: cfg.Now, seeds: [2]seed{newSeed(), newSeed()},
 		spec: map[string]*State{}, listed: map[ID]*State{}, pinned: map[ID]*State{}}
 	// The shared "no key" state starts as every key's does: a Conc
 	// table's at nothing in flight.
@@ -171,10 +170,10 @@ func (t *Table) Capacity() int { return len(t.sets) * setWays }
 func CapacityFor(maxKeys int) int { return (maxKeys + setWays - 1) / setWays * setWays }
 
 // hash is key's first hash, never 0 (0 marks an empty way).
-func (t *Table) hash(key string) uint64 { return maphash.String(t.seeds[0], key) | 1 }
+func (t *Table) hash(key string) uint64 { return t.seeds[0].sum(key) | 1 }
 
 // check is key's second hash.
-func (t *Table) check(key string) uint64 { return maphash.String(t.seeds[1], key) }
+func (t *Table) check(key string) uint64 { return t.seeds[1].sum(key) }
 
 // setsOf returns the two sets of hash h.
 func (t *Table) setsOf(h uint64) (int, int) {
@@ -271,19 +270,16 @@ func (t *Table) Get(key string) (*State, Life) {
 	if n := t.next.Load(); n != nil {
 		return n.current().Get(key) // moved to a table of another MaxKeys
 	}
-	h := t.hash(key)
-	a, b := t.setsOf(h)
-	var c uint64 // the second hash, made when a tag matches
-	if st, l := t.sets[a].find(h, &c, t, key); st != nil {
+	// Both hashes first: a key found needs both, and a key added too.
+	id := ID{t.hash(key), t.check(key)}
+	a, b := t.setsOf(id.h)
+	if st, l := t.sets[a].find(id); st != nil {
 		return st, l
 	}
-	if st, l := t.sets[b].find(h, &c, t, key); st != nil {
+	if st, l := t.sets[b].find(id); st != nil {
 		return st, l
 	}
-	if c == 0 {
-		c = t.check(key)
-	}
-	return t.add(ID{h, c}, a, b)
+	return t.add(id, a, b)
 }
 
 // Peek returns key's state, or nil if the table lacks it: nothing is
@@ -293,22 +289,18 @@ func (t *Table) Peek(key string) *State {
 	if n := t.next.Load(); n != nil {
 		return n.current().Peek(key)
 	}
-	h := t.hash(key)
-	a, b := t.setsOf(h)
-	var c uint64
-	if st, _ := t.sets[a].find(h, &c, t, key); st != nil {
+	id := ID{t.hash(key), t.check(key)}
+	a, b := t.setsOf(id.h)
+	if st, _ := t.sets[a].find(id); st != nil {
 		return st
 	}
-	if st, _ := t.sets[b].find(h, &c, t, key); st != nil {
+	if st, _ := t.sets[b].find(id); st != nil {
 		return st
 	}
 	// Both missed: a move between the two reads (see relocate) may have
 	// carried the key from b to a. Under their locks the sets hold still.
-	if c == 0 {
-		c = t.check(key)
-	}
 	defer t.lock(a, b).unlock()
-	return t.findLocked(ID{h, c}, a, b)
+	return t.findLocked(id, a, b)
 }
 
 // Reset empties what key counted: its state leaves the sets (marked dead:
@@ -355,19 +347,16 @@ func forget(t *Table, id ID, a, b int) {
 	t.takeGhost(id)
 }
 
-// find returns the live state of key in s and its life, or nil. The life
-// is read before the identity: a state reused since for another key (its
-// identity rewritten before its new life begins) fails the identity check
-// or, found in its old life, counts nothing in the new one.
-func (s *set) find(h uint64, c *uint64, t *Table, key string) (*State, Life) {
+// find returns the live state of key id in s and its life, or nil. The
+// life is read before the identity: a state reused since for another key
+// (its identity rewritten before its new life begins) fails the identity
+// check or, found in its old life, counts nothing in the new one.
+func (s *set) find(id ID) (*State, Life) {
 	for i := range s.ways {
 		w := &s.ways[i]
-		if w.tag.Load() == h {
-			if *c == 0 {
-				*c = t.check(key)
-			}
+		if w.tag.Load() == id.h {
 			if st := w.st.Load(); st != nil {
-				if l := st.Life(); l&dead == 0 && st.idh.Load() == h && st.idc.Load() == *c {
+				if l := st.Life(); l&dead == 0 && st.idh.Load() == id.h && st.idc.Load() == id.c {
 					return st, l
 				}
 			}
