@@ -50,12 +50,12 @@ func (e *Engine) enter(rr *resourceRules, node *stats.Node, opts []EntryOption) 
 		return e.admitted(node, p, now, n, false, nil, nil), nil
 	}
 	if kr := rr.singleKey; kr != nil {
-		// One PerKey limit: one admission on the key, the pass or block
+		// One PerKey window: one admission on the key, the pass or block
 		// counted on the node.
 		keyless(node, &q)
 		var kh keyHeld
 		ev := metric.Pass
-		_, seen, rm, ok := kr.admit(&q, now, &kh)
+		seen, rm, ok := kr.admitWindow(&q, now, &kh)
 		if !ok {
 			ev = metric.Block
 		}
@@ -63,12 +63,17 @@ func (e *Engine) enter(rr *resourceRules, node *stats.Node, opts []EntryOption) 
 			// Then the Global rules, last as in take.
 			return e.globalsAfterKey(rr, p, max(now, kh.start()), &q, kh)
 		}
-		node = e.count(node, p, now, ev, n)
+		// count, spelled out: the call would not inline.
+		second(node).AddOn(p, now, ev, n)
+		if node.Dropped() {
+			node = e.recount(node, p, now, ev, n)
+		}
 		if !ok {
 			return blocked(kr.blockError(&q), seen, rm)
 		}
-		// A now behind the key's newest bucket was counted in it.
-		return e.admitted(node, p, max(now, kh.start()), n, false, nil, nil), nil
+		// A now behind the key's newest bucket was counted in it. (The
+		// Entry admitted makes, spelled out: it holds nothing.)
+		return Entry{node: node, slot: e.none, start: max(now, kh.start()), meta: holdsNothing(n, p)}, nil
 	}
 	return e.check(rr, p, now, &q)
 }

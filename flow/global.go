@@ -267,7 +267,7 @@ func (e *Engine) global(node *stats.Node, g *globalRule, h *held, i, p int, now 
 		for {
 			b, _, ok, dead := t.Admit(st, life, now, n, limit)
 			if dead {
-				// As keyRule.admitQueue.
+				// As keyRule.admitWindow.
 				if nt, lim := t.Successor(q.key, q.hasKey, limit); nt != nil {
 					t, limit = nt, lim
 				}

@@ -347,10 +347,14 @@ func (kr *keyRule) acquire(q *request) (*keytable.State, int64, bool) {
 // a throttled request waits, or false, what the rule saw and when it could
 // admit it.
 func (kr *keyRule) admit(q *request, now int64, held *keyHeld) (wait int64, seen float64, rm room, ok bool) {
-	if q.noQueue {
-		return kr.admitQueue(q, now, held, 0)
+	if kr.t.Kind() == keytable.Window {
+		seen, rm, ok = kr.admitWindow(q, now, held)
+		return 0, seen, rm, ok
 	}
-	return kr.admitQueue(q, now, held, kr.maxQueue)
+	if q.noQueue {
+		return kr.admitPaced(q, now, held, 0)
+	}
+	return kr.admitPaced(q, now, held, kr.maxQueue)
 }
 
 // admitAt is admit of a PerKey Throttle rule's slot at instant t itself,
@@ -358,30 +362,23 @@ func (kr *keyRule) admit(q *request, now int64, held *keyHeld) (wait int64, seen
 func (kr *keyRule) admitAt(q *request, t int64, held *keyHeld) (wait int64, seen float64, rm room, ok bool) {
 	again := *q
 	again.draw = 0 // sampled once, when first admitted (see sample)
-	return kr.admitQueue(&again, t, held, 0)
+	return kr.admitPaced(&again, t, held, 0)
 }
 
-func (kr *keyRule) admitQueue(q *request, now int64, held *keyHeld, maxQueue int64) (wait int64, seen float64, rm room, ok bool) {
-	st, life, limit, rate := kr.state(q.key, q.hasKey)
+// admitWindow is admit of a PerKey Window rule (Reject): the request
+// counted in its key's window at now, or false, what the window held and
+// when it would have room.
+func (kr *keyRule) admitWindow(q *request, now int64, held *keyHeld) (seen float64, rm room, ok bool) {
 	t := kr.t
+	var st *keytable.State
+	var life keytable.Life
+	limit := kr.limit
+	if q.hasKey && kr.spec == nil {
+		st, life = t.Get(q.key) // state, spelled out for the common case
+	} else {
+		st, life, limit, _ = kr.state(q.key, q.hasKey)
+	}
 	for {
-		if t.Kind() == keytable.Pace {
-			ph, d, ok := pace.Reserve(st.Timeline(), maxQueue, now, q.n, rate)
-			if !ok {
-				kr.sample(q, true, now)
-				return 0, rate, paceRoom(d, maxQueue), false
-			}
-			if !st.Alive(life) {
-				// Left its life as it reserved: the slot stays where it
-				// landed (its key's memory, or the next key's timeline:
-				// stricter, never looser); look again.
-				st, life = t.Lookup(q.key, q.hasKey)
-				continue
-			}
-			*held = keyHeld{st: st, b: ph.Cost, slot: ph.Slot, life: life}
-			kr.sample(q, false, now)
-			return d, 0, room{}, true
-		}
 		b, s, ok, dead := t.Admit(st, life, now, q.n, limit)
 		if dead {
 			// Left the table as we counted: look again, in the table a
@@ -393,14 +390,36 @@ func (kr *keyRule) admitQueue(q *request, now int64, held *keyHeld, maxQueue int
 			st, life = t.Lookup(q.key, q.hasKey)
 			continue
 		}
+		kr.sample(q, !ok, now)
+		if !ok {
+			retry, reset := t.RoomIn(st, now, q.n, limit)
+			return float64(s), room{retry, reset}, false
+		}
+		held.st, held.b, held.t, held.life = st, b, t, life
+		return 0, room{}, true
+	}
+}
+
+// admitPaced is admit of a PerKey Throttle rule with a queue of at most
+// maxQueue (ns).
+func (kr *keyRule) admitPaced(q *request, now int64, held *keyHeld, maxQueue int64) (wait int64, seen float64, rm room, ok bool) {
+	st, life, _, rate := kr.state(q.key, q.hasKey)
+	for {
+		ph, d, ok := pace.Reserve(st.Timeline(), maxQueue, now, q.n, rate)
 		if !ok {
 			kr.sample(q, true, now)
-			retry, reset := t.RoomIn(st, now, q.n, limit)
-			return 0, float64(s), room{retry, reset}, false
+			return 0, rate, paceRoom(d, maxQueue), false
 		}
-		*held = keyHeld{st: st, b: b, t: t, life: life}
+		if !st.Alive(life) {
+			// Left its life as it reserved: the slot stays where it
+			// landed (its key's memory, or the next key's timeline:
+			// stricter, never looser); look again.
+			st, life = kr.t.Lookup(q.key, q.hasKey)
+			continue
+		}
+		*held = keyHeld{st: st, b: ph.Cost, slot: ph.Slot, life: life}
 		kr.sample(q, false, now)
-		return 0, 0, room{}, true
+		return d, 0, room{}, true
 	}
 }
 
