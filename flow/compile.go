@@ -360,8 +360,8 @@ func countPerWindow(threshold float64, interval time.Duration) (int64, bool) {
 // the one place that does (the general checker decides the same; see
 // TestShortPathsDecideAsTheGeneralChecker, which turns them off here).
 //   - single: one Reject window and nothing else (enterSingle);
-//   - singleKey: one PerKey QPS Reject rule (a Window table), and nothing else but Global
-//     rules (decided after it, as take does);
+//   - singleKey: one PerKey QPS Reject rule (a Window table), and nothing
+//     else but Global rules (decided after it, as take does);
 //   - singleGCRA: one GCRA rule and nothing else.
 func (e *Engine) shortPaths(rr *resourceRules) {
 	if e.generalOnly {
